@@ -1,0 +1,99 @@
+"""The Python entry points behind the CLI: resolve, build, run, verify, report."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+from .backend import Kernel, RunResult, get_backend
+from .errors import OpcError, OpcFailure
+from .ops import get_op, workload
+from .target import Target, load_target
+from .template import get_template
+from .verify import compare
+from .workload import Workload
+
+
+def parse_config(text: str | Mapping[str, Any] | None) -> dict[str, Any] | str | None:
+    """`default` / None -> None; `best` / `paper` stay names; JSON text or a .json file -> dict."""
+    if text is None or text == "default":
+        return None
+    if isinstance(text, Mapping):
+        return dict(text)
+    if text in ("best", "paper"):
+        return text
+    src = text
+    if text.endswith(".json") and Path(text).is_file():
+        src = Path(text).read_text()
+    try:
+        cfg = json.loads(src)
+    except json.JSONDecodeError as e:
+        raise OpcError(f"not valid JSON ({e.msg} at column {e.colno})", arg="--config", value=text,
+                       expected='default, best, or a JSON object such as \'{"m_tile": 64}\'') from None
+    if not isinstance(cfg, dict):
+        raise OpcError("must be a JSON object", arg="--config", value=text, expected='e.g. {"m_tile": 64}')
+    return cfg
+
+
+def resolve_config(wl: Workload, target: Target, config: Any) -> dict[str, Any] | None:
+    """Turn `best` into the best verified record's config (template default when none)."""
+    if config == "best":
+        try:
+            from .tune.records import best_record
+        except ImportError:
+            return None
+        rec = best_record(wl, target)
+        return dict(rec.config) if rec is not None else None
+    return config
+
+
+def build(wl: Workload, target: Target, config: Any = None) -> Kernel:
+    backend = get_backend(target)
+    return backend.build(wl, resolve_config(wl, target, config))
+
+
+def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, Any] | None = None,
+           preset: str | None = None, batch: int | None = None, dtype: str | None = None,
+           config: Any = None, seed: int = 0) -> dict[str, Any]:
+    """Build `op` for `target`, run it on random inputs, check against numpy, and report."""
+    tgt = target if isinstance(target, Target) else load_target(target)
+    wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype)
+    d = get_op(op)
+    backend = get_backend(tgt)
+    cfg_in = resolve_config(wl, tgt, parse_config(config) if isinstance(config, str) else config)
+    kernel = backend.build(wl, cfg_in)
+    inputs = d.make_inputs(wl, seed)
+    res: RunResult = backend.run(kernel, inputs)
+    ref = d.reference(wl, inputs)
+    if res.outputs is None:
+        raise OpcFailure(f"backend {tgt.name} returned no outputs for {op}")
+    ok, err = compare(res.outputs[0], ref)
+    return report(wl, tgt, kernel, res, ok, err, config_source=_config_source(config))
+
+
+def _config_source(config: Any) -> str:
+    if config in (None, "default"):
+        return "template default"
+    if config == "best":
+        return "best verified record (template default when none)"
+    return str(config) if isinstance(config, str) and not config.startswith("{") else "given"
+
+
+def report(wl: Workload, target: Target, kernel: Kernel, res: RunResult, correct: bool, max_abs_err: float,
+           config_source: str = "") -> dict[str, Any]:
+    d = get_op(wl.op)
+    flops = d.flops(wl)
+    out: dict[str, Any] = {
+        "op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
+        "template": kernel.template, "config": kernel.config, "config_source": config_source,
+        "correct": bool(correct), "max_abs_err": max_abs_err,
+        "seconds": res.seconds, "flops": flops, "gflops": flops / res.seconds / 1e9 if res.seconds > 0 else 0.0,
+    }
+    if res.cycles is not None:
+        out["cycles"] = int(res.cycles)
+    out.update(res.metrics)
+    out.update({k: v for k, v in kernel.info.items() if k not in out})
+    return out
+
+
+__all__ = ["run_op", "build", "parse_config", "resolve_config", "report", "get_template"]

@@ -1,0 +1,89 @@
+"""Backends: build, run (functional: values + time) and measure (time only) one kernel.
+
+Exactly one backend claims each target family; `get_backend(target)` picks it. A backend is
+a small interface so the tuner, the CLI, graphs and export treat the CPU, CUDA and the two
+simulators alike.
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from importlib import import_module
+from typing import Any, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import OpcError
+from ..target import Target
+from ..workload import Workload
+
+
+@dataclass(kw_only=True)
+class Kernel:
+    """A built kernel: what was built (workload, template, config) and the backend's artifact."""
+
+    workload: Workload
+    target: Target
+    template: str
+    template_version: int
+    config: dict[str, Any]
+    artifact: Any = None  # backend-specific: a tvm Executable, a simulator program, ...
+    info: dict[str, Any] = field(default_factory=dict)  # build facts worth reporting (e.g. layout handling)
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    """The outcome of one run. `seconds` is wall time on real devices, simulated time on simulators."""
+
+    outputs: list[np.ndarray] | None
+    seconds: float
+    cycles: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # percent_of_peak, bound, bytes_by_level, pipe_ratios...
+
+
+class Backend(ABC):
+    """One target family's build / run / measure."""
+
+    family: ClassVar[str]
+
+    def __init__(self, target: Target):
+        if target.family != self.family:
+            raise OpcError(f"backend {type(self).__name__} ({self.family}) cannot serve target {target.name} "
+                           f"of family {target.family}")
+        self.target = target
+
+    @abstractmethod
+    def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
+        """Schedule `wl` with its template and `config` (default when None) and compile it.
+        Raises OpcError (e.g. CapacityError) for a config that cannot work."""
+
+    @abstractmethod
+    def run(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> RunResult:
+        """Execute with real values: outputs plus time (functional mode on simulators)."""
+
+    @abstractmethod
+    def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:
+        """Time only, as fast as the backend can (timing mode on simulators; repeated runs on devices)."""
+
+
+_BACKENDS: dict[str, str] = {
+    "cpu": "opcompiler.backend.cpu:CpuBackend",
+    "ascend": "opcompiler.backend.ascend:AscendSimBackend",
+    "dsp": "opcompiler.backend.dsp:DspSimBackend",
+    "cuda": "opcompiler.backend.cuda:CudaBackend",
+}
+
+
+def get_backend(target: Target) -> Backend:
+    """The one backend that claims `target`'s family."""
+    spec = _BACKENDS.get(target.family)
+    if spec is None:
+        raise OpcError(f"no backend for target family {target.family!r}", expected=", ".join(_BACKENDS))
+    mod, cls = spec.split(":")
+    try:
+        module = import_module(mod)
+    except ModuleNotFoundError as e:
+        if e.name == mod:
+            raise OpcError(f"the {target.family} backend is not available in this build") from None
+        raise
+    return getattr(module, cls)(target)

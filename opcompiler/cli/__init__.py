@@ -1,0 +1,62 @@
+"""`opcompiler` command line. Each command family lives in its own module with a
+`register(subparsers)` function; exit codes: 0 success, 2 bad input or usage, 1 our failure."""
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from importlib import import_module
+
+from ..errors import OpcError, OpcFailure
+
+# Command modules, in help order. Each defines register(subparsers).
+COMMAND_MODULES = ("basic", "tune", "graph", "export", "build")
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str) -> None:  # one line, exit 2, like every other bad input
+        self.exit(2, f"opcompiler: error: {message} (see {self.prog} --help)\n")
+
+
+def make_parser() -> argparse.ArgumentParser:
+    parser = _Parser(prog="opcompiler", description="Operator compiler and autotuner on Apache TVM.")
+    from .. import __version__
+    parser.add_argument("--version", action="version", version=f"opcompiler {__version__}")
+    sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
+    sub.required = True
+    for name in COMMAND_MODULES:
+        try:
+            mod = import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError as e:
+            if e.name == f"{__name__}.{name}":
+                continue  # that command family is not in this build
+            raise
+        mod.register(sub)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = make_parser()
+    args = parser.parse_args(argv)
+    try:
+        rc = args.func(args)
+        return int(rc or 0)
+    except OpcError as e:
+        print(f"opcompiler: error: {e}", file=sys.stderr)
+        return 2
+    except OpcFailure as e:
+        print(f"opcompiler: failure: {e}", file=sys.stderr)
+        return 1
+    except KeyboardInterrupt:
+        print("opcompiler: interrupted", file=sys.stderr)
+        return 130
+    except Exception as e:  # a bug of ours: one line unless OPC_DEBUG asks for the traceback
+        if os.environ.get("OPC_DEBUG"):
+            raise
+        print(f"opcompiler: internal error: {type(e).__name__}: {e} (set OPC_DEBUG=1 for the traceback)",
+              file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,91 @@
+"""`opcompiler ops`, `opcompiler targets`, `opcompiler run`."""
+from __future__ import annotations
+
+import argparse
+
+from ..api import run_op
+from ..errors import OpcFailure
+from ..ops import PRESETS, list_ops
+from ..target import builtin_targets
+from .common import add_workload_args, emit_json, fmt_si
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("ops", help="list operators and shape presets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_ops)
+    p = sub.add_parser("targets", help="list targets")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_targets)
+    p = sub.add_parser("run", help="build, run, verify and report one operator")
+    add_workload_args(p)
+    p.add_argument("--dsp-mode", choices=("shared", "copy"), default=None,
+                   help="dsp-sim only: operands already in DSP-visible DDR (shared, default) or copied (copy)")
+    p.set_defaults(func=cmd_run)
+
+
+def cmd_ops(args: argparse.Namespace) -> int:
+    ops = list_ops()
+    if args.json:
+        emit_json({"ops": [{"name": o.name, "family": o.family, "summary": o.summary, "dtypes": list(o.dtypes),
+                            "defaults": dict(o.defaults)} for o in ops],
+                   "presets": {k: dict(v) for k, v in PRESETS.items()}})
+        return 0
+    width = max(len(o.name) for o in ops)
+    for o in ops:
+        print(f"{o.name:<{width}}  {o.summary}  [{', '.join(o.dtypes)}]")
+    print("\npresets (--preset NAME or --shape NAME):")
+    for k, v in PRESETS.items():
+        print(f"  {k:<26} " + ",".join(f"{a}={b}" for a, b in v.items()))
+    return 0
+
+
+def cmd_targets(args: argparse.Namespace) -> int:
+    ts = builtin_targets()
+    if args.json:
+        emit_json([{"name": t.name, "family": t.family, "aliases": list(t.aliases), "description": t.description,
+                    "cores": t.cores, "clock_ghz": t.clock_ghz} for t in ts.values()])
+        return 0
+    width = max(len(n) for n in ts)
+    for t in ts.values():
+        alias = f" (alias {', '.join(t.aliases)})" if t.aliases else ""
+        print(f"{t.name:<{width}}  [{t.family}] {t.description}{alias}")
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..target import load_target
+    target = load_target(args.target)
+    if args.dsp_mode is not None:
+        from dataclasses import replace
+        from types import MappingProxyType
+        if target.family != "dsp":
+            from ..errors import OpcError
+            raise OpcError("only applies to dsp targets", arg="--dsp-mode", value=args.dsp_mode)
+        target = replace(target, extra=MappingProxyType({**target.extra, "data_mode": args.dsp_mode}))
+    rep = run_op(args.op, target, shape=args.shape, preset=args.preset, batch=args.batch, dtype=args.dtype,
+                 config=args.config)
+    if args.json:
+        emit_json(rep)
+    else:
+        print_report(rep)
+    if not rep["correct"]:
+        raise OpcFailure(f"{rep['op']} on {rep['target']} computed a wrong result (max abs error "
+                         f"{rep['max_abs_err']:.3g})")
+    return 0
+
+
+def print_report(rep: dict) -> None:
+    print(f"{rep['op']} on {rep['target']}  {rep['dtype']}  " + ",".join(f"{k}={v}" for k, v in rep["shape"].items()))
+    print(f"  template {rep['template']}  config {rep['config']} ({rep['config_source']})")
+    print(f"  correct: {'yes' if rep['correct'] else 'NO'} (max abs err {rep['max_abs_err']:.3g})")
+    line = f"  time: {rep['seconds'] * 1e3:.4g} ms"
+    if "cycles" in rep:
+        line += f" ({rep['cycles']:,} cycles)"
+    print(line + f"   {fmt_si(rep['flops'] / rep['seconds'] if rep['seconds'] else 0, 'FLOPS')}")
+    if "percent_of_peak" in rep:
+        print(f"  {rep['percent_of_peak']:.1f} % of peak, bound by {rep.get('bound', '?')}")
+    if rep.get("pipe_ratios"):
+        print("  pipe busy: " + "  ".join(f"{k} {v:.2f}" for k, v in rep["pipe_ratios"].items()))
+    if rep.get("bytes_by_level"):
+        print("  bytes: " + "  ".join(f"{k} {fmt_si(v, 'B')}" for k, v in rep["bytes_by_level"].items()))

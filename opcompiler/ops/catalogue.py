@@ -1,0 +1,402 @@
+"""The built-in ops. Each is registered once, with compute, reference, FLOPs and presets."""
+from __future__ import annotations
+
+import numpy as np
+from tvm import te
+
+from .. import dsl
+from ..errors import OpcError
+from ..fusion import fusion_manager
+from ..workload import Workload
+from . import OpDef, Step, reference as ref, register_op
+
+_FLOAT = ("float32", "float16")
+_CUBE = ("float32", "float16", "int8")
+
+
+def _acc_out(dtype: str) -> str:
+    return {"float16": "float16", "float32": "float32", "int8": "int32"}[dtype]
+
+
+# ---------------------------------------------------------------- convolution family
+
+CONV_DEFAULTS = {"n": 1, "c": 64, "h": 56, "w": 56, "k": 64, "r": 3, "s": 3, "stride": 1, "pad": 1,
+                 "dilation": 1, "groups": 1, "layout": "NCHW"}
+
+
+def conv_out_hw(wl: Workload) -> tuple[int, int]:
+    p = wl.p
+    ho = (p["h"] + 2 * p["pad"] - p["dilation"] * (p["r"] - 1) - 1) // p["stride"] + 1
+    wo = (p["w"] + 2 * p["pad"] - p["dilation"] * (p["s"] - 1) - 1) // p["stride"] + 1
+    return ho, wo
+
+
+def conv_out_shape(wl: Workload) -> tuple[int, ...]:
+    p = wl.p
+    ho, wo = conv_out_hw(wl)
+    return (p["n"], p["k"], ho, wo) if p["layout"] == "NCHW" else (p["n"], ho, wo, p["k"])
+
+
+def _validate_conv(wl: Workload) -> None:
+    p = wl.p
+    for key in ("n", "c", "h", "w", "k", "r", "s", "stride", "dilation", "groups"):
+        if p[key] < 1:
+            raise OpcError("must be >= 1", arg=key, value=p[key])
+    if p["pad"] < 0:
+        raise OpcError("padding must be >= 0", arg="pad", value=p["pad"], expected="0 or more")
+    if p["layout"] not in ("NCHW", "NHWC"):
+        raise OpcError("unsupported layout", arg="layout", value=p["layout"], expected="NCHW or NHWC")
+    if p["c"] % p["groups"] or p["k"] % p["groups"]:
+        raise OpcError(f"groups must divide c={p['c']} and k={p['k']}", arg="groups", value=p["groups"],
+                       expected="a common divisor of c and k")
+    ho, wo = conv_out_hw(wl)
+    if ho < 1 or wo < 1:
+        raise OpcError(f"output would be {ho}x{wo}", arg="r", value=p["r"], expected="a kernel that fits the padded input")
+
+
+def _conv_inputs(wl: Workload) -> list:
+    p = wl.p
+    x = (p["n"], p["c"], p["h"], p["w"]) if p["layout"] == "NCHW" else (p["n"], p["h"], p["w"], p["c"])
+    cg = p["c"] // p["groups"]
+    w = (p["k"], cg, p["r"], p["s"]) if p["layout"] == "NCHW" else (p["r"], p["s"], cg, p["k"])
+    return [("data", x, wl.dtype), ("weight", w, wl.dtype)]
+
+
+def _conv_kwargs(wl: Workload) -> dict:
+    p = wl.p
+    return dict(stride=p["stride"], padding=p["pad"], dilation=p["dilation"], groups=p["groups"], layout=p["layout"])
+
+
+def _conv_flops(wl: Workload) -> int:
+    p = wl.p
+    return 2 * int(np.prod(conv_out_shape(wl))) * (p["c"] // p["groups"]) * p["r"] * p["s"]
+
+
+def _placeholders(specs) -> list:
+    return [te.placeholder(s, d, name=n) for n, s, d in specs]
+
+
+def _conv_ref_acc(wl: Workload, ins) -> np.ndarray:
+    p = wl.p
+    return ref.conv2d(ins[0], ins[1], p["stride"], p["pad"], p["dilation"], p["groups"], p["layout"])
+
+
+def _chan_axis(wl: Workload) -> int:
+    return 1 if wl.p.get("layout", "NCHW") == "NCHW" else 3
+
+
+def _bcast_c(v: np.ndarray, wl: Workload, ndim: int = 4) -> np.ndarray:
+    shape = [1] * ndim
+    shape[_chan_axis(wl)] = -1
+    return v.reshape(shape)
+
+
+register_op(OpDef(
+    name="conv2d", summary="2-D convolution (NCHW/OIHW or NHWC/HWIO; stride, pad, dilation, groups)",
+    family="conv2d", defaults=CONV_DEFAULTS, dtypes=_CUBE, preset_kind="conv",
+    compute_fn=lambda wl: (lambda ins: (ins, dsl.conv2d(*ins, **_conv_kwargs(wl))))(_placeholders(_conv_inputs(wl))),
+    reference_fn=lambda wl, ins: _conv_ref_acc(wl, ins).astype(_acc_out(wl.dtype)),
+    input_specs=_conv_inputs, flops_fn=_conv_flops, validate_fn=_validate_conv,
+))
+
+
+def _conv_bias_inputs(wl: Workload) -> list:
+    bdt = "int32" if wl.dtype == "int8" else wl.dtype
+    return _conv_inputs(wl) + [("bias", (wl["k"],), bdt)]
+
+
+def _conv_bias_relu_compute(wl: Workload):
+    ins = _placeholders(_conv_bias_inputs(wl))
+    fn = fusion_manager.get("fuse_conv2d_bias_relu").compute
+    return ins, fn(*ins, **_conv_kwargs(wl))
+
+
+def _conv_bias_relu_ref(wl: Workload, ins) -> np.ndarray:
+    acc = _conv_ref_acc(wl, ins)
+    return np.maximum(acc + _bcast_c(ins[2].astype(acc.dtype), wl), 0).astype(_acc_out(wl.dtype))
+
+
+def _ew_params(wl: Workload) -> dict:
+    p = wl.p
+    n, *rest = conv_out_shape(wl)
+    if p["layout"] == "NCHW":
+        k, h, w = rest
+    else:
+        h, w, k = rest
+    return {"n": n, "c": k, "h": h, "w": w, "layout": p["layout"]}
+
+
+def _conv_params(wl: Workload) -> dict:
+    return {k: v for k, v in wl.params}
+
+
+register_op(OpDef(
+    name="conv2d_bias_relu", summary="fused conv2d + bias + ReLU (one kernel)", family="conv2d",
+    defaults=CONV_DEFAULTS, dtypes=_CUBE, preset_kind="conv", fusion="fuse_conv2d_bias_relu",
+    compute_fn=_conv_bias_relu_compute, reference_fn=_conv_bias_relu_ref, input_specs=_conv_bias_inputs,
+    flops_fn=lambda wl: _conv_flops(wl) + 2 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
+    unfused_fn=lambda wl: [
+        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
+        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
+        Step(op="relu", params=_ew_params(wl), inputs=("s1",)),
+    ],
+))
+
+
+def _conv_bn_inputs(wl: Workload) -> list:
+    return _conv_inputs(wl) + [("scale", (wl["k"],), wl.dtype), ("shift", (wl["k"],), wl.dtype)]
+
+
+def _conv_bn_relu_compute(wl: Workload):
+    ins = _placeholders(_conv_bn_inputs(wl))
+    fn = fusion_manager.get("fuse_conv2d_bn_relu").compute
+    return ins, fn(*ins, **_conv_kwargs(wl))
+
+
+def _conv_bn_relu_ref(wl: Workload, ins) -> np.ndarray:
+    conv = _conv_ref_acc(wl, ins).astype(wl.dtype)  # the conv result is cast before BN, as in the DSL
+    y = conv * _bcast_c(ins[2], wl) + _bcast_c(ins[3], wl)
+    return np.maximum(y, 0).astype(wl.dtype)
+
+
+register_op(OpDef(
+    name="conv2d_bn_relu", summary="fused conv2d + batch norm (inference) + ReLU (one kernel)", family="conv2d",
+    defaults=CONV_DEFAULTS, dtypes=_FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn_relu",
+    compute_fn=_conv_bn_relu_compute, reference_fn=_conv_bn_relu_ref, input_specs=_conv_bn_inputs,
+    flops_fn=lambda wl: _conv_flops(wl) + 3 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
+    unfused_fn=lambda wl: [
+        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
+        Step(op="batch_norm", params=_ew_params(wl), inputs=("s0", "in2", "in3")),
+        Step(op="relu", params=_ew_params(wl), inputs=("s1",)),
+    ],
+))
+
+# ---------------------------------------------------------------- matmul family
+
+MM_DEFAULTS = {"m": 16, "k": 256, "n": 1024, "trans_a": 0, "trans_b": 0}
+
+
+def _validate_mm(wl: Workload) -> None:
+    for key in ("m", "k", "n"):
+        if wl[key] < 1:
+            raise OpcError("must be >= 1", arg=key, value=wl[key])
+    for key in ("trans_a", "trans_b"):
+        if key in wl.p and wl[key] not in (0, 1):
+            raise OpcError("must be 0 or 1", arg=key, value=wl[key])
+
+
+def _mm_inputs(wl: Workload) -> list:
+    p = wl.p
+    a = (p["k"], p["m"]) if p.get("trans_a") else (p["m"], p["k"])
+    b = (p["n"], p["k"]) if p.get("trans_b") else (p["k"], p["n"])
+    return [("tensor_a", a, wl.dtype), ("tensor_b", b, wl.dtype)]
+
+
+def _mm_ref_acc(wl: Workload, ins) -> np.ndarray:
+    return ref.matmul(ins[0], ins[1], bool(wl.p.get("trans_a")), bool(wl.p.get("trans_b")))
+
+
+register_op(OpDef(
+    name="matmul", summary="C = A @ B (transpose flags; fully connected)", family="matmul",
+    defaults=MM_DEFAULTS, dtypes=_CUBE, preset_kind="matmul",
+    compute_fn=lambda wl: (lambda ins: (ins, dsl.matmul(*ins, bool(wl["trans_a"]), bool(wl["trans_b"]))))(
+        _placeholders(_mm_inputs(wl))),
+    reference_fn=lambda wl, ins: _mm_ref_acc(wl, ins).astype(_acc_out(wl.dtype)),
+    input_specs=_mm_inputs, flops_fn=lambda wl: 2 * wl["m"] * wl["k"] * wl["n"], validate_fn=_validate_mm,
+))
+
+MMB_DEFAULTS = {"m": 16, "k": 256, "n": 1024, "trans_a": 0, "trans_b": 0}
+
+
+def _mmb_inputs(wl: Workload) -> list:
+    bdt = "int32" if wl.dtype == "int8" else wl.dtype
+    return _mm_inputs(wl) + [("bias", (wl["n"],), bdt)]
+
+
+def _mmb_compute(wl: Workload):
+    ins = _placeholders(_mmb_inputs(wl))
+    return ins, fusion_manager.get("fuse_matmul_bias_relu").compute(*ins, bool(wl["trans_a"]), bool(wl["trans_b"]))
+
+
+register_op(OpDef(
+    name="matmul_bias_relu", summary="fused matmul + bias + ReLU (fully connected layer)", family="matmul",
+    defaults=MMB_DEFAULTS, dtypes=_CUBE, preset_kind="matmul", fusion="fuse_matmul_bias_relu",
+    compute_fn=_mmb_compute,
+    reference_fn=lambda wl, ins: np.maximum(_mm_ref_acc(wl, ins) + ins[2].astype(np.float32 if wl.dtype != "int8"
+                                                                                   else np.int32), 0
+                                            ).astype(_acc_out(wl.dtype)),
+    input_specs=_mmb_inputs, flops_fn=lambda wl: 2 * wl["m"] * wl["k"] * wl["n"] + 2 * wl["m"] * wl["n"],
+    validate_fn=_validate_mm,
+    unfused_fn=lambda wl: [
+        Step(op="matmul", params=dict(wl.params), inputs=("in0", "in1")),
+        Step(op="bias_add", params={"n": 1, "c": wl["n"], "h": 1, "w": wl["m"], "layout": "NHWC"}, inputs=("s0", "in2")),
+        Step(op="relu", params={"n": 1, "c": wl["n"], "h": 1, "w": wl["m"], "layout": "NHWC"}, inputs=("s1",)),
+    ],
+))
+
+# ---------------------------------------------------------------- element-wise family
+
+EW_DEFAULTS = {"n": 1, "c": 64, "h": 56, "w": 56, "layout": "NCHW"}
+_EW_DTYPES = ("float32", "float16")
+
+
+def _ew_shape(wl: Workload) -> tuple[int, ...]:
+    p = wl.p
+    return (p["n"], p["c"], p["h"], p["w"]) if p["layout"] == "NCHW" else (p["n"], p["h"], p["w"], p["c"])
+
+
+def _validate_ew(wl: Workload) -> None:
+    for key in ("n", "c", "h", "w"):
+        if wl[key] < 1:
+            raise OpcError("must be >= 1", arg=key, value=wl[key])
+    if wl.layout not in ("NCHW", "NHWC"):
+        raise OpcError("unsupported layout", arg="layout", value=wl.layout, expected="NCHW or NHWC")
+    if wl.p.get("bcast", 0) not in (0, 1):
+        raise OpcError("must be 0 (same shapes) or 1 (y is per-channel and broadcast)", arg="bcast",
+                       value=wl.p.get("bcast"))
+
+
+def _ew_op(name: str, summary: str, n_in: int, compute, reference, flops_per: int, extra_inputs=None,
+           defaults=EW_DEFAULTS, fusion: str = "", unfused=None) -> None:
+    def inputs(wl: Workload) -> list:
+        return [(f"x{i}" if i else "x", _ew_shape(wl), wl.dtype) for i in range(n_in)] + (
+            extra_inputs(wl) if extra_inputs else [])
+
+    def comp(wl: Workload):
+        ins = _placeholders(inputs(wl))
+        return ins, compute(wl, ins)
+
+    register_op(OpDef(
+        name=name, summary=summary, family="elemwise", defaults=defaults, dtypes=_EW_DTYPES,
+        compute_fn=comp, reference_fn=reference, input_specs=inputs,
+        flops_fn=lambda wl: flops_per * int(np.prod(_ew_shape(wl))), validate_fn=_validate_ew, fusion=fusion,
+        unfused_fn=unfused,
+    ))
+
+
+def _chan_inputs(*names):
+    return lambda wl: [(n, (wl["c"],), wl.dtype) for n in names]
+
+
+_ew_op("relu", "ReLU (vrelu)", 1, lambda wl, ins: dsl.vrelu(ins[0]),
+       lambda wl, ins: np.maximum(ins[0], 0), 1)
+_ew_op("add", "element-wise add (vadd)", 2, lambda wl, ins: dsl.vadd(ins[0], ins[1]),
+       lambda wl, ins: (ins[0] + ins[1]).astype(wl.dtype), 1)
+_ew_op("bias_add", "add a per-channel bias", 1,
+       lambda wl, ins: dsl.vadd(ins[0], dsl.broadcast(
+           _reshape_c(ins[1], wl), _ew_shape(wl))),
+       lambda wl, ins: (ins[0] + _bcast_c(ins[1], wl)).astype(wl.dtype), 1, extra_inputs=_chan_inputs("bias"))
+_ew_op("batch_norm", "inference batch norm: x * scale[c] + shift[c]", 1,
+       lambda wl, ins: dsl.batch_norm(ins[0], ins[1], ins[2], wl.layout),
+       lambda wl, ins: (ins[0] * _bcast_c(ins[1], wl) + _bcast_c(ins[2], wl)).astype(wl.dtype), 2,
+       extra_inputs=_chan_inputs("scale", "shift"))
+
+
+def _bn_relu_compute(wl, ins):
+    return fusion_manager.get("fuse_bn_relu").compute(ins[0], ins[1], ins[2], wl.layout)
+
+
+_ew_op("bn_relu", "fused batch norm + ReLU (one kernel)", 1, _bn_relu_compute,
+       lambda wl, ins: np.maximum(ins[0] * _bcast_c(ins[1], wl) + _bcast_c(ins[2], wl), 0).astype(wl.dtype), 3,
+       extra_inputs=_chan_inputs("scale", "shift"), fusion="fuse_bn_relu",
+       unfused=lambda wl: [Step(op="batch_norm", params=dict(wl.params), inputs=("in0", "in1", "in2")),
+                           Step(op="relu", params=dict(wl.params), inputs=("s0",))])
+
+
+def _reshape_c(t: te.Tensor, wl: Workload) -> te.Tensor:
+    """A (C,) tensor viewed as (1, C, 1, 1) or (1, 1, 1, C) for broadcasting."""
+    ax = _chan_axis(wl)
+    shape = [1, 1, 1, 1]
+    shape[ax] = int(t.shape[0])
+    return te.compute(shape, lambda *i: t[i[ax]], name=f"{t.op.name}_view", tag="elemwise|view")
+
+
+ADD_RELU_DEFAULTS = {**EW_DEFAULTS, "bcast": 0}
+
+
+def _add_relu_inputs(wl: Workload) -> list:
+    shape = _ew_shape(wl)
+    yshape = shape
+    if wl.p.get("bcast"):
+        yl = [1, 1, 1, 1]
+        yl[_chan_axis(wl)] = wl["c"]
+        yshape = tuple(yl)
+    return [("input_x", shape, wl.dtype), ("input_y", yshape, wl.dtype)]
+
+
+def _add_relu_compute(wl: Workload):
+    ins = _placeholders(_add_relu_inputs(wl))
+    return ins, fusion_manager.get("fuse_add_relu").compute(ins[0], ins[1], None)
+
+
+register_op(OpDef(
+    name="add_relu", summary="fused add + ReLU with broadcasting (seed 002's fuse_add_relu)", family="elemwise",
+    defaults=ADD_RELU_DEFAULTS, dtypes=_EW_DTYPES, fusion="fuse_add_relu",
+    compute_fn=_add_relu_compute, reference_fn=lambda wl, ins: np.maximum(ins[0] + ins[1], 0).astype(wl.dtype),
+    input_specs=_add_relu_inputs, flops_fn=lambda wl: 2 * int(np.prod(_ew_shape(wl))), validate_fn=_validate_ew,
+    unfused_fn=lambda wl: [
+        Step(op="add" if not wl.p.get("bcast") else "bias_add",
+             params={k: v for k, v in wl.params if k != "bcast"}, inputs=("in0", "in1")),
+        Step(op="relu", params={k: v for k, v in wl.params if k != "bcast"}, inputs=("s0",)),
+    ] if not wl.p.get("bcast") else [
+        Step(op="bias_add", params={k: v for k, v in wl.params if k != "bcast"}, inputs=("in0", "in1")),
+        Step(op="relu", params={k: v for k, v in wl.params if k != "bcast"}, inputs=("s0",)),
+    ],
+))
+
+# ---------------------------------------------------------------- pooling and reductions
+
+POOL_DEFAULTS = {"n": 1, "c": 64, "h": 112, "w": 112, "kernel": 3, "stride": 2, "pad": 1, "mode": "max",
+                 "layout": "NCHW"}
+
+
+def _pool_out(wl: Workload) -> tuple[int, int]:
+    p = wl.p
+    return ((p["h"] + 2 * p["pad"] - p["kernel"]) // p["stride"] + 1,
+            (p["w"] + 2 * p["pad"] - p["kernel"]) // p["stride"] + 1)
+
+
+def _validate_pool(wl: Workload) -> None:
+    _validate_ew(wl)
+    if wl["mode"] not in ("max", "avg"):
+        raise OpcError("unsupported pool mode", arg="mode", value=wl["mode"], expected="max or avg")
+    if wl["pad"] < 0:
+        raise OpcError("padding must be >= 0", arg="pad", value=wl["pad"])
+    if wl["pad"] * 2 >= wl["kernel"] + 1 and wl["pad"] > 0 and wl["pad"] >= wl["kernel"]:
+        raise OpcError("padding must be smaller than the kernel", arg="pad", value=wl["pad"],
+                       expected=f"< kernel={wl['kernel']}")
+    if min(_pool_out(wl)) < 1:
+        raise OpcError("window larger than the padded input", arg="kernel", value=wl["kernel"])
+
+
+register_op(OpDef(
+    name="pool2d", summary="max or average pooling (mode=max|avg)", family="pool", defaults=POOL_DEFAULTS,
+    dtypes=_EW_DTYPES,
+    compute_fn=lambda wl: (lambda ins: (ins, dsl.pool2d(ins[0], wl["kernel"], wl["stride"], wl["pad"], wl["mode"],
+                                                        wl.layout)))(
+        _placeholders([("x", _ew_shape(wl), wl.dtype)])),
+    reference_fn=lambda wl, ins: ref.pool2d(ins[0], wl["kernel"], wl["stride"], wl["pad"], wl["mode"], wl.layout),
+    input_specs=lambda wl: [("x", _ew_shape(wl), wl.dtype)],
+    flops_fn=lambda wl: wl["n"] * wl["c"] * int(np.prod(_pool_out(wl))) * wl["kernel"] ** 2,
+    validate_fn=_validate_pool,
+))
+
+RED_DEFAULTS = {"m": 1024, "n": 1024}
+
+
+def _validate_red(wl: Workload) -> None:
+    for key in ("m", "n"):
+        if wl[key] < 1:
+            raise OpcError("must be >= 1", arg=key, value=wl[key])
+
+
+for _name, _fn, _np in (("reduce_sum", dsl.sum, np.sum), ("reduce_max", dsl.reduce_max, np.max)):
+    register_op(OpDef(
+        name=_name, summary=f"{_name.split('_')[1]} over the last axis of an (m, n) tensor", family="reduce",
+        defaults=RED_DEFAULTS, dtypes=_EW_DTYPES,
+        compute_fn=(lambda f: lambda wl: (lambda ins: (ins, f(ins[0], axis=1)))(
+            _placeholders([("x", (wl["m"], wl["n"]), wl.dtype)])))(_fn),
+        reference_fn=(lambda f: lambda wl, ins: f(ins[0].astype(np.float32), axis=1).astype(wl.dtype))(_np),
+        input_specs=lambda wl: [("x", (wl["m"], wl["n"]), wl.dtype)],
+        flops_fn=lambda wl: wl["m"] * wl["n"], validate_fn=_validate_red,
+    ))

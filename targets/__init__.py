@@ -1,0 +1,1 @@
+"""Target description files (`*.toml`), shipped as package data `opcompiler.targets`."""
