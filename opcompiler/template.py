@@ -63,6 +63,12 @@ class Template:
         """Build the schedule (what the backend compiles) for one config."""
         raise NotImplementedError
 
+    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        """Derived quantities for the cost model (bytes per memory level, arithmetic intensity,
+        buffer occupancy, alignment waste, trip counts, work per core). Knob values are added
+        by the tuner itself; templates override this to add what they know."""
+        return {}
+
     # -- helpers shared by every template -------------------------------------------------
 
     def config(self, wl: Workload, target: Target, config: Mapping[str, Any] | None) -> Config:
