@@ -1,0 +1,271 @@
+"""Measuring candidates in worker processes, with a timeout, through the `Backend` interface.
+
+A worker builds the kernel (`backend.build`: an `OpcError` such as `CapacityError` means the
+config is invalid), times it (`backend.measure`: timing mode on simulators, repeated runs on
+devices) and, when asked, runs it functionally and compares it with the op's numpy reference
+(`verify.compare`). A worker that crashes or hangs is killed and replaced; its candidate is
+recorded as `crash` / `timeout` and tuning goes on.
+
+Workers are started with `spawn` (TVM's thread pool does not survive `fork`) and keep their
+backend between tasks. `workers=0` measures in this process (no isolation; for debugging).
+"""
+from __future__ import annotations
+
+import copyreg
+import multiprocessing as mp
+import os
+import time
+import traceback
+from dataclasses import dataclass, field
+from importlib import import_module
+from multiprocessing.connection import Connection, wait
+from types import MappingProxyType
+from typing import Any, Callable, Mapping, Sequence
+
+from ..backend import Backend, get_backend
+from ..errors import OpcError
+from ..target import Target
+from ..workload import Workload
+
+# Targets hold MappingProxyType fields; let them cross the process boundary as dicts.
+copyreg.pickle(MappingProxyType, lambda m: (MappingProxyType, (dict(m),)))
+
+
+@dataclass(frozen=True, kw_only=True)
+class BackendSpec:
+    """How a worker gets its backend: `get_backend(target)`, an RPC spec, or a factory
+    `"module:callable"` taking the target (tests register fake backends this way)."""
+
+    target: Target
+    factory: str = ""
+    rpc: str = ""
+
+    def make(self) -> Backend:
+        if self.factory:
+            mod, fn = self.factory.split(":")
+            return getattr(import_module(mod), fn)(self.target)
+        if self.rpc:
+            from ..rpc import rpc_backend
+            return rpc_backend(self.target, self.rpc)
+        return get_backend(self.target)
+
+
+@dataclass(frozen=True, kw_only=True)
+class MeasureResult:
+    """What one candidate did: status as in `records.STATUSES`, cycles and/or seconds, metrics."""
+
+    status: str
+    cycles: int | None = None
+    seconds: float | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)
+    verified: bool = False
+    error: str = ""
+    elapsed: float = 0.0  # wall time of the measurement itself
+
+    @property
+    def cost(self) -> float:
+        if self.status != "ok":
+            return float("inf")
+        return float(self.cycles) if self.cycles is not None else float(self.seconds or float("inf"))
+
+
+_KEEP_METRICS = ("percent_of_peak", "bound", "tflops", "gflops", "pipe_ratios", "bytes_by_level")
+
+
+def measure_one(backend: Backend, wl: Workload, config: Mapping[str, Any], verify: bool = False,
+                seed: int = 0) -> MeasureResult:
+    """Build, time and (if `verify`) check one config in this process. Never raises for a bad config."""
+    t0 = time.perf_counter()
+    try:
+        kernel = backend.build(wl, dict(config))
+    except OpcError as e:
+        return MeasureResult(status="invalid", error=_one_line(e), elapsed=time.perf_counter() - t0)
+    except Exception as e:  # a build that blows up is a bad candidate, not the end of tuning
+        return MeasureResult(status="crash", error=f"build: {type(e).__name__}: {_one_line(e)}",
+                             elapsed=time.perf_counter() - t0)
+    try:
+        res = backend.measure(kernel)
+    except OpcError as e:
+        return MeasureResult(status="invalid", error=_one_line(e), elapsed=time.perf_counter() - t0)
+    except Exception as e:
+        return MeasureResult(status="crash", error=f"measure: {type(e).__name__}: {_one_line(e)}",
+                             elapsed=time.perf_counter() - t0)
+    metrics = {k: res.metrics[k] for k in _KEEP_METRICS if k in res.metrics}
+    cycles = int(res.cycles) if res.cycles is not None else None
+    seconds = float(res.seconds) if res.seconds is not None else None
+    if (cycles is None and not seconds) or (cycles is not None and cycles <= 0):
+        return MeasureResult(status="crash", error="backend reported no time", elapsed=time.perf_counter() - t0)
+    verified = False
+    if verify:
+        ok, err, why = check_result(backend, kernel, wl, seed)
+        metrics["max_abs_err"] = err
+        if not ok:
+            return MeasureResult(status="wrong", cycles=cycles, seconds=seconds, metrics=metrics, error=why,
+                                 elapsed=time.perf_counter() - t0)
+        verified = True
+    return MeasureResult(status="ok", cycles=cycles, seconds=seconds, metrics=metrics, verified=verified,
+                         elapsed=time.perf_counter() - t0)
+
+
+def check_result(backend: Backend, kernel: Any, wl: Workload, seed: int = 0) -> tuple[bool, float, str]:
+    """Run functionally and compare with the reference: (ok, max abs error, why not)."""
+    from ..ops import get_op
+    from ..verify import compare
+    d = get_op(wl.op)
+    inputs = d.make_inputs(wl, seed)
+    try:
+        res = backend.run(kernel, inputs)
+    except Exception as e:
+        return False, float("inf"), f"run: {type(e).__name__}: {_one_line(e)}"
+    if not res.outputs:
+        return False, float("inf"), "run returned no outputs"
+    ok, err = compare(res.outputs[0], d.reference(wl, inputs))
+    return ok, err, "" if ok else f"wrong result: max abs error {err:.3g} beyond tolerance"
+
+
+def _one_line(e: BaseException) -> str:
+    return " ".join(str(e).split())[:300]
+
+
+def _worker_main(conn: Connection, spec: BackendSpec) -> None:
+    """Worker loop: receive (wl, config, verify, seed), send back a MeasureResult."""
+    os.environ.setdefault("OPC_IN_WORKER", "1")
+    try:
+        backend = spec.make()
+    except BaseException as e:  # tell the parent once, then every task fails the same way
+        backend, err = None, f"cannot create the backend: {type(e).__name__}: {_one_line(e)}"
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if task is None:
+            return
+        wl, config, verify, seed = task
+        if backend is None:
+            conn.send(MeasureResult(status="crash", error=err))
+            continue
+        try:
+            res = measure_one(backend, wl, config, verify, seed)
+        except BaseException as e:
+            res = MeasureResult(status="crash", error=f"{type(e).__name__}: {_one_line(e)}\n"
+                                                      f"{traceback.format_exc(limit=3)}"[:500])
+        conn.send(res)
+
+
+class _Worker:
+    def __init__(self, ctx: Any, spec: BackendSpec):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True)
+        self.proc.start()
+        child.close()
+        self.task: int | None = None
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class Measurer:
+    """Measures batches of configs on `workers` processes, `timeout` seconds per candidate.
+
+    The first task of a fresh worker also pays for its start-up (imports, backend creation),
+    so its deadline is `timeout + startup_timeout`."""
+
+    def __init__(self, spec: BackendSpec, workers: int = 1, timeout: float = 60.0, startup_timeout: float = 120.0):
+        if workers < 0:
+            raise OpcError("must be >= 0", arg="--workers", value=workers, expected="0 (in process), 1, 2, ...")
+        self.spec, self.n, self.timeout, self.startup_timeout = spec, workers, timeout, startup_timeout
+        self._ctx = mp.get_context("spawn")
+        self._workers: list[_Worker] = []
+        self._fresh: set[int] = set()
+        self._local: Backend | None = None
+
+    def __enter__(self) -> "Measurer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for w in self._workers:
+            try:
+                w.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for w in self._workers:
+            w.proc.join(timeout=2)
+            w.kill()
+        self._workers = []
+
+    def _spawn(self) -> _Worker:
+        w = _Worker(self._ctx, self.spec)
+        self._fresh.add(id(w))
+        return w
+
+    def measure(self, wl: Workload, configs: Sequence[Mapping[str, Any]], verify: bool = False, seed: int = 0,
+                on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
+        """Measure every config; results in input order. `on_result(i, res)` fires as each finishes."""
+        results: list[MeasureResult | None] = [None] * len(configs)
+        if self.n == 0:
+            if self._local is None:
+                self._local = self.spec.make()
+            for i, c in enumerate(configs):
+                results[i] = measure_one(self._local, wl, c, verify, seed)
+                if on_result:
+                    on_result(i, results[i])
+            return results  # type: ignore[return-value]
+        while len(self._workers) < self.n:
+            self._workers.append(self._spawn())
+        pending = list(range(len(configs)))[::-1]
+        busy: list[_Worker] = []
+        while pending or busy:
+            for w in self._workers:
+                if w.task is None and pending:
+                    i = pending.pop()
+                    fresh = id(w) in self._fresh
+                    w.deadline = time.monotonic() + self.timeout + (self.startup_timeout if fresh else 0.0)
+                    try:
+                        w.conn.send((wl, dict(configs[i]), verify, seed))
+                        w.task = i
+                        busy.append(w)
+                    except (OSError, BrokenPipeError):
+                        pending.append(i)
+                        self._replace(w)
+                        break
+            if not busy:
+                continue
+            wait_for = max(0.0, min(w.deadline for w in busy) - time.monotonic())
+            ready = wait([w.conn for w in busy] + [w.proc.sentinel for w in busy], timeout=wait_for)
+            for w in list(busy):
+                i = w.task
+                res: MeasureResult | None = None
+                if w.conn in ready:
+                    try:
+                        res = w.conn.recv()
+                        self._fresh.discard(id(w))
+                    except (EOFError, OSError):
+                        res = MeasureResult(status="crash", error=f"worker died (exit code {w.proc.exitcode})")
+                elif w.proc.sentinel in ready:
+                    w.proc.join(timeout=1)
+                    res = MeasureResult(status="crash", error=f"worker died (exit code {w.proc.exitcode})")
+                elif time.monotonic() >= w.deadline:
+                    res = MeasureResult(status="timeout", error=f"no result within the {self.timeout:g} s timeout")
+                if res is None:
+                    continue
+                busy.remove(w)
+                w.task = None
+                results[i] = res
+                if res.status in ("crash", "timeout"):
+                    self._replace(w)
+                if on_result:
+                    on_result(i, res)
+        return results  # type: ignore[return-value]
+
+    def _replace(self, w: _Worker) -> None:
+        w.kill()
+        self._fresh.discard(id(w))
+        self._workers[self._workers.index(w)] = self._spawn()

@@ -1,0 +1,279 @@
+"""Tuning records: JSON lines under `tuning_logs/`, one measurement per line.
+
+Each line carries a schema version and a key holding everything that changes the result
+(op, shape params, dtype, layout, target name and description digest, template name and
+version, opcompiler version). Appends are one `os.write` of a whole line under an exclusive
+`fcntl.flock`, so concurrent tuners interleave nothing and a `kill -9` leaves whole lines.
+Reading skips corrupt or foreign lines with one warning per file and never rewrites it.
+
+    >>> log = RecordLog(default_log_path(target, "conv2d"))
+    >>> log.append(Record(key=record_key(wl, target, tmpl), config={...}, status="ok", cycles=1234, ...))
+    >>> best_record(wl, target)  # best verified record, or None
+"""
+from __future__ import annotations
+
+import fcntl
+import json
+import os
+import time
+import warnings
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+from typing import Any, Iterable, Iterator, Mapping
+
+from ..target import Target
+from ..workload import Workload
+
+SCHEMA_VERSION = 1
+# "ok": measured; "invalid": build rejected it (capacity, alignment); "crash" / "timeout": the
+# worker died or hung; "wrong": it computed a wrong result. Only "ok" ones can be verified.
+STATUSES = ("ok", "invalid", "crash", "timeout", "wrong")
+_KEY_FIELDS = ("op", "params", "dtype", "layout", "target", "target_digest", "template", "template_version",
+               "opc_version")
+
+
+def record_key(wl: Workload, target: Target, template_name: str, template_version: int) -> dict[str, Any]:
+    """The key of every record measured for `wl` on `target` with that template."""
+    from .. import __version__
+    return {"op": wl.op, "params": dict(wl.params), "dtype": wl.dtype, "layout": wl.layout,
+            "target": target.name, "target_digest": target.digest, "template": template_name,
+            "template_version": int(template_version), "opc_version": __version__}
+
+
+def config_id(config: Mapping[str, Any]) -> str:
+    """Canonical text of a config: equal configs, equal ids (used for resume and dedup)."""
+    return json.dumps(dict(config), sort_keys=True, separators=(",", ":"))
+
+
+@dataclass(frozen=True, kw_only=True)
+class Record:
+    """One measurement (or one verification) of one config."""
+
+    key: Mapping[str, Any]
+    config: Mapping[str, Any]
+    status: str
+    cycles: int | None = None
+    seconds: float | None = None
+    metrics: Mapping[str, Any] = field(default_factory=dict)  # percent_of_peak, bound, max_abs_err...
+    verified: bool = False
+    error: str = ""
+    tuner: str = ""
+    timestamp: float = 0.0
+
+    @property
+    def valid(self) -> bool:
+        return self.status == "ok"
+
+    @property
+    def cost(self) -> float:
+        """What the tuner minimizes: cycles on simulators, seconds elsewhere; inf when not valid."""
+        if not self.valid:
+            return float("inf")
+        if self.cycles is not None:
+            return float(self.cycles)
+        return float(self.seconds) if self.seconds is not None else float("inf")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["key"], d["config"], d["metrics"] = dict(self.key), dict(self.config), dict(self.metrics)
+        return json.dumps({"v": SCHEMA_VERSION, **d}, sort_keys=False, default=_jsonable)
+
+    @staticmethod
+    def from_obj(obj: Any) -> "Record":
+        """Parse one decoded line; raises ValueError for anything not of our schema."""
+        if not isinstance(obj, dict) or obj.get("v") != SCHEMA_VERSION:
+            raise ValueError("not an opcompiler record of this schema version")
+        key, config = obj.get("key"), obj.get("config")
+        if not isinstance(key, dict) or set(_KEY_FIELDS) - set(key) or not isinstance(config, dict):
+            raise ValueError("record without a complete key or a config")
+        if obj.get("status") not in STATUSES:
+            raise ValueError(f"unknown status {obj.get('status')!r}")
+        cycles, seconds = obj.get("cycles"), obj.get("seconds")
+        return Record(key=key, config=config, status=obj["status"],
+                      cycles=int(cycles) if cycles is not None else None,
+                      seconds=float(seconds) if seconds is not None else None,
+                      metrics=obj.get("metrics") or {}, verified=bool(obj.get("verified", False)),
+                      error=str(obj.get("error", "")), tuner=str(obj.get("tuner", "")),
+                      timestamp=float(obj.get("timestamp", 0.0)))
+
+
+def _jsonable(o: Any) -> Any:
+    if hasattr(o, "item"):
+        return o.item()
+    if hasattr(o, "tolist"):
+        return o.tolist()
+    return str(o)
+
+
+def same_key(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
+    return all(a.get(f) == b.get(f) for f in _KEY_FIELDS)
+
+
+class RecordLog:
+    """One JSON-lines file of records: locked atomic appends, tolerant reads."""
+
+    def __init__(self, path: str | os.PathLike):
+        self.path = Path(path)
+
+    def append(self, records: Record | Iterable[Record]) -> None:
+        """Append whole lines under an exclusive lock, one `os.write` per call."""
+        recs = [records] if isinstance(records, Record) else list(records)
+        if not recs:
+            return
+        payload = "".join(r.to_json() + "\n" for r in recs).encode()
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        fd = os.open(self.path, os.O_RDWR | os.O_APPEND | os.O_CREAT, 0o644)
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX)
+            try:
+                # A line left without its newline (not by us) must not swallow ours.
+                size = os.fstat(fd).st_size
+                if size and os.pread(fd, 1, size - 1) != b"\n":
+                    payload = b"\n" + payload
+                written = os.write(fd, payload)
+                if written != len(payload):  # a short write would split a line; say so loudly
+                    raise OSError(f"short write to {self.path}: {written} of {len(payload)} bytes")
+            finally:
+                fcntl.flock(fd, fcntl.LOCK_UN)
+        finally:
+            os.close(fd)
+
+    def read(self, warn: bool = True) -> list[Record]:
+        """Every parseable record; corrupt or foreign lines are skipped with one warning."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as f:
+            fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # a writer's line is either all there or absent
+            try:
+                data = f.read()
+            finally:
+                fcntl.flock(f.fileno(), fcntl.LOCK_UN)
+        out: list[Record] = []
+        bad, first_bad = 0, 0
+        for lineno, raw in enumerate(data.split(b"\n"), 1):
+            if not raw.strip():
+                continue
+            try:
+                out.append(Record.from_obj(json.loads(raw)))
+            except (ValueError, TypeError, UnicodeDecodeError):
+                bad += 1
+                first_bad = first_bad or lineno
+        if bad and warn:
+            warnings.warn(f"tuning log {self.path}: skipped {bad} corrupt or foreign line(s) (first at line "
+                          f"{first_bad}); the file is left as it is", RuntimeWarning, stacklevel=2)
+        return out
+
+    def for_key(self, key: Mapping[str, Any], warn: bool = True) -> list[Record]:
+        return [r for r in self.read(warn) if same_key(r.key, key)]
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConfigState:
+    """What the records say about one config: its measurement and whether it verified."""
+
+    record: Record  # the measurement (the first valid one, else the first failure)
+    verified: bool
+    wrong: bool
+
+
+def fold(records: Iterable[Record]) -> dict[str, ConfigState]:
+    """Per config id: its measurement, verified when a verification line says so, wrong when one failed."""
+    meas: dict[str, Record] = {}
+    verified: set[str] = set()
+    wrong: set[str] = set()
+    for r in records:
+        cid = config_id(r.config)
+        if r.status == "wrong":
+            wrong.add(cid)
+        if r.verified and r.valid:
+            verified.add(cid)
+        prev = meas.get(cid)
+        if prev is None or (not prev.valid and r.valid):
+            meas[cid] = r
+    return {cid: ConfigState(record=rec, verified=cid in verified and cid not in wrong, wrong=cid in wrong)
+            for cid, rec in meas.items()}
+
+
+def default_log_path(target: Target, op: str) -> Path:
+    """`tuning_logs/<target>/<op>.jsonl` under the current directory (`OPC_LOG_DIR` overrides)."""
+    from ..settings import settings
+    return settings().log_dir / target.name / f"{op}.jsonl"
+
+
+def _search_paths(target: Target, op: str) -> list[Path]:
+    """Where `best` looks: the user's log dir first, then the logs shipped with the package."""
+    paths = [default_log_path(target, op)]
+    shipped = Path(__file__).resolve().parents[2] / "tuning_logs" / target.name / f"{op}.jsonl"
+    if shipped.resolve() != paths[0].resolve():
+        paths.append(shipped)
+    return paths
+
+
+def best_of(records: Iterable[Record], verified_only: bool = True) -> Record | None:
+    states = fold(records)
+    cands = [s.record for s in states.values()
+             if s.record.valid and not s.wrong and (s.verified or not verified_only)]
+    return min(cands, key=lambda r: r.cost, default=None)
+
+
+def best_record(wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Record | None:
+    """The best VERIFIED record for `wl` on `target` (any template of the current version), or None.
+
+    Looks in `log` when given, else in `tuning_logs/<target>/<op>.jsonl` and the shipped logs."""
+    from ..ops import get_op
+    from ..template import get_template
+    try:
+        tmpl = get_template(get_op(wl.op).family, target.family)
+    except Exception:  # no template for this target: nothing can be tuned, so nothing is best
+        return None
+    key = record_key(wl, target, tmpl.name, tmpl.version)
+    paths = [Path(log)] if log is not None else _search_paths(target, wl.op)
+    for p in paths:
+        best = best_of(RecordLog(p).for_key(key))
+        if best is not None:
+            return best
+    return None
+
+
+def iter_logs(root: str | os.PathLike) -> Iterator[Path]:
+    root = Path(root)
+    if root.is_file():
+        yield root
+    elif root.is_dir():
+        yield from sorted(root.rglob("*.jsonl"))
+
+
+def summarize(root: str | os.PathLike, target: str | None = None) -> list[dict[str, Any]]:
+    """One row per (log file, workload key): trials, invalid, verified, best cost."""
+    rows = []
+    for path in iter_logs(root):
+        groups: dict[str, list[Record]] = {}
+        for r in RecordLog(path).read():
+            if target is not None and r.key.get("target") != target:
+                continue
+            groups.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
+        for k, recs in groups.items():
+            key = json.loads(k)
+            states = fold(recs)
+            best = best_of(recs, verified_only=False)
+            vbest = best_of(recs, verified_only=True)
+            rows.append({
+                "log": str(path), "op": key["op"], "target": key["target"], "dtype": key["dtype"],
+                "shape": ",".join(f"{a}={b}" for a, b in sorted(key["params"].items())),
+                "template": f"{key['template']} v{key['template_version']}", "opc_version": key["opc_version"],
+                "trials": len(states), "invalid": sum(1 for s in states.values() if not s.record.valid or s.wrong),
+                "verified": sum(1 for s in states.values() if s.verified),
+                "best_cost": best.cost if best else None, "best_verified_cost": vbest.cost if vbest else None,
+                "unit": "cycles" if (best and best.cycles is not None) else "seconds",
+                "stale": key["opc_version"] != _version(),
+            })
+    return rows
+
+
+def _version() -> str:
+    from .. import __version__
+    return __version__
+
+
+def now() -> float:
+    return time.time()

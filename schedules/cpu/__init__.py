@@ -1,0 +1,2 @@
+"""CPU templates: tiled, vectorized for the host's SIMD width, parallel over the cores."""
+from . import conv2d, elemwise, matmul  # noqa: F401
