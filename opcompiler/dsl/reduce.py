@@ -28,6 +28,13 @@ def _axes(x: te.Tensor, axis: int | Sequence[int] | None) -> list[int]:
 def _reduce(name: str, comb: Callable) -> Callable:
     def op(raw_tensor: te.Tensor, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> te.Tensor:
         _check(raw_tensor, "raw_tensor", ARITH)
+        if name in ("sum", "reduce_prod") and str(raw_tensor.dtype) == "float16":
+            # accumulate fp16 sums in fp32 (as the vector unit's reduce does), round once at the end
+            wide = te.compute(raw_tensor.shape, lambda *i: raw_tensor(*i).astype("float32"), name=f"{name}_in",
+                              tag="elemwise|cast")
+            acc = op(wide, axis, keepdims)
+            return te.compute(acc.shape, lambda *i: acc(*i).astype("float16"), name=f"{name}_out",
+                              tag="elemwise|cast")
         axes = _axes(raw_tensor, axis)
         shape = shape_to_list(raw_tensor.shape)
         rax = [te.reduce_axis((0, shape[a]), name=f"r{a}") for a in axes]
