@@ -27,8 +27,13 @@ from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
 
+
+def _mappingproxy(d: dict) -> MappingProxyType:
+    return MappingProxyType(d)
+
+
 # Targets hold MappingProxyType fields; let them cross the process boundary as dicts.
-copyreg.pickle(MappingProxyType, lambda m: (MappingProxyType, (dict(m),)))
+copyreg.pickle(MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
 
 
 @dataclass(frozen=True, kw_only=True)

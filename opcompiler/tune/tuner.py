@@ -167,7 +167,7 @@ class Tuner:
                         on_trial(done, r)
                 if bar is not None:
                     bar.update(len(batch))
-                    bar.set_postfix_str(f"best {_fmt_cost(best_cost)}  invalid {invalid}", refresh=False)
+                    bar.set_postfix_str(f"best {_fmt_cost(best_cost, self.target)}  invalid {invalid}", refresh=False)
                 if since_best >= opt.patience:
                     stop = f"no improvement in {since_best} trials (early stop)"
                     break
@@ -205,10 +205,10 @@ class Tuner:
                                        seconds=s.record.seconds, metrics={**s.record.metrics, **res.metrics},
                                        verified=True, tuner="verify", timestamp=now()))
                 return
-            status = "wrong" if res.status in ("ok", "wrong") else res.status
-            self.log.append(Record(key=self.key, config=s.record.config, status="wrong" if status == "ok" else status,
-                                   metrics=res.metrics, error=res.error or "verification failed", tuner="verify",
-                                   timestamp=now()))
+            # a crash or hang while checking condemns the kernel as surely as a wrong value
+            why = res.error if res.status == "wrong" else f"{res.status} during verification: {res.error}"
+            self.log.append(Record(key=self.key, config=s.record.config, status="wrong", metrics=res.metrics,
+                                   error=why or "verification failed", tuner="verify", timestamp=now()))
 
     # -- helpers --------------------------------------------------------------------------
 
@@ -242,10 +242,10 @@ def _reason(r: MeasureResult) -> str:
     return f"{r.status}: {head}".strip().rstrip(":")[:80]
 
 
-def _fmt_cost(c: float) -> str:
+def _fmt_cost(c: float, target: Target) -> str:
     if not math.isfinite(c):
         return "-"
-    return f"{c:,.0f} cyc" if c >= 100 else f"{c * 1e3:.4g} ms"
+    return f"{c:,.0f} cyc" if target.is_simulator else f"{c * 1e3:.4g} ms"
 
 
 def _progress(opt: TuneOptions, total: int, initial: int, desc: str) -> Any:

@@ -1,0 +1,242 @@
+"""`opcompiler tune`, `opcompiler best`, `opcompiler logs`."""
+from __future__ import annotations
+
+import argparse
+import shlex
+from pathlib import Path
+from typing import Any
+
+from ..errors import OpcError, OpcFailure
+from ..ops import get_op
+from ..target import Target
+from .common import add_workload_args, emit_json, fmt_si, resolve
+
+DEFAULT_PRESET = {"conv": "resnet50.res2_3x3", "matmul": "seed.matmul_16x256x1024"}
+DEFAULT_TRIALS = {"ascend": 128, "dsp": 128, "cpu": 32, "cuda": 64}  # a few minutes on 2 cores
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("tune", help="autotune one operator's schedule knobs for a target")
+    add_workload_args(p, default_target="ascend-sim", config=False)
+    p.add_argument("--trials", type=int, help="total measured configs for this workload, earlier records "
+                   "included (default: 128 on simulators, 32 on cpu)")
+    p.add_argument("--tuner", default="xgb", help="xgb (cost model) | random | grid (default %(default)s)")
+    p.add_argument("--log", help="tuning log (default tuning_logs/<target>/<op>.jsonl)")
+    p.add_argument("--workers", type=int, default=1, help="measurement processes (default %(default)s)")
+    p.add_argument("--batch-size", type=int, default=8, help="configs per search round (default %(default)s)")
+    p.add_argument("--timeout", type=float, default=60.0, help="seconds per candidate (default %(default)s)")
+    p.add_argument("--early-stop", type=int, help="stop after N trials without improvement (0 = never; "
+                   "default max(32, trials/2))")
+    p.add_argument("--no-transfer", action="store_true", help="do not warm-start from other shapes' records")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--rpc", help="HOST:PORT:KEY of an RPC tracker owning the device (cuda)")
+    p.set_defaults(func=cmd_tune)
+
+    p = sub.add_parser("best", help="print the best verified tuning record of one workload")
+    add_workload_args(p, default_target="ascend-sim", config=False)
+    p.add_argument("--log", help="tuning log to read (default tuning_logs/<target>/<op>.jsonl, then shipped logs)")
+    p.set_defaults(func=cmd_best)
+
+    p = sub.add_parser("logs", help="summarize the stored tuning records")
+    p.add_argument("--target", help="only records of this target (name or alias)")
+    p.add_argument("--dir", help="log directory or file (default tuning_logs, or OPC_LOG_DIR)")
+    p.add_argument("--json", action="store_true")
+    p.set_defaults(func=cmd_logs)
+
+
+def _default_args(args: argparse.Namespace) -> None:
+    """No shape given: the op's default preset (a ResNet-50 3x3 conv for convolutions)."""
+    if args.shape is None and args.preset is None:
+        kind = get_op(args.op).preset_kind
+        if kind in DEFAULT_PRESET:
+            args.preset = DEFAULT_PRESET[kind]
+
+
+def _default_dtype(op: str, target: Target) -> str | None:
+    dts = get_op(op).dtypes
+    if target.family == "ascend" and "float16" in dts:
+        return "float16"  # the cube's native type
+    return "float32" if "float32" in dts else None
+
+
+def cmd_tune(args: argparse.Namespace) -> int:
+    from ..target import load_target
+    from ..tune import tune
+    target = load_target(args.target)
+    _default_args(args)
+    if target.family == "cuda" and not args.rpc:
+        from ..backend.cuda import require_device_or_rpc
+        require_device_or_rpc(args.rpc)
+    elif args.rpc and target.family != "cuda":
+        raise OpcError("only measures on remote devices (cuda targets)", arg="--rpc", value=args.rpc,
+                       expected="--target cuda")
+    if args.workers is not None and args.workers < 0:
+        raise OpcError("must be >= 0", arg="--workers", value=args.workers, expected="1 or 2 on this machine")
+    wl, _ = resolve(args, _default_dtype(args.op, target))
+    trials = args.trials if args.trials is not None else DEFAULT_TRIALS.get(target.family, 64)
+    res = tune(wl.op, target, shape=dict(wl.params), dtype=wl.dtype, trials=trials, tuner=args.tuner,
+               log=args.log, workers=args.workers, batch_size=args.batch_size, timeout=args.timeout,
+               early_stop=args.early_stop, transfer=not args.no_transfer, seed=args.seed, rpc=args.rpc or "",
+               progress=not args.json)
+    summary = summarize(res)
+    if args.json:
+        emit_json(summary)
+    else:
+        print_summary(summary)
+    if res.best_measured is None:
+        raise OpcFailure(no_valid_message(res))
+    if res.best is None:
+        raise OpcFailure(f"no candidate passed verification against the reference (see {res.log})")
+    return 0
+
+
+def no_valid_message(res: Any) -> str:
+    why = "; ".join(f"{n}x {r}" for r, n in res.failures.items()) or "see the log"
+    return (f"all {res.trials} candidates of {res.workload.op} on {res.target.name} failed ({why}); "
+            f"nothing to keep — try another shape, dtype or target (records in {res.log})")
+
+
+def export_command(res: Any) -> str:
+    wl = res.workload
+    return (f"opcompiler export {wl.op} --target {res.target.name} --shape {shlex.quote(wl.shape_str())} "
+            f"--dtype {wl.dtype} --config best --to torch")
+
+
+def summarize(res: Any) -> dict[str, Any]:
+    """The `--json` object (and the table's content)."""
+    wl, t = res.workload, res.target
+    flops = get_op(wl.op).flops(wl)
+    best, default = res.best, res.default
+    out: dict[str, Any] = {
+        "op": wl.op, "target": t.name, "shape": dict(wl.params), "dtype": wl.dtype, "template": res.template,
+        "tuner_stop": res.stop_reason, "trials": res.trials, "new_trials": res.new_trials, "invalid": res.invalid,
+        "rejected_by_check": res.rejected, "log": str(res.log), "verified": best is not None,
+        "best_config": dict(best.config) if best else None, "elapsed_s": round(res.elapsed, 2),
+    }
+    if best is None and res.best_measured is not None:
+        out["best_unverified_config"] = dict(res.best_measured.config)
+    unit = res.unit
+    for name, rec in (("best", best), ("default", default)):
+        if unit == "cycles":
+            out[f"{name}_cycles"] = rec.cycles if rec is not None and rec.valid else None
+        out[f"{name}_seconds"] = _seconds(rec, t)
+    secs = out["best_seconds"]
+    out["tflops"] = flops / secs / 1e12 if secs else None
+    peak = t.peak_flops(wl.dtype)
+    if best is not None and "percent_of_peak" in best.metrics:
+        out["percent_of_peak"] = float(best.metrics["percent_of_peak"])
+    else:
+        out["percent_of_peak"] = 100.0 * flops / secs / peak if secs and peak else None
+    out["bound"] = best.metrics.get("bound") if best is not None else None
+    out["speedup_over_default"] = res.speedup
+    out["export_command"] = export_command(res) if best is not None else None
+    return out
+
+
+def _seconds(rec: Any, t: Target) -> float | None:
+    if rec is None or not rec.valid:
+        return None
+    if rec.seconds:
+        return rec.seconds
+    return rec.cycles / (t.clock_ghz * 1e9) if rec.cycles is not None and t.clock_ghz else None
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    shape = ",".join(f"{k}={v}" for k, v in s["shape"].items())
+    rows: list[tuple[str, str]] = [
+        ("workload", f"{s['op']} {s['dtype']} {shape}"),
+        ("target / template", f"{s['target']} / {s['template']}"),
+        ("trials", f"{s['trials']} ({s['new_trials']} this run, {s['invalid']} invalid, "
+                   f"{s['rejected_by_check']} rejected before measuring) — {s['tuner_stop']}"),
+    ]
+    if s["best_config"] is not None:
+        rows.append(("best config (verified)", _cfg(s["best_config"])))
+    elif s.get("best_unverified_config"):
+        rows.append(("best config (NOT verified)", _cfg(s["best_unverified_config"])))
+    if "best_cycles" in s:
+        rows.append(("cycles", _pair(s.get("best_cycles"), s.get("default_cycles"), lambda v: f"{v:,}")))
+    rows.append(("time", _pair(s["best_seconds"], s["default_seconds"], lambda v: f"{v * 1e3:.4g} ms")))
+    if s["tflops"] is not None:
+        rows.append(("throughput", fmt_si(s["tflops"] * 1e12, "FLOPS")))
+    if s["percent_of_peak"] is not None:
+        rows.append(("% of peak", f"{s['percent_of_peak']:.1f} %" + (f", bound by {s['bound']}" if s["bound"] else "")))
+    if s["speedup_over_default"] is not None:
+        rows.append(("speedup over default", f"{s['speedup_over_default']:.2f}x"))
+    rows.append(("record", s["log"]))
+    if s["export_command"]:
+        rows.append(("export it", s["export_command"]))
+    width = max(len(a) for a, _ in rows)
+    for a, b in rows:
+        print(f"  {a:<{width}}  {b}")
+
+
+def _cfg(c: dict[str, Any]) -> str:
+    return " ".join(f"{k}={v}" for k, v in c.items())
+
+
+def _pair(best: Any, default: Any, fmt: Any) -> str:
+    b = fmt(best) if best is not None else "-"
+    d = fmt(default) if default is not None else "-"
+    return f"{b}  (template default {d})"
+
+
+def cmd_best(args: argparse.Namespace) -> int:
+    from ..target import load_target
+    from ..tune.records import best_record, record_key, _search_paths
+    target = load_target(args.target)
+    _default_args(args)
+    wl, _ = resolve(args, _default_dtype(args.op, target))
+    rec = best_record(wl, target, args.log)
+    where = [args.log] if args.log else [str(p) for p in _search_paths(target, wl.op)]
+    if rec is None:
+        raise OpcError(f"no verified record for {wl.op} {wl.dtype} {wl.shape_str()} on {target.name}",
+                       arg="op", value=wl.op,
+                       expected=f"a workload tuned with `opcompiler tune` (looked in {', '.join(where)})")
+    out = {"op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
+           "template": rec.key["template"], "config": dict(rec.config), "cycles": rec.cycles,
+           "seconds": _seconds(rec, target), "metrics": dict(rec.metrics), "verified": rec.verified or True,
+           "key": dict(rec.key)}
+    if args.json:
+        emit_json(out)
+        return 0
+    print(f"{wl.op} {wl.dtype} {wl.shape_str()} on {target.name}  ({rec.key['template']} "
+          f"v{rec.key['template_version']}, verified)")
+    print(f"  config  {_cfg(dict(rec.config))}")
+    line = f"  time    {out['seconds'] * 1e3:.4g} ms" if out["seconds"] else "  time    -"
+    if rec.cycles is not None:
+        line += f" ({rec.cycles:,} cycles)"
+    print(line)
+    if "percent_of_peak" in rec.metrics:
+        print(f"  {float(rec.metrics['percent_of_peak']):.1f} % of peak, bound by {rec.metrics.get('bound', '?')}")
+    return 0
+
+
+def cmd_logs(args: argparse.Namespace) -> int:
+    from ..settings import settings
+    from ..tune.records import summarize as summarize_logs
+    root = Path(args.dir) if args.dir else settings().log_dir
+    tname = None
+    if args.target:
+        from ..target import load_target
+        tname = load_target(args.target).name
+    if not root.exists():
+        raise OpcError("no tuning logs there", arg="--dir", value=str(root),
+                       expected="a directory written by `opcompiler tune` (or set OPC_LOG_DIR)")
+    rows = summarize_logs(root, tname)
+    if args.json:
+        emit_json(rows)
+        return 0
+    if not rows:
+        print(f"no records in {root}" + (f" for target {tname}" if tname else ""))
+        return 0
+    print(f"{'target':<16} {'op':<18} {'dtype':<8} {'trials':>6} {'inv':>4} {'ver':>4} {'best':>14}  shape")
+    for r in rows:
+        best = r["best_verified_cost"] if r["best_verified_cost"] is not None else r["best_cost"]
+        bs = "-" if best is None else (f"{best:,.0f} cyc" if r["unit"] == "cycles" else f"{best * 1e3:.4g} ms")
+        if r["best_verified_cost"] is None and best is not None:
+            bs += "*"
+        stale = "  (older opcompiler)" if r["stale"] else ""
+        print(f"{r['target']:<16} {r['op']:<18} {r['dtype']:<8} {r['trials']:>6} {r['invalid']:>4} "
+              f"{r['verified']:>4} {bs:>14}  {r['shape']}{stale}")
+    print("(* = best not verified yet)")
+    return 0

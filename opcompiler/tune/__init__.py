@@ -1,0 +1,15 @@
+"""The autotuner: knob spaces and features, measurement in worker processes, an XGBoost
+ranking cost model, model-guided search, and JSON-lines tuning records.
+
+    >>> from opcompiler.tune import tune
+    >>> res = tune("conv2d", "ascend-sim", preset="resnet50.res2_3x3", dtype="float16", trials=128)
+
+Modules: `space` (knobs, features), `measure` (workers, timeouts), `cost_model` (XGBoost),
+`search` (xgb | random | grid), `records` (tuning logs, `best_record`), `tuner` (the loop).
+"""
+from __future__ import annotations
+
+from .records import Record, RecordLog, best_record, default_log_path
+from .tuner import TuneOptions, TuneResult, Tuner, tune
+
+__all__ = ["tune", "Tuner", "TuneOptions", "TuneResult", "Record", "RecordLog", "best_record", "default_log_path"]
