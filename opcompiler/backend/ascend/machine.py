@@ -8,7 +8,6 @@ the vector repeat, scalar costs, and the shared off-chip levels (HBM or DDR, L2)
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from functools import cache
 from types import MappingProxyType
 from typing import Mapping
 
@@ -101,8 +100,17 @@ def _int(v) -> int:
     return int(v)
 
 
-@cache
+_CACHE: dict[tuple[str, str, str], Machine] = {}
+
+
 def _machine(target: Target) -> Machine:
+    key = (target.name, target.path, target.digest)
+    if key not in _CACHE:
+        _CACHE[key] = _build_machine(target)
+    return _CACHE[key]
+
+
+def _build_machine(target: Target) -> Machine:
     if target.family != "ascend":
         raise OpcError(f"target {target.name} is of family {target.family}, not ascend")
     levels = {}

@@ -1,0 +1,126 @@
+"""`AscendSimBackend`: build a template's program, run it (functional) or time it (timing).
+
+build   template.config -> template.apply -> Plan; core 0's program is emitted (capacity and
+        alignment are checked here: CapacityError names buffer, level and bytes).
+run     host-side packing of the inputs into GM layouts, every active core's program executed
+        instruction by instruction on simulated memories, output unpacked; cycles from the
+        pipe scheduler replaying core 0's program.
+measure the same scheduler replay without any arithmetic (timing mode): same cycles.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from ...errors import OpcError
+from ...ops import get_op
+from ...template import get_template
+from ...workload import Workload
+from .. import Backend, Kernel, RunResult
+from .builder import Plan, Program
+from .isa import Memory
+from .machine import Machine
+from .scheduler import Timing, schedule
+
+PIPE_RATIO = {"M": "mac_ratio", "V": "vec_ratio", "S": "scalar_ratio", "MTE1": "mte1_ratio",
+              "MTE2": "mte2_ratio", "MTE3": "mte3_ratio"}
+PIPE_RESOURCE = {"M": "cube (M pipe)", "V": "vector unit (V pipe)", "S": "scalar unit (S pipe)",
+                 "MTE1": "L1 -> L0 loads (MTE1)", "MTE2": "GM reads (MTE2)", "MTE3": "GM writes (MTE3)"}
+LAYOUT_NOTE = ("host-side preprocessing (not counted): inputs are packed on the host into the GM layouts "
+               "named in gm_layouts and the output is unpacked back")
+
+
+@dataclass(eq=False)
+class Compiled:
+    plan: Plan
+    program: Program  # core 0's
+
+
+class AscendSimBackend(Backend):
+    """The DaVinci AI Core simulator backend (family "ascend")."""
+
+    family = "ascend"
+
+    def __init__(self, target):
+        super().__init__(target)
+        self.machine = Machine.from_target(target)
+
+    def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
+        op = get_op(wl.op)
+        tmpl = get_template(op.family, "ascend")
+        cfg = tmpl.config(wl, self.target, config)
+        plan: Plan = tmpl.apply(wl, self.target, cfg)
+        prog = plan.make_program(0)
+        info = {"layout_handling": LAYOUT_NOTE, "block_dim": plan.active_cores, "peak_unit": plan.unit,
+                "instructions_core0": len(prog.instrs),
+                "buffer_high_water": {k: v for k, v in prog.high_water.items() if v}, **plan.info}
+        return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,
+                      config=cfg, artifact=Compiled(plan, prog), info=info)
+
+    def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:
+        comp: Compiled = kernel.artifact
+        t = schedule(comp.program)
+        return self._result(kernel, t, None)
+
+    def run(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> RunResult:
+        comp: Compiled = kernel.artifact
+        plan, m = comp.plan, self.machine
+        gm = plan.pack([np.asarray(x) for x in inputs])
+        gm[plan.out_name] = np.zeros(plan.out_shape, plan.out_dtype)
+        caps = {lvl: lv.capacity for lvl, lv in m.levels.items()}
+        for core in range(plan.active_cores):
+            prog = comp.program if core == 0 else plan.make_program(core)
+            mem = Memory(caps, gm)
+            for ins in prog.instrs:
+                ins.execute(mem)
+        out = plan.unpack(gm[plan.out_name])
+        t = schedule(comp.program)
+        return self._result(kernel, t, [out])
+
+    # -- reporting ----------------------------------------------------------------------------
+
+    def _result(self, kernel: Kernel, t: Timing, outputs: list[np.ndarray] | None) -> RunResult:
+        plan: Plan = kernel.artifact.plan
+        m, tgt = self.machine, self.target
+        seconds = m.cycles_to_seconds(t.cycles)
+        flops = plan.flops
+        if plan.unit == "cube":
+            peak_per_cycle = m.peak_flops_per_cycle.get(kernel.workload.dtype, 0.0)
+        else:
+            peak_per_cycle = float(m.lanes(np.dtype(kernel.workload.dtype).itemsize))
+        peak = peak_per_cycle * m.clock_ghz * 1e9 * m.cores
+        n = plan.active_cores
+        gm_bytes = (t.gm_read_bytes + t.gm_write_bytes) * n
+        hbm_bytes = (t.gm_read_bytes * t.hbm_read_fraction + t.gm_write_bytes) * n
+        bw = m.offchip_gbps * 1e9
+        intensity = flops / hbm_bytes if hbm_bytes else float("inf")
+        attainable = min(peak, intensity * bw)
+        ratios = {PIPE_RATIO[p]: round(t.busy[p] / t.cycles, 4) if t.cycles else 0.0 for p in PIPE_RATIO}
+        busiest = max(PIPE_RATIO, key=lambda p: t.busy[p] if p != "S" else t.busy[p] * 0.999)
+        bound = PIPE_RESOURCE[busiest] if t.busy[busiest] >= 0.5 * t.cycles else "latency (pipes wait on each other)"
+        by_level = {"GM_read": t.gm_read_bytes * n, "GM_write": t.gm_write_bytes * n,
+                    m.offchip_name: int(hbm_bytes), "L2_hit": int(t.gm_read_bytes * (1 - t.hbm_read_fraction) * n)}
+        for key, v in t.bytes_by_path.items():
+            dst = key.split("->")[1]
+            if dst != "GM":
+                by_level[f"{key}"] = v * n
+        metrics = {
+            "cycles": t.cycles, "time_us": seconds * 1e6, "tflops": flops / seconds / 1e12 if seconds else 0.0,
+            "percent_of_peak": 100.0 * flops / seconds / peak if seconds and peak else 0.0,
+            "bound": bound, "pipe_ratios": ratios, "bytes_by_level": by_level,
+            "gm_bytes": gm_bytes,
+            "memory_bound_ratio": round(ratios["mte2_ratio"] / max(ratios["mac_ratio"], ratios["vec_ratio"], 1e-9), 4),
+            "roofline": {"peak_tflops": peak / 1e12, "arithmetic_intensity": intensity,
+                         "attainable_tflops": attainable / 1e12,
+                         "roofline_bound": "compute" if intensity * bw >= peak else "memory",
+                         "offchip_gbps": m.offchip_gbps},
+            "active_cores": n, "sync_events_core0": t.syncs, "instructions_core0": t.instructions,
+            "l2_hit_ratio": round(1 - t.hbm_read_fraction, 4),
+            "mode": "functional" if outputs is not None else "timing",
+            "bytes_note": "bytes are core 0's traffic x active cores (core 0 holds the largest share)",
+        }
+        if tgt.clock_ghz <= 0:
+            raise OpcError(f"target {tgt.name} has no clock", arg="clock_ghz", value=tgt.clock_ghz)
+        return RunResult(outputs=outputs, seconds=seconds, cycles=t.cycles, metrics=metrics)

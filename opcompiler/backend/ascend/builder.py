@@ -1,0 +1,218 @@
+"""A TIK-style kernel builder: templates allocate buffers and emit AI Core instructions.
+
+Seed 000's Algorithm Y is written against TBE's TIK interface (`data_move`, `matmul`, ...);
+the ascend templates emit their programs the same way through `KernelBuilder`. Allocation
+enforces each level's capacity and alignment (a `CapacityError` names buffer, level, bytes);
+cube operands must be whole 16-aligned fractals; vector instructions are split at 255 repeats.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ...errors import CapacityError, OpcFailure
+from .isa import (VEC_OPS, Barrier, Buf, ConvGeom, DataMove, Instr, Load3D, Mmad, Scalar, Vec, VOp,
+                  region_bursts)
+from .machine import Machine
+
+
+@dataclass(eq=False)
+class Program:
+    """One core's instruction stream plus what the backend needs to run and report it."""
+
+    machine: Machine
+    core: int
+    active_cores: int
+    instrs: list[Instr]
+    bufs: list[Buf]
+    gm: dict[str, Buf]
+    high_water: dict[str, int]
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class KernelBuilder:
+    """Emit one core's program. `core` / `active_cores` say which share of the work this is."""
+
+    def __init__(self, machine: Machine, core: int = 0, active_cores: int = 1):
+        self.m = machine
+        self.core = core
+        self.active_cores = active_cores
+        self.instrs: list[Instr] = []
+        self.bufs: list[Buf] = []
+        self.gm_bufs: dict[str, Buf] = {}
+        self.top = {lvl: 0 for lvl in machine.levels}
+        self.info: dict[str, Any] = {}
+
+    # -- memory -----------------------------------------------------------------------------
+
+    def gm(self, name: str, shape: tuple[int, ...], dtype: str) -> Buf:
+        """A tensor in global memory (HBM), laid out as the template's host-side packing says."""
+        b = Buf(len(self.bufs), name, "GM", 0, tuple(int(s) for s in shape), dtype)
+        self.bufs.append(b)
+        self.gm_bufs[name] = b
+        return b
+
+    def alloc(self, level: str, name: str, shape: tuple[int, ...], dtype: str) -> Buf:
+        """Allocate in an on-chip level at its alignment; overflow raises CapacityError."""
+        lv = self.m.level(level)
+        off = -(-self.top[level] // lv.alignment) * lv.alignment
+        shape = tuple(int(s) for s in shape)
+        b = Buf(len(self.bufs), name, level, off, shape, dtype)
+        end = off + b.nbytes
+        if end > lv.capacity:
+            raise CapacityError(name, level, end, lv.capacity,
+                                f"{name} is {shape} {dtype} = {b.nbytes} B on top of {off} B already live")
+        self.top[level] = end
+        self.bufs.append(b)
+        return b
+
+    # -- instructions -----------------------------------------------------------------------
+
+    def _emit(self, ins: Instr, pipe: str, reads: tuple[Buf, ...], writes: tuple[Buf, ...]) -> Instr:
+        ins.pipe, ins.reads, ins.writes = pipe, reads, writes
+        self.instrs.append(ins)
+        return ins
+
+    def data_move(self, dst: Buf, dst_idx: tuple, src: Buf, src_idx: tuple) -> None:
+        """DMA / Load2D / L0C->UB, the pipe chosen by the target's data paths."""
+        path = self.m.path(src.level if src.level != "GM" else "GM", dst.level if dst.level != "GM" else "GM")
+        elems, src_runs = region_bursts(src.shape, src_idx)
+        delems, dst_runs = region_bursts(dst.shape, dst_idx)
+        if elems != delems:
+            raise OpcFailure(f"data_move {src.name} -> {dst.name}: {elems} elements into a {delems}-element region")
+        if elems == 0:
+            return
+        nbytes = elems * src.itemsize
+        ins = DataMove(dst=dst, dst_idx=dst_idx, src=src, src_idx=src_idx, path=(path.src, path.dst),
+                       nbytes=nbytes, bursts=max(src_runs, dst_runs))
+        self._emit(ins, path.pipe, (src,), (dst,))
+
+    def load3d(self, dst: Buf, src: Buf, geom: ConvGeom, h0: int, c1_0: int, p0: int, mt: int, q0: int,
+               kt1: int) -> None:
+        """img2col from an L1 feature-map slice into L0A; checks at build time that the slice
+        holds every input row the window needs."""
+        if mt % 16 or mt // 16 > dst.shape[0] or kt1 > dst.shape[1]:
+            raise OpcFailure(f"load3d of {mt} pixels x {kt1} K fractals does not fit {dst.name} {dst.shape}")
+        g = geom
+        last = min(p0 + mt, g.ho * g.wo) - 1
+        if last >= p0:
+            ry_all = [(q // g.s) % g.r for q in range(q0, q0 + kt1)]
+            lo = (p0 // g.wo) * g.stride - g.pad_top + min(ry_all) * g.dilation
+            hi = (last // g.wo) * g.stride - g.pad_top + max(ry_all) * g.dilation
+            lo, hi = max(lo, 0), min(hi, g.h - 1)
+            if lo < h0 or hi >= h0 + src.shape[1]:
+                raise OpcFailure(f"load3d needs input rows {lo}..{hi} but {src.name} holds {h0}..{h0 + src.shape[1] - 1}")
+        path = self.m.path("L1", dst.level)
+        ins = Load3D(dst=dst, src=src, geom=geom, h0=h0, c1_0=c1_0, p0=p0, mt=mt, q0=q0, kt1=kt1,
+                     nbytes=mt * kt1 * dst.shape[3] * dst.itemsize)
+        self._emit(ins, path.pipe, (src,), (dst,))
+
+    def mmad(self, c: Buf, a: Buf, b: Buf, m1: int, k1: int, n1: int, c_n1_off: int = 0, init: bool = True) -> None:
+        """Cube: C (+)= A x B on whole fractal tiles of L0A, L0B into L0C."""
+        if (a.level, b.level, c.level) != ("L0A", "L0B", "L0C"):
+            raise OpcFailure(f"mmad operands must be in L0A, L0B, L0C, got {a.level}, {b.level}, {c.level}")
+        m0, k0, n0 = self.m.cube_shape(a.dtype)
+        if a.shape[2:] != (m0, k0) or b.shape[2:] != (n0, k0) or c.shape[2] != n0:
+            raise OpcFailure(f"mmad operands are not {m0}x{k0}x{n0} fractals: {a.shape}, {b.shape}, {c.shape}")
+        if m1 > a.shape[0] or k1 > a.shape[1] or k1 > b.shape[0] or n1 > b.shape[1] \
+                or c_n1_off + n1 > c.shape[0] or m1 * m0 > c.shape[1]:
+            raise OpcFailure(f"mmad {m1}x{k1}x{n1} fractals overruns {a.name}{a.shape}, {b.name}{b.shape}, "
+                             f"{c.name}{c.shape}")
+        ins = Mmad(c=c, a=a, b=b, m1=m1, k1=k1, n1=n1, c_n1_off=c_n1_off, init=init,
+                   acc_dtype=self.m.cube_acc[a.dtype])
+        self._emit(ins, "M", (a, b) if init else (a, b, c), (c,))
+
+    def vec(self, op: str, dst: VOp, srcs: tuple[VOp, ...], count: int, scalar: float = 0.0,
+            contiguous: bool = True) -> None:
+        """`count` elements of a vector op; contiguous operands (default strides) are split into
+        instructions of at most 255 full repeats plus one masked tail repeat."""
+        if op not in VEC_OPS:
+            raise OpcFailure(f"unknown vector op {op!r}; known: {', '.join(VEC_OPS)}")
+        width = max([dst.buf.itemsize] + [s.buf.itemsize for s in srcs])
+        lanes = self.m.lanes(width)
+        full, tail = divmod(count, lanes)
+        done = 0
+        while full > 0:
+            rep = min(full, self.m.vec_max_repeat)
+            self._vec(op, dst, srcs, rep, lanes, lanes, scalar, done, contiguous)
+            done += rep * lanes
+            full -= rep
+        if tail:
+            self._vec(op, dst, srcs, 1, tail, lanes, scalar, done, contiguous)
+
+    def _vec(self, op, dst, srcs, rep, mask, lanes, scalar, done, contiguous) -> None:
+        def shift(o: VOp, reduce_dst: bool = False) -> VOp:
+            if not contiguous:
+                return o
+            if reduce_dst:
+                return VOp(o.buf, o.offset + done // lanes, o.blk_stride, o.rep_stride)
+            step = done if o.rep_stride else 0  # rep_stride 0: the same 256 B (e.g. a broadcast row)
+            nblk = lanes * o.buf.itemsize // 32
+            return VOp(o.buf, o.offset + step, o.blk_stride, o.rep_stride if o.rep_stride == 0 else nblk)
+
+        d = shift(dst, op in ("cadd", "cmax"))
+        ss = tuple(shift(s) for s in srcs)
+        for o in (d, *ss):
+            if o.buf.level != "UB":
+                raise OpcFailure(f"vector operand {o.buf.name} is in {o.buf.level}; the vector unit works on UB")
+        ins = Vec(op=op, dst=d, srcs=ss, repeat=rep, mask=mask, lanes=lanes, scalar=scalar)
+        self._emit(ins, "V", tuple(s.buf for s in ss), (d.buf,))
+
+    def vec_raw(self, op: str, dst: VOp, srcs: tuple[VOp, ...], repeat: int, mask: int | None = None,
+                scalar: float = 0.0) -> None:
+        """One vector instruction with explicit strides (e.g. block stride 0 to broadcast a block)."""
+        width = max([dst.buf.itemsize] + [s.buf.itemsize for s in srcs])
+        lanes = self.m.lanes(width)
+        while repeat > 0:
+            rep = min(repeat, self.m.vec_max_repeat)
+            self._vec(op, dst, srcs, rep, mask or lanes, lanes, scalar, 0, False)
+            repeat -= rep
+            epb = lambda o: 32 // o.buf.itemsize  # noqa: E731
+            dst = VOp(dst.buf, dst.offset + rep * dst.rep_stride * epb(dst), dst.blk_stride, dst.rep_stride)
+            srcs = tuple(VOp(s.buf, s.offset + rep * s.rep_stride * epb(s), s.blk_stride, s.rep_stride) for s in srcs)
+
+    def loop(self, iterations: int = 1) -> None:
+        """Scalar cost of loop control for one iteration (counter, addresses, branch)."""
+        ins = Scalar(n=self.m.loop_cycles * iterations)
+        self._emit(ins, "S", (), ())
+
+    def barrier(self) -> None:
+        self._emit(Barrier(), "S", (), ())
+
+    def finish(self, **info: Any) -> Program:
+        self.info.update(info)
+        return Program(machine=self.m, core=self.core, active_cores=self.active_cores, instrs=self.instrs,
+                       bufs=self.bufs, gm=self.gm_bufs, high_water=dict(self.top), info=self.info)
+
+
+def split_even(total: int, parts: int, index: int) -> tuple[int, int]:
+    """[start, stop) of share `index` when `total` items are split over `parts` (first shares larger)."""
+    base, rem = divmod(total, parts)
+    start = index * base + min(index, rem)
+    return start, start + base + (1 if index < rem else 0)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+@dataclass(eq=False, kw_only=True)
+class Plan:
+    """What a template hands the backend: how to emit each core's program, how the host lays out
+    inputs for GM and reads the output back (host-side preprocessing, reported), and the work."""
+
+    active_cores: int
+    make_program: Callable[[int], Program]  # core index -> that core's program
+    pack: Callable[[list[np.ndarray]], dict[str, np.ndarray]]  # host: op inputs -> GM tensors
+    out_name: str
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    unpack: Callable[[np.ndarray], np.ndarray]  # host: GM output -> the op's output layout
+    flops: int
+    unit: str  # "cube" or "vector": whose peak % of peak refers to
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+__all__ = ["KernelBuilder", "Program", "Plan", "split_even", "ceil_div"]

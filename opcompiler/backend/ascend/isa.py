@@ -1,0 +1,288 @@
+"""The simulated AI Core instruction set: buffers, instructions and their semantics.
+
+Each instruction knows its pipe, the buffers it reads and writes (the scheduler orders pipes
+by these, as set_flag/wait_flag would), its cost inputs (bytes, bursts, repeats, fractals)
+and, in functional mode, how to execute itself on numpy views of the simulated memories.
+
+Layouts on chip (fp16; int8 uses K0 = C0 = 32):
+    L0A  (M1, K1, 16, K0)    zZ: row-major fractals, each 16 rows x K0
+    L0B  (K1, N1, 16, K0)    FRACTAL_Z: each fractal stored as 16 columns x K0
+    L0C  (N1, M, 16)         NZ: the (N1, M1, M0, N0) fractal layout, fp32 / int32
+    L1 feature map (C1, rows, W, C0)   a slice of NC1HWC0 rows for Load3D
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...errors import OpcFailure
+
+
+@dataclass(frozen=True, eq=False)
+class Buf:
+    """A buffer in one memory level: GM tensors have level "GM" and offset 0."""
+
+    id: int
+    name: str
+    level: str
+    offset: int
+    shape: tuple[int, ...]
+    dtype: str
+
+    @property
+    def itemsize(self) -> int:
+        return np.dtype(self.dtype).itemsize
+
+    @property
+    def nbytes(self) -> int:
+        return int(np.prod(self.shape)) * self.itemsize
+
+
+class Memory:
+    """Simulated memories for one core: a byte arena per on-chip level, plus the shared GM tensors."""
+
+    def __init__(self, capacities: dict[str, int], gm: dict[str, np.ndarray]):
+        self.arenas = {lvl: np.zeros(cap, np.uint8) for lvl, cap in capacities.items()}
+        self.gm = gm
+        self._views: dict[int, np.ndarray] = {}
+
+    def view(self, b: Buf) -> np.ndarray:
+        v = self._views.get(b.id)
+        if v is None:
+            if b.level == "GM":
+                v = self.gm[b.name]
+                if tuple(v.shape) != b.shape or str(v.dtype) != b.dtype:
+                    raise OpcFailure(f"GM tensor {b.name} is {v.shape} {v.dtype}, program expects {b.shape} {b.dtype}")
+            else:
+                v = self.arenas[b.level][b.offset:b.offset + b.nbytes].view(b.dtype).reshape(b.shape)
+            self._views[b.id] = v
+        return v
+
+
+def region_bursts(shape: tuple[int, ...], idx: tuple) -> tuple[int, int]:
+    """(elements, contiguous runs) of `array[idx]` for a C-contiguous array and basic slices."""
+    sizes, full = [], []
+    for d, n in enumerate(shape):
+        s = idx[d] if d < len(idx) else slice(None)
+        if isinstance(s, int):
+            sizes.append(1)
+            full.append(n == 1)
+        else:
+            a, b, st = s.indices(n)
+            cnt = max(0, (b - a + (st - (1 if st > 0 else -1))) // st)
+            sizes.append(cnt)
+            full.append(cnt == n and st == 1)
+    elems = int(np.prod(sizes)) if sizes else 1
+    run = 1
+    for d in range(len(shape) - 1, -1, -1):
+        run *= sizes[d]
+        if not full[d]:
+            break
+    return elems, max(1, elems // max(run, 1)) if elems else 0
+
+
+@dataclass(eq=False)
+class Instr:
+    """Base instruction: `pipe`, buffers read and written, and `cycles` filled in by the program."""
+
+    pipe: str = field(init=False, default="S")
+    reads: tuple[Buf, ...] = field(init=False, default=())
+    writes: tuple[Buf, ...] = field(init=False, default=())
+    cycles: int = field(init=False, default=0)
+
+    def execute(self, mem: Memory) -> None:  # pragma: no cover - overridden
+        pass
+
+
+@dataclass(eq=False)
+class DataMove(Instr):
+    """Copy a region between levels (DMA on MTE2/MTE3, Load2D on MTE1, L0C -> UB on V).
+    The destination region receives the source elements in C order (a reshape)."""
+
+    dst: Buf
+    dst_idx: tuple
+    src: Buf
+    src_idx: tuple
+    path: tuple[str, str]
+    nbytes: int = 0
+    bursts: int = 0
+    dst_idx_np: tuple = ()
+
+    def execute(self, mem: Memory) -> None:
+        d = mem.view(self.dst)
+        s = mem.view(self.src)[self.src_idx]
+        tgt = d[self.dst_idx]
+        if s.size != tgt.size:
+            raise OpcFailure(f"data_move {self.src.name}{self.src_idx} -> {self.dst.name}{self.dst_idx}: "
+                             f"{s.size} elements into {tgt.size}")
+        d[self.dst_idx] = s.reshape(tgt.shape).astype(d.dtype, copy=False)
+
+
+@dataclass(frozen=True)
+class ConvGeom:
+    """Convolution geometry Load3D needs (padding top/left; input H, W; output Ho, Wo)."""
+
+    h: int
+    w: int
+    ho: int
+    wo: int
+    r: int
+    s: int
+    stride: int
+    dilation: int
+    pad_top: int
+    pad_left: int
+
+
+@dataclass(eq=False)
+class Load3D(Instr):
+    """img2col: expand the convolution window from an L1 feature-map slice into L0A fractals.
+
+    Output pixels p0 .. p0+mt (pixels past Ho*Wo are zero rows), K fractals q0 .. q0+kt1 where
+    fractal q = (c1, ry, rx) in FRACTAL_Z order; padding and out-of-image taps read zeros."""
+
+    dst: Buf
+    src: Buf
+    geom: ConvGeom
+    h0: int  # input row held in L1 row 0
+    c1_0: int  # C1 index held in L1 channel-block 0
+    p0: int
+    mt: int
+    q0: int
+    kt1: int
+    nbytes: int = 0
+
+    def execute(self, mem: Memory) -> None:
+        g = self.geom
+        fm = mem.view(self.src)
+        out = mem.view(self.dst)
+        pix = self.p0 + np.arange(self.mt)
+        oy, ox = pix // g.wo, pix % g.wo
+        q = self.q0 + np.arange(self.kt1)
+        c1 = q // (g.r * g.s) - self.c1_0
+        ry, rx = (q // g.s) % g.r, q % g.s
+        iy = oy[:, None] * g.stride - g.pad_top + ry[None, :] * g.dilation
+        ix = ox[:, None] * g.stride - g.pad_left + rx[None, :] * g.dilation
+        ok = (pix < g.ho * g.wo)[:, None] & (iy >= 0) & (iy < g.h) & (ix >= 0) & (ix < g.w)
+        row = iy - self.h0
+        if ok.any() and (row[ok].min() < 0 or row[ok].max() >= fm.shape[1] or c1.min() < 0 or c1.max() >= fm.shape[0]):
+            raise OpcFailure(f"load3d reads outside {self.src.name}: rows {row[ok].min()}..{row[ok].max()} of "
+                             f"{fm.shape[1]}, channel blocks {c1.min()}..{c1.max()} of {fm.shape[0]}")
+        c1b = np.broadcast_to(c1[None, :], ok.shape)
+        vals = fm[np.where(ok, c1b, 0), np.where(ok, row, 0), np.where(ok, ix, 0)]  # (mt, kt1, C0)
+        vals[~ok] = 0
+        k0 = fm.shape[3]
+        out[:self.mt // 16, :self.kt1] = vals.reshape(self.mt // 16, 16, self.kt1, k0).transpose(0, 2, 1, 3)
+
+
+@dataclass(eq=False)
+class Mmad(Instr):
+    """C[n1 + nc, m] (+)= A[m1, k1] x B[k1, n1] on whole L0 tiles (one call per tile, not per fractal)."""
+
+    c: Buf
+    a: Buf
+    b: Buf
+    m1: int
+    k1: int
+    n1: int
+    c_n1_off: int
+    init: bool
+    acc_dtype: str = "float32"
+
+    def execute(self, mem: Memory) -> None:
+        a = mem.view(self.a)[:self.m1, :self.k1]  # (m1, k1, 16, k0)
+        b = mem.view(self.b)[:self.k1, :self.n1]  # (k1, n1, 16, k0)
+        c = mem.view(self.c)
+        k0 = a.shape[3]
+        am = a.transpose(0, 2, 1, 3).reshape(self.m1 * 16, self.k1 * k0).astype(self.acc_dtype)
+        bm = b.transpose(0, 3, 1, 2).reshape(self.k1 * k0, self.n1 * 16).astype(self.acc_dtype)
+        prod = (am @ bm).reshape(self.m1 * 16, self.n1, 16).transpose(1, 0, 2)
+        dst = c[self.c_n1_off:self.c_n1_off + self.n1, :self.m1 * 16]
+        if self.init:
+            dst[...] = prod
+        else:
+            dst += prod
+
+
+@dataclass(frozen=True)
+class VOp:
+    """A vector operand: buffer, element offset, block stride and repeat stride (in 32 B blocks)."""
+
+    buf: Buf
+    offset: int = 0
+    blk_stride: int = 1
+    rep_stride: int = 8
+
+
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+_UNARY = {"relu": lambda x: np.maximum(x, 0).astype(x.dtype), "exp": np.exp, "abs": np.abs,
+          "ln": np.log, "rec": lambda x: (1 / x).astype(x.dtype), "sqrt": np.sqrt, "copy": lambda x: x}
+_SCALAR = {"muls": np.multiply, "adds": np.add, "maxs": np.maximum, "mins": np.minimum}
+_REDUCE = {"cadd": np.sum, "cmax": np.max}
+VEC_OPS = (*_BINARY, *_UNARY, *_SCALAR, *_REDUCE, "conv", "dup")
+
+
+@dataclass(eq=False)
+class Vec(Instr):
+    """One vector instruction: `repeat` repeats of `lanes` elements (256 B of the widest operand),
+    the first `mask` lanes active, operands addressed by block and repeat strides.
+
+    Ops: add sub mul max min (binary), relu exp abs ln rec sqrt copy (unary), muls adds maxs mins
+    (with `scalar`), conv (cast to dst dtype), dup (fill with `scalar`), cadd cmax (reduce each
+    repeat's active lanes to one element written at dst offset + repeat index)."""
+
+    op: str
+    dst: VOp
+    srcs: tuple[VOp, ...]
+    repeat: int
+    mask: int
+    lanes: int
+    scalar: float = 0.0
+
+    def _idx(self, o: VOp, itemsize: int, lanes: int) -> np.ndarray:
+        epb = 32 // itemsize
+        e = np.arange(self.mask)
+        per_lane = (e // epb) * o.blk_stride * epb + e % epb
+        return o.offset + np.arange(self.repeat)[:, None] * (o.rep_stride * epb) + per_lane[None, :]
+
+    def execute(self, mem: Memory) -> None:
+        dv = mem.view(self.dst.buf).reshape(-1)
+        svs = [mem.view(s.buf).reshape(-1) for s in self.srcs]
+        xs = [sv[self._idx(s, sv.itemsize, self.lanes)] for s, sv in zip(self.srcs, svs)]
+        op = self.op
+        if op in _BINARY:
+            r = _BINARY[op](xs[0], xs[1])
+        elif op in _UNARY:
+            r = _UNARY[op](xs[0])
+        elif op in _SCALAR:
+            r = _SCALAR[op](xs[0], xs[0].dtype.type(self.scalar))
+        elif op == "conv":
+            r = xs[0].astype(dv.dtype)
+        elif op == "dup":
+            r = np.full((self.repeat, self.mask), self.scalar, dv.dtype)
+        elif op in _REDUCE:
+            red = _REDUCE[op](xs[0].astype(np.float32), axis=1).astype(dv.dtype)
+            dv[self.dst.offset + np.arange(self.repeat)] = red
+            return
+        else:  # pragma: no cover - the builder rejects unknown ops
+            raise OpcFailure(f"unknown vector op {op}")
+        dv[self._idx(self.dst, dv.itemsize, self.lanes)] = r.astype(dv.dtype, copy=False)
+
+
+@dataclass(eq=False)
+class Scalar(Instr):
+    """Scalar-pipe work: loop control and address arithmetic (`n` cycles)."""
+
+    n: int = 0
+    what: str = "loop"
+
+
+@dataclass(eq=False)
+class Barrier(Instr):
+    """pipe_barrier(PIPE_ALL): every pipe drains before anything after it starts."""
+
+
+__all__ = ["Buf", "Memory", "Instr", "DataMove", "Load3D", "Mmad", "Vec", "VOp", "Scalar", "Barrier", "ConvGeom",
+           "VEC_OPS", "region_bursts"]

@@ -1,0 +1,238 @@
+"""Pieces shared by the Ascend templates: dtype rules, host-side layouts, knob ranges, the
+cube tile loop (GM -> L1 -> L0A/L0B -> cube -> L0C) and the UB epilogue (L0C -> UB -> GM).
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Mapping, Sequence
+
+import numpy as np
+
+from opcompiler.backend.ascend import KernelBuilder, Machine, ceil_div
+from opcompiler.backend.ascend.isa import Buf, VOp
+from opcompiler.errors import OpcError
+from opcompiler.target import Target
+from opcompiler.template import Template
+from opcompiler.workload import Workload
+
+POW2_TILES = (16, 32, 64, 128, 256, 512, 1024)
+
+
+def machine(target: Target) -> Machine:
+    return Machine.from_target(target)
+
+
+def cube_dtype(wl: Workload, target: Target) -> tuple[int, int, int]:
+    """The cube fractal for the workload's dtype; fp32 operands are a clear error (seed 000 §6.3.2)."""
+    m = machine(target)
+    if wl.dtype not in m.cube:
+        raise OpcError(f"{wl.op} runs on the cube, which takes {' or '.join(m.cube)} operands on {target.name}; "
+                       f"fp32 matrix work would fall to the vector unit at a fraction of the speed (seed 000 "
+                       f"§6.3.2)", arg="--dtype", value=wl.dtype, expected="float16 (or int8)")
+    return m.cube[wl.dtype]
+
+
+def tile_values(extent: int, unit: int, cap: int = 1024) -> tuple[int, ...]:
+    """Power-of-two multiples of `unit` up to the first that covers `extent` (at most `cap`)."""
+    out = []
+    v = unit
+    while v <= cap:
+        out.append(v)
+        if v >= extent:
+            break
+        v *= 2
+    return tuple(out)
+
+
+def core_values(target: Target) -> tuple[int, ...]:
+    out, v = [], 1
+    while v < target.cores:
+        out.append(v)
+        v *= 2
+    return tuple(out + [target.cores])
+
+
+def aligned(nbytes: int, align: int) -> int:
+    return -(-nbytes // align) * align
+
+
+def over_capacity(target: Target, buffers: Sequence[tuple[str, str, int]]) -> str | None:
+    """Why the buffers (level, name, bytes) do not fit their levels at their alignment, or None."""
+    m = machine(target)
+    used: dict[str, int] = {}
+    for level, name, nbytes in buffers:
+        lv = m.level(level)
+        used[level] = aligned(used.get(level, 0), lv.alignment) + nbytes
+        if used[level] > lv.capacity:
+            return (f"buffer {name!r} needs {used[level]} B in {level} but only {lv.capacity} B are available; "
+                    f"choose smaller tiles")
+    return None
+
+
+def pad_to(x: np.ndarray, axis: int, size: int) -> np.ndarray:
+    if x.shape[axis] == size:
+        return x
+    widths = [(0, 0)] * x.ndim
+    widths[axis] = (0, size - x.shape[axis])
+    return np.pad(x, widths)
+
+
+def per_channel(x: np.ndarray, c1: int, c0: int) -> np.ndarray:
+    """A (C,) vector padded and viewed as (C1, C0) for channel-block broadcasts in UB."""
+    return pad_to(x.reshape(-1), 0, c1 * c0).reshape(c1, c0)
+
+
+def to_5hd(x: np.ndarray, layout: str, c0: int) -> np.ndarray:
+    """NCHW / NHWC -> (N, C1, H*W, C0), channels zero-padded to C1*C0."""
+    if layout == "NHWC":
+        x = x.transpose(0, 3, 1, 2)
+    n, c, h, w = x.shape
+    c1 = ceil_div(c, c0)
+    x = pad_to(x, 1, c1 * c0).reshape(n, c1, c0, h * w)
+    return np.ascontiguousarray(x.transpose(0, 1, 3, 2))
+
+
+def from_5hd(y: np.ndarray, c: int, h: int, w: int, layout: str) -> np.ndarray:
+    n, c1, hw, c0 = y.shape
+    out = y[:, :, :h * w].transpose(0, 1, 3, 2).reshape(n, c1 * c0, h, w)[:, :c]
+    return np.ascontiguousarray(out.transpose(0, 2, 3, 1) if layout == "NHWC" else out)
+
+
+def channel_op(kb: KernelBuilder, op: str, buf: Buf, off: int, rows: int, param: Buf, poff: int) -> None:
+    """dst[row, c0] = dst[row, c0] <op> param[c0] over `rows` rows of 16 channels in UB: one
+    256 B repeat covers 8 rows (fp16: the 32 B parameter block read with block stride 0; 4-byte
+    types: two instructions, each taking every other block)."""
+    isz = buf.itemsize
+    if isz == 2:
+        kb.vec_raw(op, VOp(buf, off, 1, 8), (VOp(buf, off, 1, 8), VOp(param, poff, 0, 0)), ceil_div(rows, 8))
+    else:
+        for half in (0, 1):
+            o = off + half * 8
+            kb.vec_raw(op, VOp(buf, o, 2, 16), (VOp(buf, o, 2, 16), VOp(param, poff + half * 8, 0, 0)),
+                       ceil_div(rows, 8))
+
+
+@dataclass(frozen=True)
+class CubeTiles:
+    """Fractal counts of one cube tile and its L0 chunks."""
+
+    mt1: int  # M fractals per tile
+    kt1: int  # K fractals per k step (L1 tile)
+    nt1: int  # N fractals per tile
+    k0c: int  # K fractals per L0 chunk
+    n0c: int  # N fractals per L0 chunk
+    slots: int  # 2 with double buffering
+
+
+def l0_chunks(m: Machine, dtype: str, mt1: int, kt1: int, nt1: int, slots: int) -> tuple[int, int] | None:
+    """The largest (k, n) fractal chunks of an L1 tile that fit L0A and L0B, or None."""
+    m0, k0, n0 = m.cube[dtype]
+    frac = m0 * k0 * np.dtype(dtype).itemsize
+    a_cap, b_cap = m.level("L0A").capacity // slots, m.level("L0B").capacity // slots
+    k0c = min(kt1, a_cap // (mt1 * frac)) if mt1 * frac <= a_cap else 0
+    if k0c <= 0:
+        return None
+    n0c = min(nt1, b_cap // (k0c * frac)) if k0c * frac <= b_cap else 0
+    while n0c <= 0 and k0c > 1:
+        k0c //= 2
+        n0c = min(nt1, b_cap // (k0c * frac))
+    if n0c <= 0:
+        return None
+    return k0c, n0c
+
+
+def cube_k_step(kb: KernelBuilder, t: CubeTiles, a_l1: Buf | None, b_l1: Buf, l0a: list[Buf], l0b: list[Buf],
+                l0c: Buf, kt1: int, mt1: int, nt1: int, first: bool, counter: list[int],
+                load_a: Callable[[Buf, int, int], None] | None = None) -> None:
+    """One k step on the cube: L1 tiles to L0 chunks (Load2D, or Load3D via `load_a`) and MMADs.
+    `counter` alternates the L0 ping-pong slots across calls."""
+    for kc in range(0, kt1, t.k0c):
+        kn = min(t.k0c, kt1 - kc)
+        a = l0a[counter[0] % len(l0a)]
+        counter[0] += 1
+        if load_a is not None:
+            load_a(a, kc, kn)
+        else:
+            kb.data_move(a, (slice(0, mt1), slice(0, kn)), a_l1, (slice(0, mt1), slice(kc, kc + kn)))
+        for nc in range(0, nt1, t.n0c):
+            nn = min(t.n0c, nt1 - nc)
+            b = l0b[counter[1] % len(l0b)]
+            counter[1] += 1
+            kb.data_move(b, (slice(0, kn), slice(0, nn)), b_l1, (slice(kc, kc + kn), slice(nc, nc + nn)))
+            kb.mmad(l0c, a, b, mt1, kn, nn, c_n1_off=nc, init=first and kc == 0)
+            kb.loop()
+
+
+class AscendTemplate(Template):
+    """Common knob validation for the ascend templates (a check failure is an invalid candidate)."""
+
+    target_family = "ascend"
+
+    def buffers(self, wl: Workload, target: Target, config: Mapping) -> list[tuple[str, str, int]]:
+        raise NotImplementedError
+
+    def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
+        return over_capacity(target, self.buffers(wl, target, config))
+
+    def default(self, wl: Workload, target: Target) -> dict:
+        """The first config of `preferred()` order that fits."""
+        for cfg in self.preferred(wl, target):
+            if self.check(wl, target, cfg) is None:
+                return cfg
+        return {k.name: k.values[0] for k in self.space(wl, target)}
+
+    def preferred(self, wl: Workload, target: Target) -> list[dict]:
+        raise NotImplementedError
+
+
+@dataclass(frozen=True)
+class EpStep:
+    """One epilogue step in UB: `op` in (add, mul) with a per-channel parameter, or relu."""
+
+    op: str
+    param: Buf | None = None
+
+
+def epilogue(kb: KernelBuilder, l0c: Buf, nt: int, rows: int, ub_acc: list[Buf], ub_out: list[Buf] | None,
+             g: int, ecount: list[int], acc_steps: Sequence[EpStep], out_steps: Sequence[EpStep],
+             write: Callable[[Buf, int, int], None], out_rows: int | None = None) -> None:
+    """L0C -> UB (V pipe), channel ops in the accumulator dtype, cast, channel ops and ReLU in
+    the output dtype, then `write(ub_buf, j, gn)` sends n1 blocks j..j+gn to GM (MTE3).
+    `rows` is the tile's M extent in L0C (a multiple of 16)."""
+    for j in range(0, nt, g):
+        gn = min(g, nt - j)
+        e = ecount[0] % len(ub_acc)
+        ecount[0] += 1
+        acc = ub_acc[e]
+        mtr = acc.shape[1]
+        kb.data_move(acc, (slice(0, gn), slice(0, rows)), l0c, (slice(j, j + gn), slice(0, rows)))
+        for st in acc_steps:
+            for jj in range(gn):
+                channel_op(kb, st.op, acc, jj * mtr * 16, rows, st.param, (j + jj) * 16)
+        out = acc
+        if ub_out is not None:
+            out = ub_out[e]
+            if rows == mtr:
+                kb.vec("conv", VOp(out), (VOp(acc),), gn * mtr * 16)
+            else:
+                for jj in range(gn):
+                    kb.vec("conv", VOp(out, jj * mtr * 16), (VOp(acc, jj * mtr * 16),), rows * 16)
+        for st in out_steps:
+            if st.op == "relu":
+                if rows == mtr:
+                    kb.vec("relu", VOp(out), (VOp(out),), gn * mtr * 16)
+                else:
+                    for jj in range(gn):
+                        kb.vec("relu", VOp(out, jj * mtr * 16), (VOp(out, jj * mtr * 16),), rows * 16)
+            else:
+                for jj in range(gn):
+                    channel_op(kb, st.op, out, jj * mtr * 16, rows, st.param, (j + jj) * 16)
+        write(out, j, gn)
+        kb.loop()
+
+
+def epilogue_group(m: Machine, nt1: int, mt_rows: int, acc_isz: int, out_isz: int, slots: int,
+                   ub_budget: int) -> int:
+    """How many n1 blocks one epilogue pass moves through UB (as many as half of UB allows)."""
+    per = slots * mt_rows * 16 * (acc_isz + out_isz)
+    return max(1, min(nt1, ub_budget // max(per, 1)))
