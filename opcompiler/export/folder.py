@@ -1,0 +1,231 @@
+"""Write an export folder: compiled kernel (or simulator program), manifest, bindings.
+
+    >>> from opcompiler.export import export
+    >>> m = export(wl, load_target("cpu"), "best", to=("torch", "onnx"), out="out/conv")
+
+Every export is verified before it is written out as done: the folder's own loader runs the
+kernel on random inputs and the result is compared with the op's numpy reference.
+"""
+from __future__ import annotations
+
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Sequence
+
+from tqdm import tqdm
+
+from ..backend import Kernel, get_backend
+from ..errors import OpcError, OpcFailure
+from ..ops import get_op
+from ..target import Target
+from ..template import get_template
+from ..verify import compare
+from ..workload import Workload
+from .manifest import build_manifest, default_name, write_manifest
+from .runtime import MANIFEST, load
+
+BINDINGS = ("lib", "torch", "onnx")
+_HERE = Path(__file__).resolve().parent
+# Static modules copied into the folder under these names (they import each other relatively).
+_COPIED = {"lib": {"runtime.py": "opc_runtime.py"},
+           "torch": {"torch_binding.py": "opc_torch.py"},
+           "onnx": {"onnx_runner.py": "opc_onnx.py"}}
+
+
+@dataclass(frozen=True, kw_only=True)
+class ResolvedConfig:
+    """The knobs to build with and where they came from (for the manifest)."""
+
+    config: dict[str, Any] | None
+    source: str
+    record: dict[str, Any] | None = None
+
+
+def parse_bindings(to: str | Sequence[str]) -> tuple[str, ...]:
+    """`torch`, `onnx,torch` or a sequence -> validated names; `lib` is always included."""
+    items = [t.strip() for t in (to.split(",") if isinstance(to, str) else to) if t.strip()]
+    if not items:
+        raise OpcError("no binding given", arg="--to", value=to, expected="torch, onnx or lib (comma-separated)")
+    for t in items:
+        if t not in BINDINGS:
+            raise OpcError("unknown binding", arg="--to", value=t, expected="torch, onnx or lib (comma-separated)")
+    return tuple(b for b in BINDINGS if b in items or b == "lib")
+
+
+def resolve(wl: Workload, target: Target, config: Any) -> ResolvedConfig:
+    """`best` -> the best verified record's config (template default when none); dict -> given."""
+    if config in (None, "default"):
+        return ResolvedConfig(config=None, source="template default")
+    if config == "best":
+        try:
+            from ..tune.records import best_record
+        except ImportError:
+            return ResolvedConfig(config=None, source="template default (no tuner records module)")
+        rec = best_record(wl, target)
+        if rec is None:
+            return ResolvedConfig(config=None, source="template default (no verified record for this key)")
+        return ResolvedConfig(config=dict(rec.config), source="best verified record",
+                              record={"cycles": rec.cycles, "seconds": rec.seconds, "verified": rec.verified,
+                                      "tuner": rec.tuner, "timestamp": rec.timestamp,
+                                      "metrics": dict(rec.metrics)})
+    if isinstance(config, dict):
+        return ResolvedConfig(config=dict(config), source="given")
+    raise OpcError("unsupported config for export", arg="--config", value=config,
+                   expected="default, best or a JSON object of knobs")
+
+
+def record_key(wl: Workload, target: Target, kernel: Kernel) -> dict[str, Any]:
+    """The tuner's record key when its module is present; else the same fields written here."""
+    try:
+        from ..tune.records import record_key as key_fn
+    except ImportError:
+        from .. import __version__
+        return {"op": wl.op, "params": dict(wl.params), "dtype": wl.dtype, "layout": wl.layout,
+                "target": target.name, "target_digest": target.digest, "template": kernel.template,
+                "template_version": kernel.template_version, "opc_version": __version__}
+    return key_fn(wl, target, kernel.template, kernel.template_version)
+
+
+def _prepare_out(out: Path) -> None:
+    """Create `out`, refusing to write into a non-empty folder that is not an earlier export."""
+    if out.exists() and not out.is_dir():
+        raise OpcError("exists and is not a folder", arg="--out", value=str(out), expected="a new or empty folder")
+    if out.is_dir() and any(out.iterdir()) and not (out / MANIFEST).is_file():
+        raise OpcError("is a non-empty folder that is not an opcompiler export; refusing to write into it",
+                       arg="--out", value=str(out), expected="a new or empty folder, or an earlier export")
+    if (out / MANIFEST).is_file():  # re-export: clear what an earlier export wrote, nothing else
+        for p in out.iterdir():
+            if p.name in ("__pycache__", "program") and p.is_dir():
+                shutil.rmtree(p)
+            elif p.is_file() and (p.suffix in (".so", ".py", ".json", ".onnx", ".toml", ".cu", ".md")):
+                p.unlink()
+    out.mkdir(parents=True, exist_ok=True)
+
+
+def _lowered_script(wl: Workload, target: Target, kernel: Kernel) -> str:
+    """The scheduled TIR of the kernel as TVMScript, for reading (what the backend lowered)."""
+    tmpl = get_template(get_op(wl.op).family, target.family)
+    sch = tmpl.apply(wl, target, dict(kernel.config))
+    mod = sch.mod if hasattr(sch, "mod") else sch
+    return mod.script()
+
+
+def _write_artifact(out: Path, wl: Workload, target: Target, kernel: Kernel) -> dict[str, Any]:
+    art = kernel.artifact
+    script = _lowered_script(wl, target, kernel)
+    if target.is_simulator:
+        prog = out / "program"
+        prog.mkdir(exist_ok=True)
+        shutil.copyfile(target.path, prog / "target.toml")
+        (prog / "kernel.tir.py").write_text(script)
+        return {"kind": "simulator-program", "target_file": "program/target.toml",
+                "tir_script": "program/kernel.tir.py",
+                "how": ("the saved workload, config and target description are rebuilt through "
+                        f"opcompiler's {target.family} simulator backend at load time (the same "
+                        "schedule, lowered to the same TIR as program/kernel.tir.py) and run "
+                        "functionally: values plus simulated cycles; needs opcompiler installed")}
+    if not hasattr(art, "export_library"):
+        raise OpcError(f"the {target.family} backend's kernels cannot be exported as a library",
+                       arg="--target", value=target.name)
+    art.export_library(str(out / "kernel.so"))
+    (out / "kernel.tir.py").write_text(script)
+    info: dict[str, Any] = {"kind": "tvm-library", "file": "kernel.so", "entry": "main",
+                            "tir_script": "kernel.tir.py",
+                            "how": "TVM export_library; tvm.runtime.load_module(file)[entry](*inputs, out)"}
+    if target.family == "cuda":
+        try:
+            (out / "kernel.cu").write_text(art.mod.imports[0].inspect_source())
+            info["source"] = "kernel.cu"
+        except Exception:  # the source is for reading only; the library is what runs
+            pass
+    return info
+
+
+def _verify(out: Path, wl: Workload, seed: int = 0) -> dict[str, Any]:
+    """Run the folder through its own loader and compare with the numpy reference."""
+    op = get_op(wl.op)
+    inputs = op.make_inputs(wl, seed)
+    k = load(out)
+    got = k(*inputs)
+    ok, err = compare(got, op.reference(wl, inputs))
+    res: dict[str, Any] = {"correct": bool(ok), "max_abs_err": float(err), "seed": seed,
+                           "against": "opcompiler numpy reference"}
+    if k.last_run.get("cycles") is not None:
+        res["simulated_cycles"] = int(k.last_run["cycles"])
+        res["simulated_seconds"] = float(k.last_run["seconds"])
+    if not ok:
+        raise OpcFailure(f"exported {wl.op} kernel for {out} computed a wrong result (max abs error {err:.3g})")
+    return res
+
+
+def export(wl: Workload, target: Target, config: Any = "default", *, to: str | Sequence[str] = "lib",
+           out: str | Path, name: str | None = None, progress: bool = True) -> dict[str, Any]:
+    """Build `wl` for `target` with `config` and write a self-contained export folder at `out`.
+
+    Returns the manifest. Raises OpcError for bad input, OpcFailure if the exported kernel
+    does not match the reference."""
+    bindings = parse_bindings(to)
+    out = Path(out)
+    name = name or default_name(wl)
+    if not name.isidentifier():
+        raise OpcError("must be a Python identifier (it becomes torch.ops.opcompiler.<name>)", arg="--name",
+                       value=name, expected="letters, digits and _ , not starting with a digit")
+    if "onnx" in bindings:
+        from .onnx_model import check_supported
+        check_supported(wl)
+    _prepare_out(out)
+    steps = ["build", "write kernel", "bindings", "verify"]
+    bar = tqdm(steps, desc=f"export {wl.op}", unit="step", disable=not progress, leave=False)
+    rc = resolve(wl, target, config)
+    bar.set_postfix_str("build")
+    kernel = get_backend(target).build(wl, rc.config)
+    bar.update(1)
+    art = _write_artifact(out, wl, target, kernel)
+    for b in bindings:
+        for src, dst in _COPIED[b].items():
+            shutil.copyfile(_HERE / src, out / dst)
+    bar.update(1)
+    manifest = build_manifest(name=name, wl=wl, target=target, kernel=kernel, config_source=rc.source,
+                              record=rc.record, record_key=record_key(wl, target, kernel), artifact=art,
+                              bindings=list(bindings), verification={})
+    write_manifest(out, manifest)
+    if "onnx" in bindings:
+        from .onnx_model import write_models
+        manifest["onnx"] = write_models(out, manifest)
+    (out / "__init__.py").write_text(_init_source(manifest))
+    bar.update(1)
+    manifest["verification"] = _verify(out, wl)
+    write_manifest(out, manifest)
+    bar.update(1)
+    bar.close()
+    return manifest
+
+
+def _init_source(m: dict[str, Any]) -> str:
+    """The folder's __init__.py: `kernel` (numpy callable), and the torch op when exported for torch."""
+    lines = [
+        f'"""opcompiler export: {m["op"]} ({m["dtype"]}, {m["layout"] or "-"}) for {m["target"]["name"]}.',
+        "",
+        "Import this folder as a package (sys.path.insert(0, <parent>); import <folder>) or with",
+        "opcompiler.export.import_folder(path). `kernel(*numpy_inputs)` runs it"
+        + ("; importing registers torch.ops.opcompiler." + m["name"] if "torch" in m["bindings"] else "") + ".",
+        '"""',
+        "from pathlib import Path as _Path",
+        "",
+        "from .opc_runtime import KernelInputError, load",
+        "",
+        "FOLDER = _Path(__file__).resolve().parent",
+        "kernel = load(FOLDER)",
+        "manifest = kernel.manifest",
+    ]
+    if "torch" in m["bindings"]:
+        lines += ["", "from . import opc_torch as torch_binding  # noqa: E402",
+                  "", "op = torch_binding.register(kernel)",
+                  "OpcConvBnReLU = torch_binding.OpcConvBnReLU",
+                  "OpcModule = torch_binding.OpcModule"]
+    if "onnx" in m["bindings"]:
+        lines += ["", "from . import opc_onnx as onnx_runner  # noqa: E402",
+                  "MODEL = FOLDER / " + repr(m["onnx"]["model"]),
+                  "UNFUSED_MODEL = FOLDER / " + repr(m["onnx"]["unfused_model"])]
+    return "\n".join(lines) + "\n"
