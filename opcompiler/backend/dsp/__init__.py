@@ -1,0 +1,9 @@
+"""dsp-sim: a simulator of one FT-M7032 DSP cluster (seed 004) as an opcompiler backend.
+
+Modules: `machine` (figures from the target file), `core` (VPU micro-kernel scheduling),
+`program` (the lowered kernel: per-core DMA / VPU ops over flat memories), `engine`
+(functional execution and multi-core timing), `backend` (the Backend interface).
+"""
+from .backend import DspSimBackend
+
+__all__ = ["DspSimBackend"]

@@ -1,0 +1,199 @@
+"""The DSP core model: one VPU micro-kernel invocation as an instruction stream, list-scheduled.
+
+A micro-kernel is what one call of the kernel's innermost block issues: vector loads and
+stores between AM and the vector registers, scalar loads from SM broadcast to the lanes, and
+vector FMAs into accumulator registers. The stream is scheduled cycle by cycle on the VPU's
+issue slots (FMACs, load/store, scalar-load, vector ALU) with each instruction's latency and
+its register dependencies, so a block with too few independent accumulators stalls on the
+6-cycle FMAC latency. Register capacity bounds how many iterations may be in flight (a
+software-pipelining window); a block that cannot hold its live registers does not build.
+
+The stream of a given signature is always the same, so its cycle count is memoized; the loop
+of identical iterations is simulated until its per-iteration cost repeats, then the rest of
+the (periodic) loop is skipped and accounted for exactly.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from functools import lru_cache
+from typing import Callable
+
+from ...errors import CapacityError
+from .machine import DspMachine
+
+Instr = tuple[str, object, tuple, int]  # (unit, destination register or None, source registers, latency)
+
+
+@dataclass(frozen=True)
+class MkCost:
+    """Cycles of one invocation and what it issued."""
+
+    cycles: int
+    fmas: int  # vector FMA instructions (each 32 lanes x 2 flops when all lanes are active)
+    vldst: int  # AM <-> register vector loads and stores
+    slds: int  # SM scalar loads (broadcast)
+    valu: int
+
+
+class _Sched:
+    """Greedy list scheduler: each instruction issues at the first cycle where its operands are
+    ready, its unit has a free slot, and its iteration's register window is open."""
+
+    def __init__(self, m: DspMachine):
+        self.caps = {"fmac": m.fmac_units, "ldst": m.ldst_per_cycle, "sld": m.sld_per_cycle, "valu": m.valu_per_cycle}
+        self.slots: dict[str, defaultdict] = {u: defaultdict(int) for u in self.caps}
+        self.ready: dict[object, int] = {}
+        self.done = 0
+        self.count: dict[str, int] = defaultdict(int)
+
+    def issue(self, ins: Instr, gate: int) -> int:
+        unit, dst, srcs, lat = ins
+        t = gate
+        for s in srcs:
+            r = self.ready.get(s, 0)
+            if r > t:
+                t = r
+        sl, cap = self.slots[unit], self.caps[unit]
+        while sl[t] >= cap:
+            t += 1
+        sl[t] += 1
+        if dst is not None:
+            self.ready[dst] = t + lat
+        self.done = max(self.done, t + lat)
+        self.count[unit] += 1
+        return t
+
+
+def _run(m: DspMachine, prologue: list[Instr], body: Callable[[int], list[Instr]], n_iter: int,
+         epilogue: Callable[[int], list[Instr]], depth: int) -> MkCost:
+    s = _Sched(m)
+    for ins in prologue:
+        s.issue(ins, 0)
+    last: list[int] = []  # last issue cycle of each executed iteration
+    extra_cycles, skipped_counts = 0, defaultdict(int)
+    i = 0
+    logical = 0  # iteration index used for register names (continuous across a skip)
+    while i < n_iter:
+        gate = last[logical - depth] if logical >= depth else 0
+        instrs = body(logical)
+        t_last = 0
+        for ins in instrs:
+            t_last = max(t_last, s.issue(ins, gate))
+        last.append(t_last)
+        i += 1
+        logical += 1
+        # periodic steady state: the same per-iteration advance 6 times in a row -> skip ahead
+        if extra_cycles == 0 and logical > depth + 8 and n_iter - i > 2:
+            d = [last[-k] - last[-k - 1] for k in range(1, 7)]
+            if len(set(d)) == 1 and d[0] > 0:
+                skip = n_iter - i - 1
+                extra_cycles = skip * d[0]
+                for ins in instrs:
+                    skipped_counts[ins[0]] += skip
+                i += skip
+    for ins in epilogue(logical):
+        s.issue(ins, last[-1] if last else 0)
+    c = {u: s.count[u] + skipped_counts[u] for u in s.caps}
+    cycles = s.done + extra_cycles + m.branch_latency  # loop exit / call return is not overlapped
+    return MkCost(cycles=cycles, fmas=c["fmac"], vldst=c["ldst"], slds=c["sld"], valu=c["valu"])
+
+
+EPI_REGS = {"bias": 1, "bn": 2, "relu": 0}
+
+
+def _epi_instrs(m: DspMachine, acc: object, epi: tuple[str, ...], kv_index: int) -> list[Instr]:
+    out: list[Instr] = []
+    for e in epi:
+        if e == "bias":
+            out.append(("fmac", acc, (acc, ("bias", kv_index)), m.fmac_latency))
+        elif e == "bn":
+            out.append(("fmac", acc, (acc, ("scale", kv_index), ("shift", kv_index)), m.fmac_latency))
+        elif e == "relu":
+            out.append(("valu", acc, (acc,), m.valu_latency))
+    return out
+
+
+def _check_regs(m: DspMachine, live: int, per_iter: int, what: str) -> int:
+    depth = (m.registers - live) // max(per_iter, 1)
+    if depth < 1:
+        need = (live + per_iter) * m.lanes // 2 * 8  # 64-bit registers x VPEs
+        raise CapacityError(what, "vector registers", need, m.registers * m.lanes // 2 * 8,
+                            f"{live} live + {per_iter} per iteration > {m.registers} registers")
+    return depth
+
+
+@lru_cache(maxsize=4096)
+def mk_out(m: DspMachine, pw: int, kv: int, steps: int, epi: tuple[str, ...] = ()) -> MkCost:
+    """Output-stationary register block: pw pixels x kv vectors of output channels accumulate in
+    registers over `steps` reduction steps (R*S*C); per step kv weight vectors are loaded from AM
+    and pw input scalars are loaded from SM and broadcast; then the epilogue and the stores."""
+    live = pw * kv + sum(EPI_REGS[e] for e in epi) * kv
+    depth = _check_regs(m, live, kv + pw, f"register block {pw}x{kv}")
+    pro: list[Instr] = [("ldst", (e, v), (), m.vld_latency) for e in epi if EPI_REGS[e] for v in range(kv)
+                        for _ in range(EPI_REGS[e])]
+
+    def body(i: int) -> list[Instr]:
+        ins: list[Instr] = [("ldst", ("w", i, v), (), m.vld_latency) for v in range(kv)]
+        ins += [("sld", ("x", i, p), (), m.sld_latency) for p in range(pw)]
+        for p in range(pw):
+            for v in range(kv):
+                acc = ("acc", p, v)
+                src = (("w", i, v), ("x", i, p)) + ((acc,) if i else ())
+                ins.append(("fmac", acc, src, m.fmac_latency))
+        return ins
+
+    def epilogue(_: int) -> list[Instr]:
+        ins: list[Instr] = []
+        for p in range(pw):
+            for v in range(kv):
+                ins += _epi_instrs(m, ("acc", p, v), epi, v)
+                ins.append(("ldst", None, (("acc", p, v),), m.vld_latency))
+        return ins
+
+    return _run(m, pro, body, steps, epilogue, depth)
+
+
+@lru_cache(maxsize=4096)
+def mk_ws(m: DspMachine, npix: int, kv: int, taps: int, rmw: bool) -> MkCost:
+    """Weight-stationary pass of seed 004 Algorithm 3: the R*S x kv weight vectors of one input
+    channel sit in registers; for each of `npix` output pixels the partial sums are loaded from
+    AM (unless this is the first channel), R*S input scalars are broadcast and multiplied in,
+    and the partial sums are stored back to AM."""
+    depth = _check_regs(m, taps * kv, kv + taps, f"weight-stationary block {taps}x{kv}")
+    pro: list[Instr] = [("ldst", ("w", t, v), (), m.vld_latency) for t in range(taps) for v in range(kv)]
+
+    def body(i: int) -> list[Instr]:
+        ins: list[Instr] = [("ldst", ("acc", i, v), (), m.vld_latency) for v in range(kv)] if rmw else []
+        ins += [("sld", ("x", i, t), (), m.sld_latency) for t in range(taps)]
+        for t in range(taps):
+            for v in range(kv):
+                acc = ("acc", i, v)
+                src = (("w", t, v), ("x", i, t)) + ((acc,) if (rmw or t) else ())
+                ins.append(("fmac", acc, src, m.fmac_latency))
+        ins += [("ldst", None, (("acc", i, v),), m.vld_latency) for v in range(kv)]
+        return ins
+
+    return _run(m, pro, body, npix, lambda _: [], depth)
+
+
+@lru_cache(maxsize=4096)
+def mk_ew(m: DspMachine, nvec: int, n_in: int, fm: int, va: int, params: int) -> MkCost:
+    """Element-wise pass over `nvec` vectors: n_in vector loads, `fm` FMAC ops (add, scale+shift)
+    and `va` vector-ALU ops (max for ReLU) chained per vector, one store."""
+    depth = _check_regs(m, params, n_in + 1, "element-wise block")
+    pro: list[Instr] = [("ldst", ("p", j), (), m.vld_latency) for j in range(params)]
+
+    def body(i: int) -> list[Instr]:
+        ins: list[Instr] = [("ldst", ("x", i, j), (), m.vld_latency) for j in range(n_in)]
+        prev = tuple(("x", i, j) for j in range(n_in))
+        for _ in range(fm):
+            ins.append(("fmac", ("y", i), prev + tuple(("p", j) for j in range(params)), m.fmac_latency))
+            prev = (("y", i),)
+        for _ in range(va):
+            ins.append(("valu", ("y", i), prev, m.valu_latency))
+            prev = (("y", i),)
+        ins.append(("ldst", None, prev, m.vld_latency))
+        return ins
+
+    return _run(m, pro, body, nvec, lambda _: [], depth)

@@ -1,0 +1,131 @@
+"""The lowered DSP kernel: per-core op lists over simulated memories.
+
+A template lowers a schedule (its knobs) into a `Program`: for each core, in program order,
+the DMA transfers between levels (strided descriptors over flat memories), the VPU passes
+(micro-kernel invocations with their register blocking), zero-fills, barriers; plus the host's
+share (launch, CPU<->DSP copies in copy mode, host-side weight replication). The simulator
+executes exactly this: `engine.execute` moves and computes real values through the flat
+DDR/GSM/AM/SM arrays, `engine.timing` schedules the same ops on the pipes and shared channels.
+Buffers are allocated per level with the target's capacities; an overflow is a CapacityError.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable
+
+import numpy as np
+
+from ...errors import CapacityError, OpcError
+from .core import MkCost
+from .machine import DspMachine
+
+F32 = 4
+
+
+@dataclass(frozen=True)
+class View:
+    """A strided window (in fp32 elements) of one memory space: ("DDR", tensor) | ("GSM",) | ("AM",) | ("SM",)."""
+
+    space: tuple
+    offset: int
+    shape: tuple[int, ...]
+    strides: tuple[int, ...]
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape)) if self.shape else 1
+
+    @property
+    def level(self) -> str:
+        return self.space[0]
+
+
+def runs(src: View, dst: View) -> int:
+    """Contiguous runs a DMA descriptor needs: dims contiguous in both views merge."""
+    shape, n, expect = list(src.shape), 1, 1
+    merged = 0
+    for d in range(len(shape) - 1, -1, -1):
+        if src.strides[d] == expect and dst.strides[d] == expect:
+            expect *= shape[d]
+            merged = d
+            continue
+        merged = d + 1
+        break
+    else:
+        return 1
+    for d in range(merged):
+        n *= shape[d]
+    return n
+
+
+class Op:
+    """One step of a core's program. `pipe` is "dma", "vpu" or "sync"; `reads`/`writes` are buffer
+    tags (for the scoreboard's dependencies); `fn` does the functional work (None in timing mode)."""
+
+    __slots__ = ("kind", "pipe", "cycles", "reads", "writes", "nbytes", "path", "nruns", "cost", "fn", "label")
+
+    def __init__(self, kind: str, pipe: str, *, cycles: int = 0, reads: tuple = (), writes: tuple = (),
+                 nbytes: int = 0, path: str = "", nruns: int = 0, cost: MkCost | None = None,
+                 fn: Callable[[Any], None] | None = None, label: str = ""):
+        self.kind, self.pipe, self.cycles, self.reads, self.writes = kind, pipe, cycles, reads, writes
+        self.nbytes, self.path, self.nruns, self.cost, self.fn, self.label = nbytes, path, nruns, cost, fn, label
+
+
+@dataclass(kw_only=True)
+class Program:
+    """A lowered kernel for the whole cluster."""
+
+    cores: list[list[Op]]  # per core (or per core group in timing mode)
+    multiplicity: list[int]  # cores each entry stands for (1 each in functional mode)
+    host_pre: list[tuple[str, int, int]]  # (what, cycles, bytes) before the DSP part
+    host_post: list[tuple[str, int, int]]
+    ddr_tensors: dict[str, tuple[int, ...]]  # every DDR region the kernel uses, with its shape
+    inputs: list[str]  # DDR names of the op's inputs, in op order
+    output: str
+    out_shape: tuple[int, ...]
+    prepare: list[Callable[[dict[str, np.ndarray]], None]] = field(default_factory=list)  # host-side copies
+    flops: int = 0
+    cores_used: int = 1
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+class Allocator:
+    """Bump allocation of one level of one core (or of the shared GSM), capacity enforced."""
+
+    def __init__(self, level: str, capacity_bytes: int, align_bytes: int = 64):
+        self.level, self.capacity, self.align, self.top = level, capacity_bytes, align_bytes, 0
+        self.buffers: list[tuple[str, int]] = []
+
+    def alloc(self, name: str, elems: int) -> int:
+        nbytes = elems * F32
+        start = -(-self.top // self.align) * self.align
+        if self.capacity and start + nbytes > self.capacity:
+            used = ", ".join(f"{n} {b} B" for n, b in self.buffers) or "nothing else"
+            raise CapacityError(name, self.level, nbytes, self.capacity - start, f"already holding {used}")
+        self.top = start + nbytes
+        self.buffers.append((name, nbytes))
+        return start // F32
+
+
+def dma_op(m: DspMachine, src: View, dst: View, reads: tuple, writes: tuple, functional: bool, label: str = "") -> Op:
+    """A DMA transfer; the path must exist on the chip (no AM <-> SM)."""
+    path = f"{src.level}->{dst.level}"
+    if m.dma_paths and path not in m.dma_paths:
+        raise OpcError(f"the DMA engine has no {path} path", arg="schedule", value=label or path,
+                       expected=", ".join(sorted(m.dma_paths)))
+    if src.shape != dst.shape:
+        raise OpcError(f"DMA {label}: shapes differ {src.shape} vs {dst.shape}")
+    fn = None
+    if functional:
+        def fn(mem: Any, src=src, dst=dst) -> None:
+            mem.view(dst)[...] = mem.view(src)
+    return Op("dma", "dma", reads=reads, writes=writes, nbytes=src.size * F32, path=path, nruns=runs(src, dst),
+              fn=fn, label=label)
+
+
+def contiguous(space: tuple, offset: int, shape: tuple[int, ...]) -> View:
+    strides, acc = [], 1
+    for d in reversed(shape):
+        strides.append(acc)
+        acc *= d
+    return View(space, offset, tuple(shape), tuple(reversed(strides)))

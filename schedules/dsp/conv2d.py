@@ -1,0 +1,185 @@
+"""dsp-sim template for the conv2d family (conv2d, conv2d_bias_relu, conv2d_bn_relu): the
+VPE-vectorized direct convolution of seed 004 Algorithm 3, generalized (see `direct.py`)."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from opcompiler.backend.dsp.machine import machine
+from opcompiler.backend.dsp.program import Allocator, Program
+from opcompiler.errors import OpcError
+from opcompiler.ops import get_op
+from opcompiler.ops.catalogue import conv_out_hw, conv_out_shape
+from opcompiler.target import Target
+from opcompiler.template import Knob, Template, register_template
+from opcompiler.workload import Workload
+
+from .assemble import Relayout, assemble, host_ops, nbytes
+from .direct import ConvSpec, DirectConfig, _items, _Lowering, check, footprint, in_rows, pass_cost
+
+EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu")}
+PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
+ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
+
+
+def require_fp32(wl: Workload, target: Target) -> None:
+    if wl.dtype != "float32":
+        raise OpcError(f"{target.name} computes in fp32 on its VPEs (no {wl.dtype} arithmetic)", arg="--dtype",
+                       value=wl.dtype, expected="float32")
+
+
+@register_template
+class DspDirectConv2d(Template):
+    """Direct NHWC convolution: batch (or row blocks) across cores, K on the vector lanes,
+    pw x kv register blocks over the R x S x C loop, DDR -> SM input rows, AM weights."""
+
+    name = "dsp.direct_conv2d"
+    op_families = ("conv2d",)
+    target_family = "dsp"
+    version = 1
+
+    def spec(self, wl: Workload, target: Target) -> ConvSpec:
+        require_fp32(wl, target)
+        p = wl.p
+        if p["groups"] != 1:
+            raise OpcError("the dsp direct convolution supports groups=1 only", arg="groups", value=p["groups"],
+                           expected="1")
+        if wl.op not in EPI:
+            raise OpcError(f"no dsp direct-conv lowering for {wl.op}", arg="op", value=wl.op,
+                           expected=", ".join(EPI))
+        ho, wo = conv_out_hw(wl)
+        return ConvSpec(n=p["n"], h=p["h"], w=p["w"], c=p["c"], k=p["k"], r=p["r"], s=p["s"], stride=p["stride"],
+                        pad=p["pad"], dil=p["dilation"], ho=ho, wo=wo, epi=EPI[wl.op], layout=p["layout"])
+
+    def space(self, wl: Workload, target: Target) -> list[Knob]:
+        sp = self.spec(wl, target)
+        lanes = machine(target).lanes
+        kvmax = max(1, min(4, -(-sp.k // lanes)))
+        return [
+            Knob("pw", tuple(v for v in PW if v <= max(sp.wo * sp.ho, 1)) or (1,), "output pixels per register block"),
+            Knob("kv", tuple(range(1, kvmax + 1)), "vectors of 32 output channels per register block"),
+            Knob("rows", tuple(v for v in ROWS if v <= sp.ho) or (1,), "output rows per DMA stage"),
+            Knob("order", ("out", "ws"), "out: accumulate in registers; ws: the paper's weight-stationary pass"),
+            Knob("dbuf", (1, 0), "double-buffer SM/AM tiles so DMA overlaps the VPU"),
+            Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
+            Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or AM -> GSM -> DDR as in the paper"),
+            Knob("split", ("items", "batch"), "cores take (image, row block) items, or whole images"),
+        ]
+
+    def default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        sp = self.spec(wl, target)
+        knobs = {k.name: k.values for k in self.space(wl, target)}
+        kv = max(knobs["kv"])
+        kv = min(kv, 2)
+        for pw in (9, 8, 6, 4, 2, 1):
+            for rows in (2, 1):
+                cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": min(rows, sp.ho), "order": "out",
+                       "dbuf": 1, "w_path": "gsm", "out_path": "ddr", "split": "items"}
+                if self.check(wl, target, cfg) is None:
+                    return cfg
+        return cfg
+
+    def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
+        """Algorithm 3 as written: whole images per core, all of K on the lanes, one output pixel
+        at a time, a weight-stationary pass per input channel with partial sums in AM, the
+        output through GSM, W replicated per core, no double buffering; the image is staged
+        into SM whole when it fits, else in the largest row blocks that fit."""
+        sp = self.spec(wl, target)
+        m = machine(target)
+        kv = max(1, -(-sp.k // m.lanes))
+        cfg = {"pw": 1, "kv": kv, "rows": sp.ho, "order": "ws", "dbuf": 0,
+               "w_path": "host_copies" if sp.layout == "NHWC" else "ddr", "out_path": "gsm", "split": "batch"}
+        while cfg["rows"] > 1 and check(m, sp, DirectConfig.of(cfg)) is not None:
+            cfg["rows"] -= 1
+        return cfg
+
+    def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        if cf.w_path == "host_copies" and sp.layout != "NHWC":
+            return "w_path=host_copies replicates HWIO weights on the host; use gsm or ddr for NCHW"
+        return check(machine(target), sp, cf)
+
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+        m = machine(target)
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        why = self.check(wl, target, config)
+        if why is not None and "host_copies" in why:
+            raise OpcError(why, arg="--config", value=dict(config))
+        op = get_op(wl.op)
+        in_specs = op.inputs(wl)
+        nchw = sp.layout == "NCHW"
+        names = {"data": "data_nhwc" if nchw else "data", "weight": "weight_hwio" if nchw else "weight",
+                 "out": "out_nhwc" if nchw else "out", "bias": "bias", "bn": "scale,shift"}
+        ddr = {n: s for n, s, _ in in_specs}
+        out_shape = conv_out_shape(wl)
+        ddr["out"] = out_shape
+        pre: list[Relayout] = []
+        post: list[Relayout] = []
+        if nchw:
+            c, h, w = sp.c, sp.h, sp.w
+            ddr["data_nhwc"] = (sp.n, h, w, c)
+            pre.append(Relayout("data", "data_nhwc", (sp.n, h, w, c), (c * h * w, w, 1, h * w)))
+            ddr["weight_hwio"] = (sp.r, sp.s, c, sp.k)
+            pre.append(Relayout("weight", "weight_hwio", (sp.r, sp.s, c, sp.k), (sp.s, 1, sp.r * sp.s, c * sp.r * sp.s),
+                                leader_only=True))
+            ddr["out_nhwc"] = (sp.n, sp.ho, sp.wo, sp.k)
+            post.append(Relayout("out_nhwc", "out", out_shape, (sp.ho * sp.wo * sp.k, 1, sp.wo * sp.k, sp.k)))
+        items = _items(sp, cf, m.cores)
+        gsm = Allocator("GSM", m.cap("GSM"), 64)
+        kbp = cf.kv * m.lanes
+        gsm_w = gsm.alloc("weights W_g", sp.taps * sp.c * kbp) if cf.w_path == "gsm" else 0
+        gsm_out = [gsm.alloc(f"output O_g core {c}", (1 + cf.dbuf) * cf.rows * sp.wo * kbp)
+                   if cf.out_path == "gsm" else 0 for c in range(m.cores)]
+        low = _Lowering(m, sp, cf, names, functional)
+        leader = lambda c: c == 0 and cf.w_path == "gsm"  # noqa: E731
+        replicate, prepare = [], []
+        if cf.w_path == "host_copies":
+            wb = nbytes(ddr["weight"])
+            for c in range(m.cores):
+                ddr[f"weight@core{c}"] = ddr["weight"]
+            replicate = [(f"W x {m.cores} cores", wb * m.cores)]
+            prepare = [lambda d, n=m.cores: [d[f"weight@core{c}"].__setitem__(Ellipsis, d["weight"]) for c in range(n)]]
+        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
+
+        def key(c: int):
+            kinds = []
+            for n_, oh0, nr in items[c]:
+                ih0 = oh0 * sp.stride - sp.pad
+                kinds.append((nr, max(0, -ih0), max(0, ih0 + in_rows(sp, nr) - sp.h)))
+            return (tuple(kinds), leader(c))
+
+        prog = assemble(m, functional=functional, cores=m.cores,
+                        core_ops=lambda c: low.core_ops(c, items[c], gsm_w, gsm_out[c], leader(c)) if items[c]
+                        else ([] if cf.w_path != "gsm" else low.core_ops(c, [], gsm_w, gsm_out[c], leader(c))),
+                        group_key=key, pre=pre, post=post,
+                        host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs],
+                        output="out", out_shape=out_shape, prepare=prepare, flops=op.flops(wl),
+                        cores_used=sum(1 for it in items if it))
+        prog.info = {"layout_change": "NCHW<->NHWC by DMA on the cores (counted)" if nchw else "none (NHWC)",
+                     "lanes_used": min(sp.k, kbp) / kbp if sp.k < kbp else (sp.k / (-(-sp.k // kbp) * kbp))}
+        return prog
+
+    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        m = machine(target)
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        fp = footprint(m, sp, cf)
+        kbp = cf.kv * m.lanes
+        nk = -(-sp.k // kbp)
+        stages = sp.n * -(-sp.ho // cf.rows) * nk
+        cost, calls = pass_cost(m, sp, cf, cf.rows * sp.wo)
+        ddr_in = stages * in_rows(sp, cf.rows) * sp.w * sp.c * 4
+        ddr_w = sp.taps * sp.c * sp.k * 4 * (1 if cf.w_path == "gsm" else m.cores)
+        ddr_out = sp.n * sp.ho * sp.wo * sp.k * 4
+        busy_cores = min(m.cores, sp.n if cf.split == "batch" else sp.n * -(-sp.ho // cf.rows))
+        return {
+            "ddr_bytes": float(ddr_in + ddr_w + ddr_out), "sm_bytes_in": float(ddr_in), "am_bytes": float(fp["AM"]),
+            "arith_intensity": sp.flops / max(ddr_in + ddr_w + ddr_out, 1), "am_occupancy": fp["AM"] / m.cap("AM"),
+            "sm_occupancy": fp["SM"] / m.cap("SM"), "gsm_occupancy": fp["GSM"] / m.cap("GSM"),
+            "reg_occupancy": fp["REG"] / m.registers,
+            "fmac_slot_use": cost.fmas / max(cost.cycles * m.fmac_units, 1),
+            "lane_use": sp.k / (nk * kbp), "stages": float(stages), "mk_calls_per_stage": float(calls),
+            "stage_vpu_cycles": float(cost.cycles), "work_per_core": stages / busy_cores,
+            "cores_busy": float(busy_cores),
+        }

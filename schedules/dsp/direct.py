@@ -1,0 +1,282 @@
+"""Lowering of the VPE-vectorized direct convolution (seed 004 Algorithm 3, generalized) and of
+the fully connected layer (Algorithm 2, as a 1x1 convolution over rows) to a DSP program.
+
+Data stay NHWC / HWIO in DDR (the MiniGo layout); output channels K sit on the 32 vector
+lanes (kv vectors per block; K = 2 or 1 leaves lanes idle), input scalars are loaded from SM
+and broadcast, weights are vectors in AM. Work items are (image, block of `rows` output
+rows); the batch (or the items) is split across the cores. Per item: DMA the input rows
+DDR -> SM (zero rows and halo columns give the padding), run the VPU pass, DMA the output
+tile AM -> DDR (or AM -> GSM -> DDR). Two orders of the VPU pass:
+
+* `out` (output-stationary): register blocks of `pw` output pixels x `kv` vectors accumulate
+  over R*S*C in registers; the fused epilogue (bias, BN, ReLU) runs on the registers.
+* `ws` (the paper's Algorithm 3 as written): for each input channel c the R*S x kv weight
+  vectors sit in registers and each output pixel's partial sums are read, updated and
+  written back in AM; the epilogue is a separate element-wise pass.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from opcompiler.backend.dsp.core import MkCost, mk_ew, mk_out, mk_ws, EPI_REGS
+from opcompiler.backend.dsp.machine import DspMachine
+from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, contiguous, dma_op
+from opcompiler.errors import CapacityError, OpcError
+
+
+@dataclass(frozen=True, kw_only=True)
+class ConvSpec:
+    """A direct convolution in NHWC/HWIO terms (a matmul is n=1, h=M, w=1, r=s=1)."""
+
+    n: int
+    h: int
+    w: int
+    c: int
+    k: int
+    r: int
+    s: int
+    stride: int
+    pad: int
+    dil: int
+    ho: int
+    wo: int
+    epi: tuple[str, ...]  # subset of ("bias", "bn", "relu"), in order
+    layout: str = "NHWC"  # of the op's own tensors; NCHW (and transposed matmul) are relaid by DMA
+    kind: str = "conv2d"
+
+    @property
+    def taps(self) -> int:
+        return self.r * self.s
+
+    @property
+    def flops(self) -> int:
+        return 2 * self.n * self.ho * self.wo * self.k * self.c * self.taps
+
+
+@dataclass(frozen=True, kw_only=True)
+class DirectConfig:
+    """The knobs of the direct-convolution schedule (see the template for their ranges)."""
+
+    pw: int  # output pixels per register block
+    kv: int  # vectors of output channels per block (kv * 32 channels)
+    rows: int  # output rows per DMA stage
+    order: str  # "out" (output-stationary registers) | "ws" (the paper's weight-stationary pass)
+    dbuf: int  # 1: two SM/AM tile buffers so DMA overlaps the VPU
+    w_path: str  # "gsm": DDR -> GSM once, GSM -> AM per core | "ddr": each core DMAs from DDR
+    #              | "host_copies": the host replicates W per core first (the paper's "8 copies of W")
+    out_path: str  # "ddr": AM -> DDR | "gsm": AM -> GSM -> DDR (the paper's O_g)
+    split: str  # "batch": whole images per core (paper) | "items": (image, row block) items per core
+
+    @staticmethod
+    def of(cfg: Mapping[str, Any]) -> "DirectConfig":
+        return DirectConfig(**{k: cfg[k] for k in DirectConfig.__dataclass_fields__})
+
+
+def in_rows(sp: ConvSpec, rows: int) -> int:
+    return (rows - 1) * sp.stride + (sp.r - 1) * sp.dil + 1
+
+
+def footprint(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]:
+    """Bytes each level must hold (per core for AM/SM, cluster-wide for GSM), and registers."""
+    kbp = cf.kv * m.lanes
+    nbuf = 1 + cf.dbuf
+    wp = sp.w + 2 * sp.pad
+    npar = sum(EPI_REGS[e] for e in sp.epi)
+    am = (sp.taps * sp.c * kbp + npar * kbp + nbuf * cf.rows * sp.wo * kbp) * F32
+    sm = nbuf * in_rows(sp, cf.rows) * wp * sp.c * F32
+    gsm = (sp.taps * sp.c * kbp * F32 if cf.w_path == "gsm" else 0) + (
+        m.cores * nbuf * cf.rows * sp.wo * kbp * F32 if cf.out_path == "gsm" else 0)
+    if cf.order == "out":
+        regs = cf.pw * cf.kv + npar * cf.kv + cf.kv + cf.pw
+    else:
+        regs = sp.taps * cf.kv + cf.kv + sp.taps
+    return {"AM": am, "SM": sm, "GSM": gsm, "REG": regs}
+
+
+def check(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> str | None:
+    """Why this config cannot build (capacity), or None."""
+    fp = footprint(m, sp, cf)
+    for lv in ("AM", "SM", "GSM"):
+        if fp[lv] > m.cap(lv):
+            return f"{lv} needs {fp[lv]} B > {m.cap(lv)} B"
+    if fp["REG"] > m.registers:
+        return f"register block needs {fp['REG']} vector registers > {m.registers}"
+    return None
+
+
+def _items(sp: ConvSpec, cf: DirectConfig, cores: int) -> list[list[tuple[int, int, int]]]:
+    """(image, first output row, rows) per core."""
+    def blocks(n: int) -> list[tuple[int, int, int]]:
+        return [(n, o, min(cf.rows, sp.ho - o)) for o in range(0, sp.ho, cf.rows)]
+    if cf.split == "batch":
+        per = [list(range(c * sp.n // cores, (c + 1) * sp.n // cores)) for c in range(cores)]
+        return [[b for n in imgs for b in blocks(n)] for imgs in per]
+    allb = [b for n in range(sp.n) for b in blocks(n)]
+    return [allb[c * len(allb) // cores:(c + 1) * len(allb) // cores] for c in range(cores)]
+
+
+def _sum(costs: list[tuple[MkCost, int]]) -> MkCost:
+    return MkCost(cycles=sum(c.cycles * k for c, k in costs), fmas=sum(c.fmas * k for c, k in costs),
+                  vldst=sum(c.vldst * k for c, k in costs), slds=sum(c.slds * k for c, k in costs),
+                  valu=sum(c.valu * k for c, k in costs))
+
+
+def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int) -> tuple[MkCost, int]:
+    """The VPU pass over one tile of `npix` output pixels: (summed cost, micro-kernel calls)."""
+    if cf.order == "out":
+        steps = sp.taps * sp.c
+        full, tail = divmod(npix, cf.pw)
+        parts = [(mk_out(m, cf.pw, cf.kv, steps, sp.epi), full)]
+        if tail:
+            parts.append((mk_out(m, tail, cf.kv, steps, sp.epi), 1))
+        return _sum(parts), full + (1 if tail else 0)
+    parts = [(mk_ws(m, npix, cf.kv, sp.taps, False), 1)]
+    if sp.c > 1:
+        parts.append((mk_ws(m, npix, cf.kv, sp.taps, True), sp.c - 1))
+    calls = sp.c
+    if sp.epi:
+        fm = sum(e in ("bias", "bn") for e in sp.epi)
+        parts.append((mk_ew(m, npix * cf.kv, 1, fm, int("relu" in sp.epi), sum(EPI_REGS[e] for e in sp.epi)), 1))
+        calls += 1
+    return _sum(parts), calls
+
+
+class _Lowering:
+    """Builds one core's op list. Views address the flat memories in fp32 elements."""
+
+    def __init__(self, m: DspMachine, sp: ConvSpec, cf: DirectConfig, names: dict[str, str], functional: bool):
+        self.m, self.sp, self.cf, self.names, self.fn = m, sp, cf, names, functional
+        self.kbp = cf.kv * m.lanes
+        self.nbuf = 1 + cf.dbuf
+        self.pass_cache: dict[int, tuple[MkCost, int]] = {}
+
+    def core_ops(self, core: int, items: list[tuple[int, int, int]], gsm_w: int, gsm_out: int,
+                 leader: bool) -> list[Op]:
+        m, sp, cf, kbp = self.m, self.sp, self.cf, self.kbp
+        am, smem = Allocator("AM", m.cap("AM"), 128), Allocator("SM", m.cap("SM"), 8)
+        w_am = am.alloc("weights W_a", sp.taps * sp.c * kbp)
+        par_am = {e: am.alloc(f"{e} vectors", EPI_REGS[e] * kbp) for e in sp.epi if EPI_REGS[e]}
+        out_am = [am.alloc(f"output tile O_a[{b}]", cf.rows * sp.wo * kbp) for b in range(self.nbuf)]
+        wp = sp.w + 2 * sp.pad
+        ir = in_rows(sp, cf.rows)
+        in_sm = [smem.alloc(f"input tile I_s[{b}]", ir * wp * sp.c) for b in range(self.nbuf)]
+        ops: list[Op] = []
+        nk = -(-sp.k // kbp)
+        halo_done: set[int] = set()
+        wname = self.names["weight"]
+        if cf.w_path == "host_copies":
+            wname = f"{wname}@core{core}"
+        for kb in range(nk):
+            k0 = kb * kbp
+            ke = min(kbp, sp.k - k0)
+            # weights of this block of output channels -> AM (via GSM when w_path == "gsm")
+            wsrc = View(("DDR", wname), k0, (sp.taps * sp.c, ke), (sp.k, 1))
+            wdst = View(("AM",), w_am, (sp.taps * sp.c, ke), (kbp, 1))
+            if cf.w_path == "gsm":
+                gview = View(("GSM",), gsm_w, (sp.taps * sp.c, ke), (kbp, 1))
+                if leader:
+                    ops.append(dma_op(m, wsrc, gview, (), ("gsm_w",), self.fn, "W DDR->GSM"))
+                ops.append(Op("barrier", "sync", label="W in GSM"))
+                ops.append(dma_op(m, gview, wdst, (), ("w",), self.fn, "W GSM->AM"))
+            else:
+                ops.append(dma_op(m, wsrc, wdst, (), ("w",), self.fn, "W DDR->AM"))
+            for e, off in par_am.items():
+                for j, pname in enumerate(self.names[e].split(",")):
+                    ops.append(dma_op(m, View(("DDR", pname), k0, (ke,), (1,)),
+                                      View(("AM",), off + j * kbp, (ke,), (1,)), (), ("w",), self.fn, f"{e} -> AM"))
+            stage = [self._stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
+                     for i, it in enumerate(items)]
+            # software-pipelined issue order: with two buffers the next tile's DMA-in is issued
+            # before this tile's VPU pass, so the DMA engine fetches while the VPU computes
+            if cf.dbuf and stage:
+                ops += stage[0][0]
+                for i, (_, comp, outs) in enumerate(stage):
+                    if i + 1 < len(stage):
+                        ops += stage[i + 1][0]
+                    ops += comp + outs
+            else:
+                for ins, comp, outs in stage:
+                    ops += ins + comp + outs
+        return ops
+
+    def _stage(self, i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done):
+        m, sp, cf, kbp, fn = self.m, self.sp, self.cf, self.kbp, self.fn
+        n, oh0, nr = it
+        slot = i % self.nbuf
+        wp = sp.w + 2 * sp.pad
+        ir = in_rows(sp, nr)
+        ih0 = oh0 * sp.stride - sp.pad
+        lo, hi = max(0, ih0), min(sp.h, ih0 + ir)
+        sm_tag, am_tag = f"sm{slot}", f"amo{slot}"
+        ins: list[Op] = []
+        zero_views = []
+        if sp.pad and slot not in halo_done:  # halo columns: zeroed once, never overwritten
+            halo_done.add(slot)
+            for c0 in (0, sp.pad + sp.w):
+                zero_views.append(View(("SM",), in_sm[slot] + c0 * sp.c, (in_rows(sp, cf.rows), sp.pad, sp.c),
+                                       (wp * sp.c, sp.c, 1)))
+        if lo - ih0 > 0:
+            zero_views.append(View(("SM",), in_sm[slot] + sp.pad * sp.c, (lo - ih0, sp.w, sp.c), (wp * sp.c, sp.c, 1)))
+        if ih0 + ir - hi > 0:
+            zero_views.append(View(("SM",), in_sm[slot] + ((hi - ih0) * wp + sp.pad) * sp.c,
+                                   (ih0 + ir - hi, sp.w, sp.c), (wp * sp.c, sp.c, 1)))
+        if zero_views:
+            nz = sum(v.size for v in zero_views)
+            # zeroing SM is scalar stores at the SM port width
+            cyc = -(-nz * F32 // (m.sld_per_cycle * 8))
+            f = (lambda mem, vs=tuple(zero_views): [mem.view(v).fill(0.0) for v in vs]) if fn else None
+            ins.append(Op("fill", "vpu", cycles=cyc, writes=(sm_tag,), fn=f, label="zero padding"))
+        if hi > lo:
+            src = View(("DDR", self.names["data"]), ((n * sp.h + lo) * sp.w) * sp.c, (hi - lo, sp.w * sp.c),
+                       (sp.w * sp.c, 1))
+            dst = View(("SM",), in_sm[slot] + ((lo - ih0) * wp + sp.pad) * sp.c, (hi - lo, sp.w * sp.c), (wp * sp.c, 1))
+            ins.append(dma_op(m, src, dst, (), (sm_tag,), fn, "I DDR->SM"))
+        npix = nr * sp.wo
+        if npix not in self.pass_cache:
+            self.pass_cache[npix] = pass_cost(m, sp, cf, npix)
+        cost, calls = self.pass_cache[npix]
+        f = self._compute_fn(in_sm[slot], w_am, par_am, out_am[slot], nr) if fn else None
+        comp = [Op("vpu", "vpu", cycles=cost.cycles, reads=(sm_tag, "w"), writes=(am_tag,), cost=cost, nruns=calls,
+                   fn=f, label=f"VPU pass {cf.order} {npix} px")]
+        o_src = View(("AM",), out_am[slot], (nr, sp.wo, ke), (sp.wo * kbp, kbp, 1))
+        o_dst = View(("DDR", self.names["out"]), ((n * sp.ho + oh0) * sp.wo) * sp.k + k0, (nr, sp.wo, ke),
+                     (sp.wo * sp.k, sp.k, 1))
+        if cf.out_path == "gsm":
+            g = View(("GSM",), gsm_out + slot * cf.rows * sp.wo * kbp, (nr, sp.wo, ke), (sp.wo * ke, ke, 1))
+            outs = [dma_op(m, o_src, g, (am_tag,), (f"gsmo{slot}",), fn, "O AM->GSM"),
+                    dma_op(m, g, o_dst, (f"gsmo{slot}",), ("out",), fn, "O GSM->DDR")]
+        else:
+            outs = [dma_op(m, o_src, o_dst, (am_tag,), ("out",), fn, "O AM->DDR")]
+        return ins, comp, outs
+
+    def _compute_fn(self, sm_off: int, w_off: int, par_am: dict[str, int], out_off: int, nr: int):
+        sp, kbp = self.sp, self.kbp
+        wp = sp.w + 2 * sp.pad
+        ir = in_rows(sp, nr)
+        x_v = View(("SM",), sm_off, (ir, wp, sp.c), (wp * sp.c, sp.c, 1))
+        w_v = View(("AM",), w_off, (sp.r, sp.s, sp.c, kbp), (sp.s * sp.c * kbp, sp.c * kbp, kbp, 1))
+        o_v = View(("AM",), out_off, (nr, sp.wo, kbp), (sp.wo * kbp, kbp, 1))
+        st, dl = sp.stride, sp.dil
+        epi = sp.epi
+
+        def run(mem) -> None:
+            x, wt = mem.view(x_v), mem.view(w_v)
+            acc = np.zeros((nr, sp.wo, kbp), np.float32)
+            with np.errstate(invalid="ignore"):  # idle lanes hold garbage; they are never stored
+                for r in range(sp.r):
+                    for s in range(sp.s):
+                        xs = x[r * dl: r * dl + (nr - 1) * st + 1: st, s * dl: s * dl + (sp.wo - 1) * st + 1: st, :]
+                        acc += xs @ wt[r, s]
+                for e in epi:
+                    if e == "bias":
+                        acc += mem.view(View(("AM",), par_am["bias"], (kbp,), (1,)))
+                    elif e == "bn":
+                        acc *= mem.view(View(("AM",), par_am["bn"], (kbp,), (1,)))
+                        acc += mem.view(View(("AM",), par_am["bn"] + kbp, (kbp,), (1,)))
+                    elif e == "relu":
+                        np.maximum(acc, 0, out=acc)
+            mem.view(o_v)[...] = acc
+        return run
