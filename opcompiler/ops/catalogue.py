@@ -400,3 +400,193 @@ for _name, _fn, _np in (("reduce_sum", dsl.sum, np.sum), ("reduce_max", dsl.redu
         input_specs=lambda wl: [("x", (wl["m"], wl["n"]), wl.dtype)],
         flops_fn=lambda wl: wl["m"] * wl["n"], validate_fn=_validate_red,
     ))
+
+# ---------------------------------------------------------------- ops added for ONNX graphs (opcompiler.graph)
+# conv+bn and matmul+bias without an activation (ResNet's second conv before the residual add,
+# FC layers that end a head), a general element-wise chain (Sigmoid, Clip, Mul and any fused run of
+# element-wise ops), channel concat and row softmax.
+
+
+@fusion_manager.register("fuse_conv2d_bn", ops=("conv2d", "batch_norm"))
+def _fuse_conv2d_bn_compute(data, weight, scale, shift, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+                            kernel_name="fuse_conv2d_bn"):
+    return dsl.batch_norm(dsl.conv2d(data, weight, stride, padding, dilation, groups, layout), scale, shift, layout)
+
+
+def _conv_bn_compute(wl: Workload):
+    ins = _placeholders(_conv_bn_inputs(wl))
+    return ins, fusion_manager.get("fuse_conv2d_bn").compute(*ins, **_conv_kwargs(wl))
+
+
+register_op(OpDef(
+    name="conv2d_bn", summary="fused conv2d + batch norm (inference), no activation (one kernel)", family="conv2d",
+    defaults=CONV_DEFAULTS, dtypes=_FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn",
+    compute_fn=_conv_bn_compute,
+    reference_fn=lambda wl, ins: (_conv_ref_acc(wl, ins).astype(wl.dtype) * _bcast_c(ins[2], wl)
+                                  + _bcast_c(ins[3], wl)).astype(wl.dtype),
+    input_specs=_conv_bn_inputs, flops_fn=lambda wl: _conv_flops(wl) + 2 * int(np.prod(conv_out_shape(wl))),
+    validate_fn=_validate_conv,
+    unfused_fn=lambda wl: [
+        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
+        Step(op="batch_norm", params=_ew_params(wl), inputs=("s0", "in2", "in3")),
+    ],
+))
+
+
+@fusion_manager.register("fuse_matmul_bias", ops=("matmul", "bias_add"))
+def _fuse_matmul_bias_compute(tensor_a, tensor_b, bias, trans_a=False, trans_b=False, kernel_name="fuse_matmul_bias"):
+    return dsl.matmul(tensor_a, tensor_b, trans_a, trans_b, bias=bias)
+
+
+def _mm_bias_compute(wl: Workload):
+    ins = _placeholders(_mmb_inputs(wl))
+    return ins, fusion_manager.get("fuse_matmul_bias").compute(*ins, bool(wl["trans_a"]), bool(wl["trans_b"]))
+
+
+register_op(OpDef(
+    name="matmul_bias", summary="fused matmul + bias, no activation (fully connected layer)", family="matmul",
+    defaults=MMB_DEFAULTS, dtypes=_CUBE, preset_kind="matmul", fusion="fuse_matmul_bias",
+    compute_fn=_mm_bias_compute,
+    reference_fn=lambda wl, ins: (_mm_ref_acc(wl, ins) + ins[2].astype(np.float32 if wl.dtype != "int8" else np.int32)
+                                  ).astype(_acc_out(wl.dtype)),
+    input_specs=_mmb_inputs, flops_fn=lambda wl: 2 * wl["m"] * wl["k"] * wl["n"] + wl["m"] * wl["n"],
+    validate_fn=_validate_mm,
+    unfused_fn=lambda wl: [
+        Step(op="matmul", params=dict(wl.params), inputs=("in0", "in1")),
+        Step(op="bias_add", params={"n": 1, "c": wl["n"], "h": 1, "w": wl["m"], "layout": "NHWC"}, inputs=("s0", "in2")),
+    ],
+))
+
+# ew_chain: steps separated by ";" applied in order to x. Unary: relu, sigmoid, clip:LO:HI.
+# With a full-shape operand: add, mul. With per-channel (C,) operands: bias, scale, bn (scale, shift).
+EW_CHAIN_DEFAULTS = {**EW_DEFAULTS, "chain": "sigmoid"}
+_CHAIN_EXTRA = {"relu": (), "sigmoid": (), "clip": (), "add": ("full",), "mul": ("full",), "bias": ("chan",),
+                "scale": ("chan",), "bn": ("chan", "chan")}
+
+
+def _chain_steps(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
+    steps = []
+    for item in filter(None, str(wl["chain"]).split(";")):
+        name, *args = item.split(":")
+        if name not in _CHAIN_EXTRA:
+            raise OpcError(f"unknown element-wise step {name!r}", arg="chain", value=wl["chain"],
+                           expected="steps among " + ", ".join(_CHAIN_EXTRA) + " separated by ';'")
+        if (name == "clip") != (len(args) == 2):
+            raise OpcError(f"step {item!r} takes {'2 bounds (clip:LO:HI)' if name == 'clip' else 'no arguments'}",
+                           arg="chain", value=wl["chain"])
+        steps.append((name, tuple(float(a) for a in args)))
+    if not steps:
+        raise OpcError("empty chain", arg="chain", value=wl["chain"], expected="e.g. bn;relu or sigmoid")
+    return steps
+
+
+def _chain_inputs(wl: Workload) -> list:
+    out = [("x", _ew_shape(wl), wl.dtype)]
+    for i, (name, _) in enumerate(_chain_steps(wl)):
+        for j, kind in enumerate(_CHAIN_EXTRA[name]):
+            out.append((f"s{i}_{name}{j}", _ew_shape(wl) if kind == "full" else (wl["c"],), wl.dtype))
+    return out
+
+
+def _chain_apply(wl: Workload, ins: list, xp) -> object:
+    """One implementation for the TE compute (xp=None) and the numpy reference (xp=np)."""
+    x, extra = ins[0], iter(ins[1:])
+    for name, args in _chain_steps(wl):
+        vals = [next(extra) for _ in _CHAIN_EXTRA[name]]
+        if xp is not None:
+            vals = [_bcast_c(v, wl) if v.ndim == 1 else v for v in vals]
+            one = np.asarray(1, wl.dtype)
+            x = {"relu": lambda: np.maximum(x, 0), "sigmoid": lambda: one / (one + np.exp(-x)),
+                 "clip": lambda: np.clip(x, *np.asarray(args, wl.dtype)), "add": lambda: x + vals[0],
+                 "mul": lambda: x * vals[0], "bias": lambda: x + vals[0], "scale": lambda: x * vals[0],
+                 "bn": lambda: x * vals[0] + vals[1]}[name]().astype(wl.dtype)
+            continue
+        shape = _ew_shape(wl)
+        vals = [dsl.broadcast(_reshape_c(v, wl), shape) if len(v.shape) == 1 else v for v in vals]
+        x = {"relu": lambda: dsl.vrelu(x), "sigmoid": lambda: dsl.vrec(dsl.vadds(dsl.vexp(dsl.vmuls(x, -1.0)), 1.0)),
+             "clip": lambda: dsl.vmax(dsl.vmin(x, dsl.broadcast(args[1], shape, wl.dtype)),
+                                      dsl.broadcast(args[0], shape, wl.dtype)),
+             "add": lambda: dsl.vadd(x, vals[0]), "mul": lambda: dsl.vmul(x, vals[0]),
+             "bias": lambda: dsl.vadd(x, vals[0]), "scale": lambda: dsl.vmul(x, vals[0]),
+             "bn": lambda: dsl.vadd(dsl.vmul(x, vals[0]), vals[1])}[name]()
+    return x
+
+
+def _chain_compute(wl: Workload):
+    ins = _placeholders(_chain_inputs(wl))
+    return ins, _chain_apply(wl, ins, None)
+
+
+register_op(OpDef(
+    name="ew_chain", summary="element-wise chain in one kernel: chain='bn;relu', 'sigmoid', 'mul;clip:0:6', ...",
+    family="elemwise", defaults=EW_CHAIN_DEFAULTS, dtypes=_EW_DTYPES, fusion="fuse_elemwise_chain",
+    compute_fn=_chain_compute, reference_fn=lambda wl, ins: _chain_apply(wl, ins, np), input_specs=_chain_inputs,
+    flops_fn=lambda wl: sum({"sigmoid": 4, "clip": 2, "bn": 2}.get(n, 1) for n, _ in _chain_steps(wl))
+    * int(np.prod(_ew_shape(wl))),
+    validate_fn=lambda wl: (_validate_ew(wl), _chain_steps(wl)) and None,
+    unfused_fn=lambda wl: [
+        Step(op="ew_chain", params={**dict(wl.params), "chain": ":".join((n,) + tuple(map(str, a)))},
+             inputs=(("in0",) if i == 0 else (f"s{i - 1}",)) + tuple(
+                 f"in{1 + sum(len(_CHAIN_EXTRA[m]) for m, _ in _chain_steps(wl)[:i]) + j}"
+                 for j in range(len(_CHAIN_EXTRA[n]))))
+        for i, (n, a) in enumerate(_chain_steps(wl))],
+))
+
+CONCAT_DEFAULTS = {"n": 1, "c": 32, "c1": 32, "h": 28, "w": 28, "layout": "NCHW"}
+
+
+def _concat_inputs(wl: Workload) -> list:
+    p = wl.p
+    return [("x", (p["n"], p["c"], p["h"], p["w"]), wl.dtype), ("x1", (p["n"], p["c1"], p["h"], p["w"]), wl.dtype)]
+
+
+def _concat_compute(wl: Workload):
+    from tvm import tirx  # max(c - c0, 0): the untaken branch never indexes out of bounds
+    ins = _placeholders(_concat_inputs(wl))
+    a, b = ins
+    c0 = wl["c"]
+    out = te.compute((wl["n"], c0 + wl["c1"], wl["h"], wl["w"]),
+                     lambda n, c, y, x: te.if_then_else(c < c0, a[n, c, y, x], b[n, tirx.max(c - c0, 0), y, x]),
+                     name="concat", tag="elemwise|concat")
+    return ins, out
+
+
+def _validate_concat(wl: Workload) -> None:
+    _validate_ew(wl)
+    if wl["c1"] < 1:
+        raise OpcError("must be >= 1", arg="c1", value=wl["c1"])
+
+
+register_op(OpDef(
+    name="concat", summary="concatenate two NCHW tensors along channels (c then c1)", family="elemwise",
+    defaults=CONCAT_DEFAULTS, dtypes=_EW_DTYPES, compute_fn=_concat_compute,
+    reference_fn=lambda wl, ins: np.concatenate(ins, axis=1), input_specs=_concat_inputs,
+    flops_fn=lambda wl: 0,
+    validate_fn=_validate_concat,
+))
+
+SOFTMAX_DEFAULTS = {"m": 16, "n": 1000}
+
+
+def _softmax_compute(wl: Workload):
+    (x,) = ins = _placeholders([("x", (wl["m"], wl["n"]), wl.dtype)])
+    xf = dsl.cast_to(x, "float32") if wl.dtype == "float16" else x  # fp16 softmax sums in fp32
+    mx = dsl.reduce_max(xf, axis=1, keepdims=True)
+    e = dsl.vexp(dsl.vsub(xf, mx))
+    s = dsl.sum(e, axis=1, keepdims=True)
+    out = dsl.vdiv(e, s)
+    return ins, (dsl.cast_to(out, "float16") if wl.dtype == "float16" else out)
+
+
+def _softmax_ref(wl: Workload, ins) -> np.ndarray:
+    x = ins[0].astype(np.float32)
+    e = np.exp(x - x.max(axis=1, keepdims=True))
+    return (e / e.sum(axis=1, keepdims=True)).astype(wl.dtype)
+
+
+register_op(OpDef(
+    name="softmax", summary="softmax over the last axis of an (m, n) tensor", family="softmax",
+    defaults=SOFTMAX_DEFAULTS, dtypes=_EW_DTYPES, compute_fn=_softmax_compute, reference_fn=_softmax_ref,
+    input_specs=lambda wl: [("x", (wl["m"], wl["n"]), wl.dtype)], flops_fn=lambda wl: 5 * wl["m"] * wl["n"],
+    validate_fn=_validate_red,
+))
