@@ -98,33 +98,76 @@ def _prepare_out(out: Path) -> None:
         for p in out.iterdir():
             if p.name in ("__pycache__", "program") and p.is_dir():
                 shutil.rmtree(p)
-            elif p.is_file() and (p.suffix in (".so", ".py", ".json", ".onnx", ".toml", ".cu", ".md")):
+            elif p.is_file() and (p.suffix in (".so", ".py", ".json", ".onnx", ".toml", ".cu", ".txt")):
                 p.unlink()
     out.mkdir(parents=True, exist_ok=True)
 
 
 def _lowered_script(wl: Workload, target: Target, kernel: Kernel) -> str:
-    """The scheduled TIR of the kernel as TVMScript, for reading (what the backend lowered)."""
+    """The scheduled TIR of a TVM-built kernel as TVMScript, for reading."""
     tmpl = get_template(get_op(wl.op).family, target.family)
     sch = tmpl.apply(wl, target, dict(kernel.config))
     mod = sch.mod if hasattr(sch, "mod") else sch
-    return mod.script()
+    return mod.script() if hasattr(mod, "script") else repr(mod)
+
+
+def _operand(b: Any) -> str:
+    if isinstance(b, str):
+        return b
+    name, level = getattr(b, "name", None), getattr(b, "level", None)
+    if name is None:
+        return type(b).__name__
+    return f"{name}@{level}{list(getattr(b, 'shape', ()))}" if level else str(name)
+
+
+def _ins_line(i: int, ins: Any) -> str:
+    parts = [f"{i:6d} {getattr(ins, 'kind', None) or type(ins).__name__}"]
+    for attr in ("pipe", "path", "nbytes", "cycles", "label"):
+        if v := getattr(ins, attr, None):
+            parts.append(f"{attr}={v}")
+    for attr in ("reads", "writes"):
+        if (bufs := getattr(ins, attr, None)) is not None:
+            parts.append(f"{attr}=[{', '.join(_operand(b) for b in bufs)}]")
+    if len(parts) == 1:
+        parts.append(repr(ins)[:200])
+    return " ".join(parts)
+
+
+def program_listing(kernel: Kernel, limit: int = 20000) -> str:
+    """One line per instruction of the simulator program the backend built, for reading."""
+    art = kernel.artifact
+    prog = art.get("program") if isinstance(art, dict) else getattr(art, "program", art)
+    if (instrs := getattr(prog, "instrs", None)) is not None:
+        streams = [("core 0", instrs)]
+    elif (cores := getattr(prog, "cores", None)) is not None:
+        mult = getattr(prog, "multiplicity", [1] * len(cores))
+        streams = [(f"core group {c} (x{m})", ops) for c, (ops, m) in enumerate(zip(cores, mult))]
+    else:
+        return repr(prog)[:limit] + "\n"
+    lines = [f"# {kernel.template} v{kernel.template_version} on {kernel.target.name}, config {kernel.config}"]
+    for title, ops in streams:
+        lines.append(f"# {title}: {len(ops)} instructions")
+        lines += [_ins_line(i, ins) for i, ins in enumerate(ops[:limit])]
+        if len(ops) > limit:
+            lines.append(f"# ... {len(ops) - limit} more")
+    return "\n".join(lines) + "\n"
 
 
 def _write_artifact(out: Path, wl: Workload, target: Target, kernel: Kernel) -> dict[str, Any]:
     art = kernel.artifact
-    script = _lowered_script(wl, target, kernel)
     if target.is_simulator:
         prog = out / "program"
         prog.mkdir(exist_ok=True)
         shutil.copyfile(target.path, prog / "target.toml")
-        (prog / "kernel.tir.py").write_text(script)
+        (prog / "program.txt").write_text(program_listing(kernel))
         return {"kind": "simulator-program", "target_file": "program/target.toml",
-                "tir_script": "program/kernel.tir.py",
+                "listing": "program/program.txt",
                 "how": ("the saved workload, config and target description are rebuilt through "
                         f"opcompiler's {target.family} simulator backend at load time (the same "
-                        "schedule, lowered to the same TIR as program/kernel.tir.py) and run "
-                        "functionally: values plus simulated cycles; needs opcompiler installed")}
+                        "template and config emit the same instruction program, listed in "
+                        "program/program.txt) and run functionally: values plus simulated cycles; "
+                        "needs opcompiler installed")}
+    script = _lowered_script(wl, target, kernel)
     if not hasattr(art, "export_library"):
         raise OpcError(f"the {target.family} backend's kernels cannot be exported as a library",
                        arg="--target", value=target.name)
