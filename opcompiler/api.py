@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import json
+
+import numpy as np
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -69,6 +71,28 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
         raise OpcFailure(f"backend {tgt.name} returned no outputs for {op}")
     ok, err = compare(res.outputs[0], ref)
     return report(wl, tgt, kernel, res, ok, err, config_source=_config_source(config))
+
+
+def run_unfused(wl: Workload, target: str | Target, inputs: list[np.ndarray], config: Any = None
+                ) -> tuple[np.ndarray, list[tuple[Workload, RunResult]]]:
+    """Run `wl`'s op-by-op sequence, each op its own kernel with its output in global memory.
+    Returns the final output and each step's (workload, result)."""
+    tgt = target if isinstance(target, Target) else load_target(target)
+    backend = get_backend(tgt)
+    values = {f"in{i}": x for i, x in enumerate(inputs)}
+    steps = []
+    out = None
+    for i, step in enumerate(get_op(wl.op).unfused(wl)):
+        swl = workload(step.op, dict(step.params), dtype=wl.dtype)
+        kernel = backend.build(swl, resolve_config(swl, tgt, config))
+        specs = get_op(step.op).inputs(swl)
+        # a step may view its producer's buffer in another shape (matmul (m, n) as NHWC): free in GM
+        args = [values[name].reshape(spec[1]) for name, spec in zip(step.inputs, specs)]
+        res = backend.run(kernel, args)
+        out = values[f"s{i}"] = res.outputs[0]
+        steps.append((swl, res))
+    shape, _ = get_op(wl.op).output_spec(wl)
+    return out.reshape(shape), steps
 
 
 def _config_source(config: Any) -> str:

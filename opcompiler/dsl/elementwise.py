@@ -47,7 +47,7 @@ def _binary(name: str, fn: Callable, allowed: Sequence[str] = ARITH) -> Callable
     def op(lhs: te.Tensor, rhs: te.Tensor) -> te.Tensor:
         _check(lhs, "lhs", allowed)
         _check(rhs, "rhs", allowed)
-        if lhs.dtype != rhs.dtype:
+        if str(lhs.dtype) != str(rhs.dtype):
             raise OpcError(f"{name}: operands differ in dtype ({lhs.dtype} vs {rhs.dtype})",
                            expected="cast_to one of them first")
         _, _, out = produce_shapes(shape_to_list(lhs.shape), shape_to_list(rhs.shape))
@@ -123,7 +123,7 @@ def _ternary(name: str, fn: Callable, relu: bool = False) -> Callable:
     def op(x: te.Tensor, y: te.Tensor, z: te.Tensor) -> te.Tensor:
         for n, t in (("x", x), ("y", y), ("z", z)):
             _check(t, n, ARITH)
-        if not x.dtype == y.dtype == z.dtype:
+        if not str(x.dtype) == str(y.dtype) == str(z.dtype):
             raise OpcError(f"{name}: operands differ in dtype ({x.dtype}, {y.dtype}, {z.dtype})",
                            expected="one dtype for all three")
         _, _, s = produce_shapes(shape_to_list(x.shape), shape_to_list(y.shape))
@@ -149,9 +149,9 @@ def cast_to(data: te.Tensor, dtype: str, f1628IntegerFlag: bool = False) -> te.T
     """Cast to `dtype`; float -> int truncates toward zero unless f1628IntegerFlag rounds."""
     _check(data, "data", DTYPES)
     check_dtype(dtype, DTYPES, arg="dtype")
-    if dtype == data.dtype:
+    if dtype == str(data.dtype):
         return data
-    to_int = dtype.startswith("int") and data.dtype.startswith("float")
+    to_int = dtype.startswith("int") and str(data.dtype).startswith("float")
     if to_int and f1628IntegerFlag:
         return te.compute(data.shape, lambda *i: tirx.round(data(*i)).astype(dtype), name="cast_to", tag="elemwise|cast")
     return te.compute(data.shape, lambda *i: data(*i).astype(dtype), name="cast_to", tag="elemwise|cast")

@@ -44,7 +44,7 @@ def matmul(tensor_a: te.Tensor, tensor_b: te.Tensor, trans_a: bool = False, tran
     """C[m, n] = sum_k A[m, k] * B[k, n] (+ bias[n]); A is (K, M) if trans_a, B is (N, K) if trans_b."""
     _check(tensor_a, "tensor_a", MM_DTYPES)
     _check(tensor_b, "tensor_b", MM_DTYPES)
-    if tensor_a.dtype != tensor_b.dtype:
+    if str(tensor_a.dtype) != str(tensor_b.dtype):
         raise OpcError(f"operands differ in dtype ({tensor_a.dtype} vs {tensor_b.dtype})", arg="tensor_b.dtype",
                        expected=tensor_a.dtype)
     for n, t in (("tensor_a", tensor_a), ("tensor_b", tensor_b)):
@@ -126,7 +126,7 @@ def conv2d(data: te.Tensor, weight: te.Tensor, stride: int | Sequence[int] = 1, 
     _layout(layout)
     _check(data, "data", MM_DTYPES)
     _check(weight, "weight", MM_DTYPES)
-    if data.dtype != weight.dtype:
+    if str(data.dtype) != str(weight.dtype):
         raise OpcError(f"data and weight differ in dtype ({data.dtype} vs {weight.dtype})", arg="weight.dtype",
                        expected=data.dtype)
     if len(data.shape) != 4 or len(weight.shape) != 4:

@@ -1,0 +1,43 @@
+"""Target files: loading, aliases, sources, and errors that name the file, the key and the problem."""
+from __future__ import annotations
+
+import pytest
+
+from opcompiler import OpcError
+from opcompiler.target import builtin_targets, load_target, parse_target
+
+
+def test_builtin_targets_load_and_have_sources():
+    ts = builtin_targets()
+    assert "cpu" in ts
+    assert load_target("llvm").name == "cpu"
+    for t in ts.values():
+        assert t.digest and len(t.digest) == 16
+        if t.is_simulator:
+            # every figure of a simulated machine says where it came from
+            assert t.sources, t.name
+
+
+def test_user_target_file(tmp_path):
+    p = tmp_path / "my.toml"
+    p.write_text('[target]\nname = "mine"\nfamily = "cpu"\ncores = { value = 4, source = "assumed" }\n'
+                 '[[memory]]\nname = "DRAM"\nbandwidth_gbps = 10\n')
+    t = load_target(str(p))
+    assert t.name == "mine" and t.cores == 4 and t.sources["target.cores"] == "assumed"
+    assert t.memory("DRAM").bandwidth_gbps == 10.0
+
+
+@pytest.mark.parametrize("text,words", [
+    ('[target]\nname = "x"\nfamily = "quantum"\n', "target.family"),
+    ('[target]\nname = "x"\nfamily = "cpu"\ncores = "many"\n', "target.cores"),
+    ('[target]\nname = "x"\nfamily = "cpu"\n[[memory]]\nname = "L1"\ncapacity_bytes = -5\n', "memory.L1.capacity_bytes"),
+    ('[target]\nname = "x"\nfamily = "cpu"\n[[memory]]\nname = "L1"\nsize = 5\n', "memory.L1.size"),
+    ('[target\nname = "x"\n', "not valid TOML"),
+    ('[other]\n', "[target]"),
+])
+def test_malformed_target_names_file_key_problem(tmp_path, text, words):
+    p = tmp_path / "bad.toml"
+    p.write_text(text)
+    with pytest.raises(OpcError) as e:
+        parse_target(p)
+    assert str(p) in str(e.value) and words in str(e.value)
