@@ -9,11 +9,15 @@ A dependency between two pipes is what set_flag / wait_flag express on the chip;
 removes the WAR waits and lets MTE2, MTE1, M, V and MTE3 overlap.
 
 Off-chip bandwidth is shared by the active cores. One core's program is simulated (core 0,
-which holds the largest share) and every GM transfer runs at
-    min(path rate, share of the L2 and HBM bandwidth among the active cores)
-where a read is served from L2 with the kernel's L2 hit ratio: bytes re-read by the cores
-(all cores' reads minus the unique bytes of the tensors, as far as L2 holds them) hit L2,
-the rest come from HBM. Writes go to HBM.
+which holds the largest share; the others run the same loop on other tiles) and every GM
+transfer runs at
+    min(path rate, its share of the L2 and HBM bandwidth)
+where a read is served from L2 with the kernel's L2 hit ratio (bytes re-read by the cores,
+i.e. all cores' reads minus the unique bytes of the input tensors, hit L2 as far as L2 holds
+those tensors; the rest come from HBM) and writes go to HBM. The share divides HBM among the
+streams reaching it and L2 among the readers; how many cores transfer at once is the active
+core count times the busy fraction of the simulated core's MTE2 / MTE3 pipe, found by a
+damped fixed-point iteration over a few replays (`CONTENTION_ROUNDS`).
 """
 from __future__ import annotations
 
@@ -44,29 +48,37 @@ class Timing:
     vec_elements: int
 
 
-def _gm_rates(prog: Program) -> tuple[float, float, float]:
-    """(read bytes/cycle, write bytes/cycle, fraction of reads from HBM) for one core's GM traffic."""
+def _hbm_fraction(prog: Program) -> tuple[float, int, int]:
+    """(fraction of GM reads served by HBM, core 0's GM read bytes, core 0's GM write bytes)."""
     m = prog.machine
     n = max(prog.active_cores, 1)
     per_core_read = sum(i.nbytes for i in prog.instrs if isinstance(i, DataMove) and i.path[0] == "GM")
+    per_core_write = sum(i.nbytes for i in prog.instrs if isinstance(i, DataMove) and i.path[1] == "GM")
     unique = sum(b.nbytes for name, b in prog.gm.items() if name in prog.info.get("gm_inputs", ()))
     total_reads = per_core_read * n
     if total_reads <= 0:
-        hbm_frac = 1.0
-    else:
-        reuse = max(0.0, 1.0 - unique / total_reads)
-        held = min(1.0, m.l2_bytes / unique) if unique else 1.0
-        hbm_frac = 1.0 - reuse * held
-    hbm_bpc = m.offchip_gbps * GB / (m.clock_ghz * GB) / n
-    l2_bpc = m.l2_gbps * GB / (m.clock_ghz * GB) / n
-    read_bpc = 1.0 / (hbm_frac / hbm_bpc + (1.0 - hbm_frac) / l2_bpc)
-    return read_bpc, hbm_bpc, hbm_frac
+        return 1.0, per_core_read, per_core_write
+    reuse = max(0.0, 1.0 - unique / total_reads)
+    held = min(1.0, m.l2_bytes / unique) if unique else 1.0
+    return 1.0 - reuse * held, per_core_read, per_core_write
 
 
-def cost(prog: Program) -> tuple[np.ndarray, float]:
+def _gm_rates(prog: Program, hbm_frac: float, readers: float, writers: float) -> tuple[float, float]:
+    """(read, write) bytes per cycle of one core's GM transfers when `readers` and `writers`
+    cores transfer at the same time: HBM is split among the streams that reach it, L2 among
+    the readers."""
+    m = prog.machine
+    hbm = m.offchip_gbps / m.clock_ghz  # bytes per cycle for the whole chip
+    l2 = m.l2_gbps / m.clock_ghz
+    streams = max(readers * hbm_frac + writers, 1.0)
+    hbm_share, l2_share = hbm / streams, l2 / max(readers, 1.0)
+    read = 1.0 / (hbm_frac / hbm_share + (1.0 - hbm_frac) / l2_share)
+    return read, hbm_share
+
+
+def cost(prog: Program, read_bpc: float, write_bpc: float) -> np.ndarray:
     """Cycles of every instruction (same in both modes: it depends on shapes, never on values)."""
     m = prog.machine
-    read_bpc, write_bpc, hbm_frac = _gm_rates(prog)
     out = np.zeros(len(prog.instrs), np.int64)
     for j, ins in enumerate(prog.instrs):
         if isinstance(ins, DataMove):
@@ -91,13 +103,33 @@ def cost(prog: Program) -> tuple[np.ndarray, float]:
             c = 0
         out[j] = int(np.ceil(c))
         ins.cycles = int(out[j])
-    return out, hbm_frac
+    return out
+
+
+CONTENTION_ROUNDS = 4
 
 
 def schedule(prog: Program) -> Timing:
-    """Replay `prog` on the pipes; returns cycles and counters (no arithmetic)."""
+    """Replay `prog` on the pipes (no arithmetic). Bandwidth contention is found by a short
+    fixed-point iteration: the cores transferring at once = active cores x the fraction of
+    time the simulated core's MTE2 (reads) / MTE3 (writes) pipe is busy."""
+    hbm_frac, _, _ = _hbm_fraction(prog)
+    n = float(max(prog.active_cores, 1))
+    readers = writers = n
+    t = None
+    for _ in range(CONTENTION_ROUNDS):
+        read_bpc, write_bpc = _gm_rates(prog, hbm_frac, readers, writers)
+        t = _replay(prog, cost(prog, read_bpc, write_bpc), hbm_frac)
+        duty_r = t.busy["MTE2"] / t.cycles if t.cycles else 1.0
+        duty_w = t.busy["MTE3"] / t.cycles if t.cycles else 1.0
+        # damped update keeps the iteration from oscillating
+        readers = max(1.0, 0.5 * readers + 0.5 * n * duty_r)
+        writers = max(1.0, 0.5 * writers + 0.5 * n * duty_w)
+    return t
+
+
+def _replay(prog: Program, cycles: np.ndarray, hbm_frac: float) -> Timing:
     m = prog.machine
-    cycles, hbm_frac = cost(prog)
     issue_c, sync_c = m.issue_cycles, m.sync_cycles
     pipe_free = dict.fromkeys(PIPES, 0)
     busy = dict.fromkeys(PIPES, 0)
