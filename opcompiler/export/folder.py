@@ -8,6 +8,7 @@ kernel on random inputs and the result is compared with the op's numpy reference
 """
 from __future__ import annotations
 
+import hashlib
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
@@ -171,9 +172,14 @@ def _write_artifact(out: Path, wl: Workload, target: Target, kernel: Kernel) -> 
     if not hasattr(art, "export_library"):
         raise OpcError(f"the {target.family} backend's kernels cannot be exported as a library",
                        arg="--target", value=target.name)
-    art.export_library(str(out / "kernel.so"))
+    tmp = out / "kernel.tmp.so"
+    art.export_library(str(tmp))
+    # Named by content: a process that loaded an earlier export of this folder has that file
+    # dlopen-ed, and dlopen returns the cached old library for a reused path.
+    lib = f"kernel_{hashlib.sha256(tmp.read_bytes()).hexdigest()[:12]}.so"
+    tmp.replace(out / lib)
     (out / "kernel.tir.py").write_text(script)
-    info: dict[str, Any] = {"kind": "tvm-library", "file": "kernel.so", "entry": "main",
+    info: dict[str, Any] = {"kind": "tvm-library", "file": lib, "entry": "main",
                             "tir_script": "kernel.tir.py",
                             "how": "TVM export_library; tvm.runtime.load_module(file)[entry](*inputs, out)"}
     if target.family == "cuda":
