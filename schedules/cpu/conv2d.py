@@ -96,7 +96,8 @@ class CpuConv2d(Template):
         sch.unroll(xi)
         sch.unroll(yi)
         sch.decompose_reduction(conv, order[0])
-        sch.vectorize(sch.get_loops(out)[-1])
+        if vt > 1:  # with one lane the epilogue's innermost loop is a shared outer loop: nothing to vectorize
+            sch.vectorize(sch.get_loops(out)[-1])
         return sch
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:

@@ -86,5 +86,6 @@ class CpuReduceLike(Template):
         sch.reverse_compute_at(out, sch.get_loops(red)[len(outer) - (min(2, len(outer)) - 1) - 1])
         sch.vectorize(vi)
         sch.decompose_reduction(red, rd[0])
-        sch.vectorize(sch.get_loops(out)[-1])
+        if config["tile_vec"] > 1:  # one lane: the output's innermost loop is shared, nothing to vectorize
+            sch.vectorize(sch.get_loops(out)[-1])
         return sch
