@@ -9,7 +9,19 @@ Modules: `space` (knobs, features), `measure` (workers, timeouts), `cost_model` 
 """
 from __future__ import annotations
 
+from typing import Any
+
 from .records import Record, RecordLog, best_record, default_log_path
-from .tuner import TuneOptions, TuneResult, Tuner, tune
+
+_LAZY = {"tune", "Tuner", "TuneOptions", "TuneResult"}
+
+
+def __getattr__(name: str) -> Any:
+    # the loop pulls in TVM; reading records (api.py's `--config best`) should not
+    if name in _LAZY:
+        from . import tuner
+        return getattr(tuner, name)
+    raise AttributeError(name)
+
 
 __all__ = ["tune", "Tuner", "TuneOptions", "TuneResult", "Record", "RecordLog", "best_record", "default_log_path"]

@@ -6,8 +6,8 @@ devices) and, when asked, runs it functionally and compares it with the op's num
 (`verify.compare`). A worker that crashes or hangs is killed and replaced; its candidate is
 recorded as `crash` / `timeout` and tuning goes on.
 
-Workers are started with `spawn` (TVM's thread pool does not survive `fork`) and keep their
-backend between tasks. `workers=0` measures in this process (no isolation; for debugging).
+Workers come from a forkserver (TVM's thread pool does not survive a plain `fork` of a process
+that ran kernels) and keep their backend between tasks. `workers=0` measures in this process (no isolation; for debugging).
 """
 from __future__ import annotations
 
@@ -158,6 +158,15 @@ def _worker_main(conn: Connection, spec: BackendSpec) -> None:
         conn.send(res)
 
 
+def _context() -> Any:
+    """A forkserver that has imported TVM once: fresh workers (after a crash or a hang) start in
+    milliseconds instead of re-importing. The server itself never runs a kernel, so no TVM
+    thread pool is forked."""
+    ctx = mp.get_context("forkserver")
+    ctx.set_forkserver_preload(["tvm", "opcompiler.ops.catalogue", "opcompiler.backend", "opcompiler.tune.measure"])
+    return ctx
+
+
 class _Worker:
     def __init__(self, ctx: Any, spec: BackendSpec):
         self.conn, child = ctx.Pipe()
@@ -184,7 +193,7 @@ class Measurer:
         if workers < 0:
             raise OpcError("must be >= 0", arg="--workers", value=workers, expected="0 (in process), 1, 2, ...")
         self.spec, self.n, self.timeout, self.startup_timeout = spec, workers, timeout, startup_timeout
-        self._ctx = mp.get_context("spawn")
+        self._ctx = _context()
         self._workers: list[_Worker] = []
         self._fresh: set[int] = set()
         self._local: Backend | None = None

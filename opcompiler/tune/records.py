@@ -17,7 +17,7 @@ import json
 import os
 import time
 import warnings
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
@@ -190,8 +190,11 @@ def fold(records: Iterable[Record]) -> dict[str, ConfigState]:
         prev = meas.get(cid)
         if prev is None or (not prev.valid and r.valid):
             meas[cid] = r
-    return {cid: ConfigState(record=rec, verified=cid in verified and cid not in wrong, wrong=cid in wrong)
-            for cid, rec in meas.items()}
+    out = {}
+    for cid, rec in meas.items():
+        ok = cid in verified and cid not in wrong
+        out[cid] = ConfigState(record=replace(rec, verified=ok), verified=ok, wrong=cid in wrong)
+    return out
 
 
 def default_log_path(target: Target, op: str) -> Path:

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import math
 import os
+import re
 import time
 from collections import Counter
 from dataclasses import dataclass, field
@@ -238,8 +239,9 @@ def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
 
 
 def _reason(r: MeasureResult) -> str:
-    head = r.error.split(";")[0].split(":")[0] if r.error else ""
-    return f"{r.status}: {head}".strip().rstrip(":")[:80]
+    # numbers differ from candidate to candidate; the reason should not
+    head = re.sub(r"\d+", "N", r.error.split(";")[0]) if r.error else ""
+    return f"{r.status}: {head}".strip().rstrip(":")[:100]
 
 
 def _fmt_cost(c: float, target: Target) -> str:

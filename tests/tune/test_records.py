@@ -74,19 +74,19 @@ def test_best_record_matches_full_key(tmp_path: Path) -> None:
 
 _WRITER = textwrap.dedent("""
     import sys
-    sys.path.insert(0, {root!r})
-    from tests.tune.test_records import _rec
-    from opcompiler.tune.records import RecordLog
+    from opcompiler.tune.records import Record, RecordLog
+    key = {key!r}
     log = RecordLog(sys.argv[1])
     tag = int(sys.argv[2])
     for i in range(int(sys.argv[3])):
-        log.append(_rec(tag * 100000 + i, cycles=i + 1, error="x" * 3000))
+        log.append(Record(key=key, config={{"tile_m": tag * 100000 + i}}, status="ok", cycles=i + 1, error="x" * 3000))
 """)
 
 
 def _writer(tmp_path: Path, log: Path, tag: int, n: int) -> subprocess.Popen:
     script = tmp_path / "writer.py"
-    script.write_text(_WRITER.format(root=str(Path(__file__).resolve().parents[2])))
+    key = record_key(fakes.small_matmul(), fakes.fake_target(), "fake.matmul", 1)
+    script.write_text(_WRITER.format(key=key))
     return subprocess.Popen([sys.executable, str(script), str(log), str(tag), str(n)])
 
 
