@@ -1,0 +1,52 @@
+"""End-to-end smoke: `opcompiler tune` on the real cpu backend, then `best`, `logs`, `run --config best`."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opcompiler.cli import main
+
+
+def _json(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, dict]:
+    rc = main(argv)
+    out = capsys.readouterr().out
+    return rc, (json.loads(out) if out.strip().startswith(("{", "[")) else {})
+
+
+def test_tune_best_logs_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)  # default log path is relative: tuning_logs/cpu/matmul.jsonl
+    shape = "m=16,k=64,n=32"
+    rc, s = _json(capsys, ["tune", "matmul", "--target", "cpu", "--shape", shape, "--trials", "6",
+                           "--batch-size", "3", "--workers", "0", "--json"])
+    assert rc == 0
+    assert s["trials"] == 6 and s["invalid"] == 0 and s["verified"] is True
+    assert s["log"] == "tuning_logs/cpu/matmul.jsonl" and Path(s["log"]).exists()
+    assert s["best_seconds"] <= s["default_seconds"] and s["speedup_over_default"] >= 1.0
+    assert s["tflops"] == pytest.approx(2 * 16 * 64 * 32 / s["best_seconds"] / 1e12)
+    assert "opcompiler export matmul --target cpu" in s["export_command"]
+
+    rc, b = _json(capsys, ["best", "matmul", "--target", "cpu", "--shape", shape, "--json"])
+    assert rc == 0 and b["config"] == s["best_config"]
+
+    rc, rows = _json(capsys, ["logs", "--json"])
+    assert rc == 0 and len(rows) == 1 and rows[0]["trials"] == 6 and rows[0]["verified"] == 1
+
+    from opcompiler.api import run_op
+    rep = run_op("matmul", "cpu", shape=shape, config="best")
+    assert rep["correct"] and rep["config"] == s["best_config"]
+
+
+@pytest.mark.parametrize("argv, needle", [
+    (["tune", "matmul", "--target", "cpu", "--trials", "0"], "--trials=0"),
+    (["tune", "matmul", "--target", "cpu", "--tuner", "genetic"], "--tuner='genetic'"),
+    (["tune", "conv2d", "--target", "nosuch"], "--target='nosuch'"),
+    (["best", "matmul", "--target", "cpu", "--shape", "m=3,k=5,n=7"], "no verified record"),
+])
+def test_bad_input_exits_2_with_one_line(argv: list[str], needle: str, capsys: pytest.CaptureFixture,
+                                         tmp_path: Path, monkeypatch) -> None:
+    monkeypatch.chdir(tmp_path)
+    assert main(argv) == 2
+    err = capsys.readouterr().err
+    assert needle in err and err.count("\n") == 1
