@@ -27,8 +27,94 @@ def require_fp32(wl: Workload, target: Target) -> None:
                        value=wl.dtype, expected="float32")
 
 
+class DirectTemplate(Template):
+    """Shared by the direct-convolution and fully-connected templates: knobs, checks, lowering."""
+
+    def spec(self, wl: Workload, target: Target) -> ConvSpec:
+        raise NotImplementedError
+
+    def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
+        """(lowering names, DDR tensors, pre relayouts, post relayouts, output shape)."""
+        raise NotImplementedError
+
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+        """Lower the schedule to the cluster program (timing-only ops unless `functional`)."""
+        m = machine(target)
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        why = self.check(wl, target, config)
+        if why is not None and "host_copies" in why:
+            raise OpcError(why, arg="--config", value=dict(config))
+        op = get_op(wl.op)
+        in_specs = op.inputs(wl)
+        names, ddr, pre, post, out_shape = self.tensors(wl, sp)
+        wname = names["weight"]
+        items = _items(sp, cf, m.cores)
+        gsm = Allocator("GSM", m.cap("GSM"), 64)
+        kbp = cf.kv * m.lanes
+        gsm_w = gsm.alloc("weights W_g", sp.taps * sp.c * kbp) if cf.w_path == "gsm" else 0
+        gsm_out = [gsm.alloc(f"output O_g core {c}", (1 + cf.dbuf) * cf.rows * sp.wo * kbp)
+                   if cf.out_path == "gsm" else 0 for c in range(m.cores)]
+        low = _Lowering(m, sp, cf, names, functional)
+        leader = lambda c: c == 0 and cf.w_path == "gsm"  # noqa: E731
+        replicate, prepare = [], []
+        if cf.w_path == "host_copies":
+            wb = nbytes(ddr[wname])
+            for c in range(m.cores):
+                ddr[f"{wname}@core{c}"] = ddr[wname]
+            replicate = [(f"W x {m.cores} cores", wb * m.cores)]
+            prepare = [lambda d, n=m.cores: [d[f"{wname}@core{c}"].__setitem__(Ellipsis, d[wname]) for c in range(n)]]
+        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
+
+        def key(c: int):
+            kinds = []
+            for _, oh0, nr in items[c]:
+                ih0 = oh0 * sp.stride - sp.pad
+                kinds.append((nr, max(0, -ih0), max(0, ih0 + in_rows(sp, nr) - sp.h)))
+            return (tuple(kinds), leader(c))
+
+        def core_ops(c: int):
+            if not items[c] and cf.w_path != "gsm":
+                return []
+            return low.core_ops(c, items[c], gsm_w, gsm_out[c], leader(c))
+
+        prog = assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=key, pre=pre, post=post,
+                        host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs],
+                        output="out", out_shape=out_shape, prepare=prepare, flops=op.flops(wl),
+                        cores_used=sum(1 for it in items if it))
+        nk = -(-sp.k // kbp)
+        prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)
+                     if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4)}
+        return prog
+
+    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        m = machine(target)
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        fp = footprint(m, sp, cf)
+        kbp = cf.kv * m.lanes
+        nk = -(-sp.k // kbp)
+        stages = sp.n * -(-sp.ho // cf.rows) * nk
+        cost, calls = pass_cost(m, sp, cf, cf.rows * sp.wo)
+        ddr_in = stages * in_rows(sp, cf.rows) * sp.w * sp.c * 4
+        ddr_w = sp.taps * sp.c * sp.k * 4 * (1 if cf.w_path == "gsm" else m.cores)
+        ddr_out = sp.n * sp.ho * sp.wo * sp.k * 4
+        busy_cores = min(m.cores, sp.n if cf.split == "batch" else sp.n * -(-sp.ho // cf.rows))
+        return {
+            "ddr_bytes": float(ddr_in + ddr_w + ddr_out), "sm_bytes_in": float(ddr_in), "am_bytes": float(fp["AM"]),
+            "arith_intensity": sp.flops / max(ddr_in + ddr_w + ddr_out, 1), "am_occupancy": fp["AM"] / m.cap("AM"),
+            "sm_occupancy": fp["SM"] / m.cap("SM"), "gsm_occupancy": fp["GSM"] / m.cap("GSM"),
+            "reg_occupancy": fp["REG"] / m.registers,
+            "fmac_slot_use": cost.fmas / max(cost.cycles * m.fmac_units, 1),
+            "lane_use": sp.k / (nk * kbp), "stages": float(stages), "mk_calls_per_stage": float(calls),
+            "stage_vpu_cycles": float(cost.cycles), "work_per_core": stages / busy_cores,
+            "cores_busy": float(busy_cores),
+        }
+
+
+
 @register_template
-class DspDirectConv2d(Template):
+class DspDirectConv2d(DirectTemplate):
     """Direct NHWC convolution: batch (or row blocks) across cores, K on the vector lanes,
     pw x kv register blocks over the R x S x C loop, DDR -> SM input rows, AM weights."""
 
@@ -99,19 +185,12 @@ class DspDirectConv2d(Template):
             return "w_path=host_copies replicates HWIO weights on the host; use gsm or ddr for NCHW"
         return check(machine(target), sp, cf)
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
-        m = machine(target)
-        sp = self.spec(wl, target)
-        cf = DirectConfig.of(config)
-        why = self.check(wl, target, config)
-        if why is not None and "host_copies" in why:
-            raise OpcError(why, arg="--config", value=dict(config))
-        op = get_op(wl.op)
-        in_specs = op.inputs(wl)
+    def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
+        """(lowering names, DDR tensors, pre relayouts, post relayouts, output shape)."""
         nchw = sp.layout == "NCHW"
         names = {"data": "data_nhwc" if nchw else "data", "weight": "weight_hwio" if nchw else "weight",
                  "out": "out_nhwc" if nchw else "out", "bias": "bias", "bn": "scale,shift"}
-        ddr = {n: s for n, s, _ in in_specs}
+        ddr = {n: s for n, s, _ in get_op(wl.op).inputs(wl)}
         out_shape = conv_out_shape(wl)
         ddr["out"] = out_shape
         pre: list[Relayout] = []
@@ -125,61 +204,4 @@ class DspDirectConv2d(Template):
                                 leader_only=True))
             ddr["out_nhwc"] = (sp.n, sp.ho, sp.wo, sp.k)
             post.append(Relayout("out_nhwc", "out", out_shape, (sp.ho * sp.wo * sp.k, 1, sp.wo * sp.k, sp.k)))
-        items = _items(sp, cf, m.cores)
-        gsm = Allocator("GSM", m.cap("GSM"), 64)
-        kbp = cf.kv * m.lanes
-        gsm_w = gsm.alloc("weights W_g", sp.taps * sp.c * kbp) if cf.w_path == "gsm" else 0
-        gsm_out = [gsm.alloc(f"output O_g core {c}", (1 + cf.dbuf) * cf.rows * sp.wo * kbp)
-                   if cf.out_path == "gsm" else 0 for c in range(m.cores)]
-        low = _Lowering(m, sp, cf, names, functional)
-        leader = lambda c: c == 0 and cf.w_path == "gsm"  # noqa: E731
-        replicate, prepare = [], []
-        if cf.w_path == "host_copies":
-            wb = nbytes(ddr["weight"])
-            for c in range(m.cores):
-                ddr[f"weight@core{c}"] = ddr["weight"]
-            replicate = [(f"W x {m.cores} cores", wb * m.cores)]
-            prepare = [lambda d, n=m.cores: [d[f"weight@core{c}"].__setitem__(Ellipsis, d["weight"]) for c in range(n)]]
-        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
-
-        def key(c: int):
-            kinds = []
-            for n_, oh0, nr in items[c]:
-                ih0 = oh0 * sp.stride - sp.pad
-                kinds.append((nr, max(0, -ih0), max(0, ih0 + in_rows(sp, nr) - sp.h)))
-            return (tuple(kinds), leader(c))
-
-        prog = assemble(m, functional=functional, cores=m.cores,
-                        core_ops=lambda c: low.core_ops(c, items[c], gsm_w, gsm_out[c], leader(c)) if items[c]
-                        else ([] if cf.w_path != "gsm" else low.core_ops(c, [], gsm_w, gsm_out[c], leader(c))),
-                        group_key=key, pre=pre, post=post,
-                        host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs],
-                        output="out", out_shape=out_shape, prepare=prepare, flops=op.flops(wl),
-                        cores_used=sum(1 for it in items if it))
-        prog.info = {"layout_change": "NCHW<->NHWC by DMA on the cores (counted)" if nchw else "none (NHWC)",
-                     "lanes_used": min(sp.k, kbp) / kbp if sp.k < kbp else (sp.k / (-(-sp.k // kbp) * kbp))}
-        return prog
-
-    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
-        m = machine(target)
-        sp = self.spec(wl, target)
-        cf = DirectConfig.of(config)
-        fp = footprint(m, sp, cf)
-        kbp = cf.kv * m.lanes
-        nk = -(-sp.k // kbp)
-        stages = sp.n * -(-sp.ho // cf.rows) * nk
-        cost, calls = pass_cost(m, sp, cf, cf.rows * sp.wo)
-        ddr_in = stages * in_rows(sp, cf.rows) * sp.w * sp.c * 4
-        ddr_w = sp.taps * sp.c * sp.k * 4 * (1 if cf.w_path == "gsm" else m.cores)
-        ddr_out = sp.n * sp.ho * sp.wo * sp.k * 4
-        busy_cores = min(m.cores, sp.n if cf.split == "batch" else sp.n * -(-sp.ho // cf.rows))
-        return {
-            "ddr_bytes": float(ddr_in + ddr_w + ddr_out), "sm_bytes_in": float(ddr_in), "am_bytes": float(fp["AM"]),
-            "arith_intensity": sp.flops / max(ddr_in + ddr_w + ddr_out, 1), "am_occupancy": fp["AM"] / m.cap("AM"),
-            "sm_occupancy": fp["SM"] / m.cap("SM"), "gsm_occupancy": fp["GSM"] / m.cap("GSM"),
-            "reg_occupancy": fp["REG"] / m.registers,
-            "fmac_slot_use": cost.fmas / max(cost.cycles * m.fmac_units, 1),
-            "lane_use": sp.k / (nk * kbp), "stages": float(stages), "mk_calls_per_stage": float(calls),
-            "stage_vpu_cycles": float(cost.cycles), "work_per_core": stages / busy_cores,
-            "cores_busy": float(busy_cores),
-        }
+        return names, ddr, pre, post, out_shape

@@ -92,7 +92,7 @@ def footprint(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]:
     if cf.order == "out":
         regs = cf.pw * cf.kv + npar * cf.kv + cf.kv + cf.pw
     else:
-        regs = sp.taps * cf.kv + cf.kv + sp.taps
+        regs = sp.taps * cf.kv + (sp.s - 1) * sp.r + cf.kv + sp.r
     return {"AM": am, "SM": sm, "GSM": gsm, "REG": regs}
 
 
@@ -133,9 +133,10 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int) -> tuple
         if tail:
             parts.append((mk_out(m, tail, cf.kv, steps, sp.epi), 1))
         return _sum(parts), full + (1 if tail else 0)
-    parts = [(mk_ws(m, npix, cf.kv, sp.taps, False), 1)]
+    wo = min(sp.wo, npix)
+    parts = [(mk_ws(m, npix, cf.kv, sp.r, sp.s, wo, False), 1)]
     if sp.c > 1:
-        parts.append((mk_ws(m, npix, cf.kv, sp.taps, True), sp.c - 1))
+        parts.append((mk_ws(m, npix, cf.kv, sp.r, sp.s, wo, True), sp.c - 1))
     calls = sp.c
     if sp.epi:
         fm = sum(e in ("bias", "bn") for e in sp.epi)
@@ -181,6 +182,8 @@ class _Lowering:
                     ops.append(dma_op(m, wsrc, gview, (), ("gsm_w",), self.fn, "W DDR->GSM"))
                 ops.append(Op("barrier", "sync", label="W in GSM"))
                 ops.append(dma_op(m, gview, wdst, (), ("w",), self.fn, "W GSM->AM"))
+                if nk > 1:  # the leader overwrites W_g with the next block only after every core read it
+                    ops.append(Op("barrier", "sync", label="W_g read"))
             else:
                 ops.append(dma_op(m, wsrc, wdst, (), ("w",), self.fn, "W DDR->AM"))
             for e, off in par_am.items():

@@ -83,15 +83,19 @@ def _run(m: DspMachine, prologue: list[Instr], body: Callable[[int], list[Instr]
         last.append(t_last)
         i += 1
         logical += 1
-        # periodic steady state: the same per-iteration advance 6 times in a row -> skip ahead
-        if extra_cycles == 0 and logical > depth + 8 and n_iter - i > 2:
-            d = [last[-k] - last[-k - 1] for k in range(1, 7)]
-            if len(set(d)) == 1 and d[0] > 0:
-                skip = n_iter - i - 1
-                extra_cycles = skip * d[0]
-                for ins in instrs:
-                    skipped_counts[ins[0]] += skip
-                i += skip
+        # periodic steady state: with `depth` iterations in flight the pattern repeats every
+        # P = depth iterations; once the advance over P iterations is the same for 3P iterations
+        # in a row, whole periods are skipped and accounted for exactly
+        p = depth
+        if extra_cycles == 0 and logical > 4 * p + 4 and n_iter - i > p:
+            adv = {last[-k] - last[-k - p] for k in range(1, 3 * p + 1)}
+            if len(adv) == 1:
+                periods = (n_iter - i) // p - 1
+                if periods > 0:
+                    extra_cycles = periods * adv.pop()
+                    for ins in instrs:
+                        skipped_counts[ins[0]] += periods * p
+                    i += periods * p
     for ins in epilogue(logical):
         s.issue(ins, last[-1] if last else 0)
     c = {u: s.count[u] + skipped_counts[u] for u in s.caps}
@@ -155,22 +159,29 @@ def mk_out(m: DspMachine, pw: int, kv: int, steps: int, epi: tuple[str, ...] = (
 
 
 @lru_cache(maxsize=4096)
-def mk_ws(m: DspMachine, npix: int, kv: int, taps: int, rmw: bool) -> MkCost:
+def mk_ws(m: DspMachine, npix: int, kv: int, r: int, s: int, wo: int, rmw: bool) -> MkCost:
     """Weight-stationary pass of seed 004 Algorithm 3: the R*S x kv weight vectors of one input
-    channel sit in registers; for each of `npix` output pixels the partial sums are loaded from
-    AM (unless this is the first channel), R*S input scalars are broadcast and multiplied in,
-    and the partial sums are stored back to AM."""
-    depth = _check_regs(m, taps * kv, kv + taps, f"weight-stationary block {taps}x{kv}")
+    channel sit in registers; for each of `npix` output pixels (rows of `wo`) the partial sums
+    are loaded from AM (unless this is the first channel), the R x S input scalars are
+    broadcast and multiplied in, and the partial sums are stored back to AM. Moving along a
+    row reuses the broadcast columns of the previous pixel (register rotation): each pixel
+    loads one new column of R scalars, a row start loads S."""
+    taps = r * s
+    depth = _check_regs(m, taps * kv + (s - 1) * r, kv + r, f"weight-stationary block {taps}x{kv}")
     pro: list[Instr] = [("ldst", ("w", t, v), (), m.vld_latency) for t in range(taps) for v in range(kv)]
 
     def body(i: int) -> list[Instr]:
+        row, col = divmod(i, wo)
         ins: list[Instr] = [("ldst", ("acc", i, v), (), m.vld_latency) for v in range(kv)] if rmw else []
-        ins += [("sld", ("x", i, t), (), m.sld_latency) for t in range(taps)]
-        for t in range(taps):
-            for v in range(kv):
-                acc = ("acc", i, v)
-                src = (("w", t, v), ("x", i, t)) + ((acc,) if (rmw or t) else ())
-                ins.append(("fmac", acc, src, m.fmac_latency))
+        cols = range(col, col + s) if col == 0 else (col + s - 1,)
+        ins += [("sld", ("x", row, cc, rr), (), m.sld_latency) for cc in cols for rr in range(r)]
+        for rr in range(r):
+            for ss in range(s):
+                t = rr * s + ss
+                for v in range(kv):
+                    acc = ("acc", i, v)
+                    src = (("w", t, v), ("x", row, col + ss, rr)) + ((acc,) if (rmw or t) else ())
+                    ins.append(("fmac", acc, src, m.fmac_latency))
         ins += [("ldst", None, (("acc", i, v),), m.vld_latency) for v in range(kv)]
         return ins
 

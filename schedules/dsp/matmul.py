@@ -1,0 +1,107 @@
+"""dsp-sim template for the matmul family (matmul, matmul_bias_relu): the fully connected layer
+of seed 004 Algorithm 2 -- rows of the input (the batch) split across the cores, the output
+features vectorized on the lanes, the reduction accumulated in registers; lowered as a 1x1
+direct convolution over rows (h = M, w = 1), so it shares the conv lowering and simulator."""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from opcompiler.backend.dsp.machine import machine
+from opcompiler.errors import OpcError
+from opcompiler.ops import get_op
+from opcompiler.target import Target
+from opcompiler.template import Knob, register_template
+from opcompiler.workload import Workload
+
+from .assemble import Relayout
+from .conv2d import DirectTemplate, require_fp32
+from .direct import ConvSpec, DirectConfig, check
+
+EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu")}
+
+
+@register_template
+class DspFullyConnected(DirectTemplate):
+    """C[M, N] = A[M, K] @ B[K, N] (+ bias, ReLU): M across cores, N on the lanes, K in registers."""
+
+    name = "dsp.fully_connected"
+    op_families = ("matmul",)
+    target_family = "dsp"
+    version = 1
+
+    def spec(self, wl: Workload, target: Target) -> ConvSpec:
+        require_fp32(wl, target)
+        if wl.op not in EPI:
+            raise OpcError(f"no dsp fully-connected lowering for {wl.op}", arg="op", value=wl.op, expected=", ".join(EPI))
+        m_, k_, n_ = wl["m"], wl["k"], wl["n"]
+        return ConvSpec(n=1, h=m_, w=1, c=k_, k=n_, r=1, s=1, stride=1, pad=0, dil=1, ho=m_, wo=1, epi=EPI[wl.op],
+                        kind="matmul")
+
+    def space(self, wl: Workload, target: Target) -> list[Knob]:
+        sp = self.spec(wl, target)
+        kvmax = max(1, min(12, -(-sp.k // machine(target).lanes)))
+        rows = tuple(v for v in (1, 2, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128) if v <= sp.h) or (1,)
+        return [
+            Knob("pw", tuple(v for v in (1, 2, 3, 4, 6, 8, 12, 16) if v <= sp.h) or (1,), "input rows per register block"),
+            Knob("kv", tuple(range(1, kvmax + 1)), "vectors of 32 output features per register block"),
+            Knob("rows", rows, "input rows per DMA stage"),
+            Knob("order", ("out",), "accumulate the reduction in registers (Algorithm 2)"),
+            Knob("dbuf", (1, 0), "double-buffer SM/AM tiles"),
+            Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
+            Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or through GSM"),
+            Knob("split", ("items",), "row blocks of the input across the cores"),
+        ]
+
+    def default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        sp = self.spec(wl, target)
+        knobs = {k.name: k.values for k in self.space(wl, target)}
+        per_core = -(-sp.h // machine(target).cores)
+        rows_ok = sorted((r for r in knobs["rows"] if r <= per_core), reverse=True) or [knobs["rows"][0]]
+        for kv in sorted(knobs["kv"], reverse=True):
+            for rows in rows_ok:
+                for pw in (6, 4, 2, 1):
+                    cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": rows, "order": "out", "dbuf": 1,
+                           "w_path": "gsm", "out_path": "ddr", "split": "items"}
+                    if self.check(wl, target, cfg) is None:
+                        return cfg
+        return cfg
+
+    def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
+        """Algorithm 2 as written: one input row at a time broadcast from SM, all output
+        features on the lanes (as many vectors as AM and the registers allow), each core its
+        share of the rows, W broadcast from DDR into every core's AM, no double buffering."""
+        sp = self.spec(wl, target)
+        m = machine(target)
+        knobs = {k.name: k.values for k in self.space(wl, target)}
+        per_core = -(-sp.h // m.cores)
+        rows_ok = sorted((r for r in knobs["rows"] if r <= per_core), reverse=True) or [1]
+        for kv in sorted(knobs["kv"], reverse=True):
+            for rows in rows_ok:
+                cfg = {"pw": 1, "kv": kv, "rows": rows, "order": "out", "dbuf": 0,
+                       "w_path": "ddr", "out_path": "ddr", "split": "items"}
+                if check(m, sp, DirectConfig.of(cfg)) is None:
+                    return cfg
+        return cfg
+
+    def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        if cf.w_path == "host_copies" and wl.p.get("trans_b"):
+            return "w_path=host_copies replicates B as stored; use gsm or ddr with trans_b=1"
+        return check(machine(target), sp, cf)
+
+    def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
+        m_, k_, n_ = wl["m"], wl["k"], wl["n"]
+        names = {"data": "tensor_a", "weight": "tensor_b", "out": "out", "bias": "bias"}
+        ddr = {n: s for n, s, _ in get_op(wl.op).inputs(wl)}
+        ddr["out"] = (m_, n_)
+        pre: list[Relayout] = []
+        if wl.p.get("trans_a"):
+            names["data"] = ddr["a_rows"] = "a_rows"
+            ddr["a_rows"] = (m_, k_)
+            pre.append(Relayout("tensor_a", "a_rows", (m_, k_), (1, m_)))
+        if wl.p.get("trans_b"):
+            names["weight"] = "b_kn"
+            ddr["b_kn"] = (k_, n_)
+            pre.append(Relayout("tensor_b", "b_kn", (k_, n_), (1, k_), leader_only=True))
+        return names, ddr, pre, [], (m_, n_)
