@@ -1,0 +1,115 @@
+"""`opcompiler compare MODEL.onnx`, `opcompiler graph run|plan|models`: whole ONNX graphs."""
+from __future__ import annotations
+
+import argparse
+import sys
+
+from ..errors import OpcFailure
+from .common import emit_json
+
+
+def _graph_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("model", metavar="MODEL.onnx", help="an ONNX model (opset 9 or later)")
+    p.add_argument("--target", default="cpu", help="cpu, ascend-sim, dsp-sim or a .toml path (default %(default)s)")
+    p.add_argument("--batch", type=int, help="size of the dynamic batch dimension (required when the model has one)")
+    p.add_argument("--fallback", choices=("cpu",), help="run nodes the target cannot compile on the host "
+                   "(onnxruntime / the cpu backend), reported separately")
+    p.add_argument("--show-plan", action="store_true", help="print which ONNX nodes went into which kernel")
+    p.add_argument("--config", choices=("best", "default"), default="best",
+                   help="best verified tuning record per kernel (template default when none), or always default")
+    p.add_argument("--json", action="store_true", help="print one JSON object")
+
+
+def register(sub: argparse._SubParsersAction) -> None:
+    p = sub.add_parser("compare", help="compile an ONNX model fused and unfused, run both, compare")
+    _graph_args(p)
+    p.add_argument("--plot", metavar="FILE.png", help="write the per-layer breakdown of both plans")
+    p.add_argument("--timing-only", action="store_true",
+                   help="skip values and the onnxruntime check (timing mode: faster on the simulators)")
+    p.set_defaults(func=cmd_compare)
+    g = sub.add_parser("graph", help="whole ONNX graphs: plan, run, build the shipped models")
+    gs = g.add_subparsers(dest="graph_command", metavar="SUBCOMMAND")
+    gs.required = True
+    r = gs.add_parser("run", help="compile and run one plan end to end, checked against onnxruntime")
+    _graph_args(r)
+    r.add_argument("--unfused", action="store_true", help="one kernel per primitive op instead of fused")
+    r.set_defaults(func=cmd_run)
+    pl = gs.add_parser("plan", help="print the fused and unfused partition without compiling")
+    _graph_args(pl)
+    pl.set_defaults(func=cmd_plan)
+    m = gs.add_parser("models", help="write the shipped ONNX models (built with onnx.helper) to a folder")
+    m.add_argument("outdir", nargs="?", default="onnx_models")
+    m.add_argument("--small", action="store_true", help="small spatial sizes (for tests and quick looks)")
+    m.set_defaults(func=cmd_models)
+
+
+def _load(args: argparse.Namespace):
+    from ..graph import load
+    return load(args.model, batch=args.batch)
+
+
+def cmd_plan(args: argparse.Namespace) -> int:
+    from ..graph import format_plan, make_plan
+    g = _load(args)
+    plans = [make_plan(g, args.target, fused=f, fallback=args.fallback) for f in (True, False)]
+    if args.json:
+        emit_json({p.kind: [{"kernel": k.name, "op": k.op, "params": dict(k.params), "nodes": list(k.nodes)}
+                            for k in p.groups] for p in plans})
+    else:
+        print("\n\n".join(format_plan(p) for p in plans))
+    return 0
+
+
+def cmd_run(args: argparse.Namespace) -> int:
+    from ..graph import format_plan, make_plan, run_plan
+    from ..graph.compare import format_run
+    g = _load(args)
+    p = make_plan(g, args.target, fused=not args.unfused, fallback=args.fallback)
+    if args.show_plan and not args.json:
+        print(format_plan(p) + "\n")
+    r = run_plan(p, config=args.config, progress=sys.stderr.isatty())
+    if args.json:
+        emit_json(r.as_dict())
+    else:
+        print(format_run(r))
+        t = r.totals()
+        print(f"total: {t['seconds'] * 1e3:.4g} ms" + (f" ({t['cycles']:,} cycles)" if t["cycles"] is not None else "")
+              + f", off-chip {t['offchip_bytes']:,} B; compile {r.compile_seconds:.1f} s")
+        print(f"vs onnxruntime: {'OK' if r.correct else 'MISMATCH'} (max abs err "
+              + ", ".join(f"{k} {v:.3g}" for k, v in r.max_abs_err.items()) + ")")
+    if not r.correct:
+        raise OpcFailure(f"{g.name} on {p.target.name} ({p.kind}) does not match onnxruntime")
+    return 0
+
+
+def cmd_compare(args: argparse.Namespace) -> int:
+    from ..graph import compare, format_compare, format_plan, make_plan, plot_compare
+    g = _load(args)
+    if args.show_plan and not args.json:
+        for fused in (True, False):
+            print(format_plan(make_plan(g, args.target, fused=fused, fallback=args.fallback)) + "\n")
+    c = compare(g, args.target, fallback=args.fallback, check=not args.timing_only, config=args.config,
+                progress=sys.stderr.isatty())
+    out = c.as_dict()
+    if args.plot:
+        out["plot"] = str(plot_compare(c, args.plot))
+    if args.json:
+        emit_json(out)
+    else:
+        print(format_compare(c))
+        if args.plot:
+            print(f"plot: {out['plot']}")
+    if False in (c.fused.correct, c.unfused.correct):
+        raise OpcFailure(f"{g.name} on {c.fused.plan.target.name} does not match onnxruntime")
+    return 0
+
+
+def cmd_models(args: argparse.Namespace) -> int:
+    from pathlib import Path
+
+    from ..graph.models import MODELS, write
+    small = {"resnet_block": {"c": 16, "hw": 14}, "resnet50_stage": {"hw": 14}, "minigo": {"res_blocks": 2},
+             "op_zoo": {}}
+    for name in MODELS:
+        print(write(name, Path(args.outdir) / f"{name}.onnx", **(small[name] if args.small else {})))
+    return 0

@@ -1,0 +1,256 @@
+"""Compile every kernel of a plan for its target and run the graph end to end, checked against
+onnxruntime.
+
+Each kernel is built with its best verified record from `tuning_logs/` (`resolve_config(wl,
+target, "best")`) or, when there is none, its template's default; the report says which.
+A kernel the target cannot build (no template) and ONNX nodes we do not compile run on the host
+only when the plan was made with `fallback="cpu"`, and are reported separately.
+"""
+from __future__ import annotations
+
+import statistics
+import time
+from dataclasses import asdict, dataclass, field
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..api import resolve_config
+from ..backend import Backend, Kernel, get_backend
+from ..errors import OpcError, OpcFailure
+from ..ops import get_op
+from ..target import Target, load_target
+from .importer import _to_proto
+from .partition import Group
+from .plan import Plan, flops
+
+# End-to-end tolerance against onnxruntime (fp32 math): |out - ref| <= atol * max|ref| + rtol * |ref|.
+# fp32 kernels differ from onnxruntime only by summation order; fp16 graphs (Ascend) round every
+# kernel's output to fp16 (2^-11 relative) and errors compound over layers, so 2 % of the largest output.
+GRAPH_TOLERANCE = {"float32": (1e-3, 1e-4), "float16": (2e-2, 2e-2)}
+
+
+@dataclass(kw_only=True)
+class KernelReport:
+    """One kernel (or view / host node) of a run: what it ran, where, and what it cost."""
+
+    name: str
+    op: str
+    nodes: tuple[str, ...]
+    onnx_ops: tuple[str, ...]
+    prim_ops: tuple[str, ...]
+    where: str  # the target's name, or "host" (fallback / onnxruntime)
+    config_source: str  # "tuning record", "template default", "-" for views and host nodes
+    template: str = ""
+    seconds: float = 0.0
+    cycles: int | None = None
+    offchip_bytes: int = 0
+    flops: int = 0
+    percent_of_peak: float | None = None
+    note: str = ""
+
+    def as_dict(self) -> dict[str, Any]:
+        d = asdict(self)
+        d["nodes"], d["onnx_ops"], d["prim_ops"] = list(self.nodes), list(self.onnx_ops), list(self.prim_ops)
+        return d
+
+
+@dataclass(kw_only=True)
+class GraphRun:
+    """A whole-graph run: per-kernel reports, outputs, and the check against onnxruntime."""
+
+    plan: Plan
+    kernels: list[KernelReport]
+    compile_seconds: float
+    outputs: dict[str, np.ndarray] = field(default_factory=dict)
+    max_abs_err: dict[str, float] = field(default_factory=dict)
+    correct: bool | None = None  # None when run in timing-only mode
+
+    def on_target(self) -> list[KernelReport]:
+        return [k for k in self.kernels if k.where != "host" and k.op != "view"]
+
+    def on_host(self) -> list[KernelReport]:
+        return [k for k in self.kernels if k.where == "host"]
+
+    def totals(self) -> dict[str, Any]:
+        t = self.on_target()
+        cyc = [k.cycles for k in t]
+        return {"kernels": len(t), "seconds": sum(k.seconds for k in t),
+                "cycles": sum(cyc) if t and all(c is not None for c in cyc) else None,
+                "offchip_bytes": sum(k.offchip_bytes for k in t), "flops": sum(k.flops for k in t),
+                "host_nodes": len(self.on_host()), "host_seconds": sum(k.seconds for k in self.on_host())}
+
+    def as_dict(self) -> dict[str, Any]:
+        return {"model": self.plan.graph.name, "target": self.plan.target.name, "plan": self.plan.kind,
+                "dtype": self.plan.dtype, "batch": self.plan.graph.batch, "correct": self.correct,
+                "max_abs_err": self.max_abs_err, "tolerance": dict(zip(("rtol", "atol_of_max"),
+                                                                       GRAPH_TOLERANCE[self.plan.dtype])),
+                "compile_seconds": self.compile_seconds, "totals": self.totals(),
+                "kernels": [k.as_dict() for k in self.kernels]}
+
+
+def offchip_level(target: Target) -> str | None:
+    """The off-chip memory level's name (HBM / GM / DDR): the first `global`-scope level."""
+    for m in target.memories:
+        if m.scope == "global":
+            return m.name
+    return target.memories[0].name if target.memories else None
+
+
+@dataclass
+class _Built:
+    kernel: Kernel
+    backend: Backend
+    where: str
+    config_source: str
+    note: str = ""
+
+
+def compile_plan(plan: Plan, config: str = "best", progress: bool = False) -> tuple[dict[str, _Built], float]:
+    """Build every kernel (one build per distinct workload). Returns (group name -> build, seconds)."""
+    from tqdm import tqdm
+
+    t0 = time.perf_counter()
+    backend = get_backend(plan.target)
+    host: Backend | None = None
+    cache: dict[str, _Built] = {}
+    out: dict[str, _Built] = {}
+    todo = [g for g in plan.groups if g.op not in ("view", "host")]
+    for g in tqdm(todo, desc=f"compile {plan.kind}", unit="kernel", disable=not progress, leave=False):
+        wl = plan.workload(g)
+        key = wl.key_str()
+        if key not in cache:
+            try:
+                cfg = resolve_config(wl, plan.target, config)
+                kernel = backend.build(wl, cfg)
+                cache[key] = _Built(kernel, backend, plan.target.name,
+                                    "tuning record" if cfg is not None else "template default")
+            except OpcError as e:
+                if plan.fallback != "cpu":
+                    raise OpcError(f"node {g.nodes[0]!r} ({'+'.join(g.onnx_ops)} as {g.op}) cannot be built for "
+                                   f"{plan.target.name}: {e}", arg="MODEL", value=plan.graph.path,
+                                   expected="--fallback cpu to run it on the host") from None
+                host = host or get_backend(load_target("cpu"))
+                cfg = resolve_config(wl, host.target, config)
+                cache[key] = _Built(host.build(wl, cfg), host, "host",
+                                    "tuning record" if cfg is not None else "template default",
+                                    note=f"fallback cpu: {str(e)[:120]}")
+        out[g.name] = cache[key]
+    return out, time.perf_counter() - t0
+
+
+def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, check: bool = True,
+             config: str = "best", seed: int = 0, progress: bool = False) -> GraphRun:
+    """Compile and run `plan`. With `check`, compute real values and compare the graph outputs with
+    onnxruntime (raises nothing on mismatch: see `GraphRun.correct`); without, time only."""
+    from tqdm import tqdm
+
+    built, compile_s = compile_plan(plan, config, progress)
+    feeds = dict(inputs) if inputs is not None else make_inputs(plan, seed)
+    values: dict[str, np.ndarray] = {k: v.astype(plan.dtype) for k, v in feeds.items()}
+    level = offchip_level(plan.target)
+    reports = []
+    for g in tqdm(plan.groups, desc=f"run {plan.kind}", unit="kernel", disable=not progress, leave=False):
+        if g.op == "view":
+            if check:
+                values[g.outputs[0]] = values[g.inputs[0]].reshape(plan.shape(g.outputs[0]))
+            reports.append(_report(g, plan, "view", "-"))
+        elif g.op == "host":
+            reports.append(_run_host(plan, g, values, check))
+        else:
+            reports.append(_run_kernel(plan, g, built[g.name], values, check, level))
+    run = GraphRun(plan=plan, kernels=reports, compile_seconds=compile_s)
+    if check:
+        run.outputs = {o: values[o] for o in plan.graph.outputs}
+        ref = reference(plan, feeds)
+        rtol, atol = GRAPH_TOLERANCE[plan.dtype]
+        ok = True
+        for o in plan.graph.outputs:
+            got, want = run.outputs[o].astype(np.float64), ref[o].astype(np.float64)
+            if got.shape != want.shape:
+                raise OpcFailure(f"output {o!r}: shape {got.shape} but onnxruntime gives {want.shape}")
+            err = np.abs(got - want)
+            run.max_abs_err[o] = float(err.max()) if err.size else 0.0
+            scale = float(np.abs(want).max()) if want.size else 0.0
+            ok &= bool(np.all(err <= atol * scale + rtol * np.abs(want))) and not np.isnan(got).any()
+        run.correct = ok
+    return run
+
+
+def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
+    rng = np.random.default_rng(seed)
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in plan.graph.inputs}
+
+
+def reference(plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph outputs computed by onnxruntime (CPU, fp32) on the same inputs."""
+    import onnxruntime as ort
+
+    sess = ort.InferenceSession(plan.graph.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    outs = sess.run(list(plan.graph.outputs), {k: v.astype(np.float32) for k, v in feeds.items()})
+    return dict(zip(plan.graph.outputs, outs))
+
+
+def _report(g: Group, plan: Plan, where: str, source: str, **kw) -> KernelReport:
+    return KernelReport(name=g.name, op=g.op, nodes=g.nodes, onnx_ops=g.onnx_ops, prim_ops=g.prim_ops,
+                        where=where, config_source=source, **kw)
+
+
+def _run_kernel(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], check: bool,
+                level: str | None) -> KernelReport:
+    wl = b.kernel.workload
+    op = get_op(wl.op)
+    if check:
+        args = []
+        for v, (_, shape, dt) in zip(g.inputs, op.inputs(wl)):
+            arr = values[v] if v in values else plan.constants[v]
+            args.append(np.ascontiguousarray(arr.astype(dt).reshape(shape)))
+        res = b.backend.run(b.kernel, args)
+        if res.outputs is None:
+            raise OpcFailure(f"backend {b.where} returned no outputs for {g.name} ({g.op})")
+        values[g.outputs[0]] = res.outputs[0].astype(plan.dtype).reshape(plan.shape(g.outputs[0]))
+    else:
+        res = b.backend.measure(b.kernel)
+    by_level = res.metrics.get("bytes_by_level") or {}
+    off = int(by_level[level]) if b.where != "host" and level in by_level else op.bytes(wl)
+    fl = op.flops(wl)
+    pct = res.metrics.get("percent_of_peak")
+    tgt = b.backend.target
+    peak = tgt.peak_flops_per_cycle.get(wl.dtype, 0) * tgt.cores * tgt.clock_ghz * 1e9
+    if pct is None and peak > 0 and res.seconds > 0:
+        pct = 100.0 * fl / res.seconds / peak
+    return _report(g, plan, b.where, b.config_source, template=b.kernel.template, seconds=float(res.seconds),
+                   cycles=None if res.cycles is None or b.where == "host" else int(res.cycles), offchip_bytes=off,
+                   flops=fl, percent_of_peak=None if pct is None else float(pct), note=b.note)
+
+
+def _run_host(plan: Plan, g: Group, values: dict[str, np.ndarray], check: bool) -> KernelReport:
+    """An unsupported ONNX node run by onnxruntime on the host (fp32), timed as the median of 5 runs."""
+    import onnx
+    import onnxruntime as ort
+    from onnx import helper, numpy_helper
+
+    node = next(n for n in plan.graph.nodes if n.name == g.prims[0].node)
+    runtime = [v for v in dict.fromkeys(node.inputs) if v and v not in plan.constants]
+    consts = [numpy_helper.from_array(np.asarray(plan.constants[v]), v) for v in dict.fromkeys(node.inputs)
+              if v and v in plan.constants]
+    gp = helper.make_graph(
+        [_to_proto(node)], "host",
+        [helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, plan.shape(v)) for v in runtime],
+        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, plan.shape(o)) for o in node.outputs if o],
+        initializer=consts)
+    model = helper.make_model(gp, opset_imports=list(plan.graph.model.opset_import))
+    model.ir_version = plan.graph.model.ir_version
+    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    feeds = {v: (values[v] if check else np.zeros(plan.shape(v), np.float32)).astype(np.float32) for v in runtime}
+    times = []
+    for _ in range(5):
+        t0 = time.perf_counter()
+        outs = sess.run(None, feeds)
+        times.append(time.perf_counter() - t0)
+    if check:
+        for o, val in zip([o for o in node.outputs if o], outs):
+            values[o] = val.astype(plan.dtype)
+    nbytes = sum(a.nbytes for a in feeds.values()) + sum(np.asarray(o).nbytes for o in outs)
+    return _report(g, plan, "host", "-", template="onnxruntime", seconds=float(statistics.median(times)),
+                   offchip_bytes=int(nbytes), note=f"fallback cpu: {g.prims[0].reason}")

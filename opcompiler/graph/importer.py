@@ -1,0 +1,224 @@
+"""ONNX -> a small graph IR: runtime inputs with static shapes, constants folded, every value's shape.
+
+We read models with the `onnx` package, not TVM's Relax frontend: every kernel is compiled
+through our own op catalogue and templates, so all we need from the model is its nodes,
+attributes, weights and shapes; a Relax module would be lowered straight back to these.
+Constant subgraphs (Constant, ConstantOfShape, shape arithmetic, anything whose inputs are all
+constant) are evaluated once at import with onnx's reference evaluator.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Mapping
+
+import numpy as np
+import onnx
+from onnx import helper, numpy_helper, shape_inference
+
+from ..errors import OpcError
+
+MIN_OPSET = 9
+SUPPORTED_DTYPES = ("float32",)
+
+
+@dataclass(frozen=True, kw_only=True)
+class Node:
+    """One ONNX node that survived constant folding."""
+
+    name: str
+    op_type: str
+    inputs: tuple[str, ...]  # "" for an omitted optional input
+    outputs: tuple[str, ...]
+    attrs: Mapping[str, Any]
+
+
+@dataclass(frozen=True, kw_only=True)
+class Graph:
+    """An imported model: nodes in topological order, runtime inputs, folded constants, shapes."""
+
+    name: str
+    path: str
+    opset: int
+    nodes: tuple[Node, ...]
+    inputs: tuple[tuple[str, tuple[int, ...]], ...]  # runtime inputs (float32) with static shapes
+    outputs: tuple[str, ...]
+    constants: Mapping[str, np.ndarray]
+    shapes: Mapping[str, tuple[int, ...]]
+    batch: int | None
+    folded: int  # nodes removed by constant folding
+    model: onnx.ModelProto  # the batch-fixed model (what onnxruntime runs as the reference)
+
+    def shape(self, value: str) -> tuple[int, ...]:
+        if value in self.constants:
+            return tuple(self.constants[value].shape)
+        return self.shapes[value]
+
+
+def load(path: str | Path, batch: int | None = None) -> Graph:
+    """Read, check, batch-fix and fold an ONNX model. Raises OpcError for a malformed or
+    truncated file, an opset outside 9..current, or a dynamic dimension without `batch`."""
+    model = _read(Path(path))
+    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
+    latest = onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= latest:
+        raise OpcError(f"the model uses ONNX opset {opset}", arg="MODEL", value=str(path),
+                       expected=f"opset {MIN_OPSET} to {latest}")
+    if batch is not None and (not isinstance(batch, int) or batch < 1):
+        raise OpcError("must be a positive integer", arg="--batch", value=batch)
+    g = model.graph
+    inits = {t.name: numpy_helper.to_array(t) for t in g.initializer}
+    inputs = []
+    for vi in g.input:
+        if vi.name in inits:
+            continue  # opset < 9 style: weights listed as inputs
+        inputs.append((vi.name, _static_shape(vi, batch, str(path))))
+    for vi in g.input:
+        if vi.name not in inits:
+            _check_dtype(vi, str(path))
+    consts, nodes, folded = _fold(model, inits, opset)
+    fixed = _with_shapes(model, dict(inputs))
+    shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path))
+    return Graph(name=g.name or Path(path).stem, path=str(path), opset=opset, nodes=tuple(nodes),
+                 inputs=tuple(inputs), outputs=tuple(o.name for o in g.output), constants=consts, shapes=shapes,
+                 batch=batch, folded=folded, model=fixed)
+
+
+def _read(path: Path) -> onnx.ModelProto:
+    if not path.is_file():
+        raise OpcError("no such file", arg="MODEL", value=str(path), expected="a path to an .onnx file")
+    data = path.read_bytes()
+    try:
+        model = onnx.load_model_from_string(data)
+    except Exception as e:  # protobuf's DecodeError and friends
+        raise OpcError(f"not a valid ONNX file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot parse'}; "
+                       "truncated or not ONNX?)", arg="MODEL", value=str(path)) from None
+    if not model.graph.node:
+        raise OpcError("the file parses but holds no graph nodes (truncated or not ONNX?)", arg="MODEL",
+                       value=str(path))
+    try:
+        onnx.checker.check_model(model)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OpcError(f"the ONNX checker rejects the model: {first}", arg="MODEL", value=str(path)) from None
+    return model
+
+
+def _check_dtype(vi: onnx.ValueInfoProto, path: str) -> None:
+    elem = vi.type.tensor_type.elem_type
+    name = helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown"
+    if name not in SUPPORTED_DTYPES:
+        raise OpcError(f"graph input {vi.name!r} is {name}", arg="MODEL", value=path,
+                       expected="float32 graph inputs (fp16 targets cast internally)")
+
+
+def _static_shape(vi: onnx.ValueInfoProto, batch: int | None, path: str) -> tuple[int, ...]:
+    dims = vi.type.tensor_type.shape.dim
+    out = []
+    for i, d in enumerate(dims):
+        if d.HasField("dim_value") and d.dim_value > 0:
+            out.append(int(d.dim_value))
+            continue
+        label = d.dim_param or "?"
+        if i != 0:
+            raise OpcError(f"input {vi.name!r} has dynamic dimension {label!r} at axis {i}; only the batch "
+                           "axis (0) may be dynamic", arg="MODEL", value=path, expected="a model with static "
+                           "non-batch dimensions (re-export with fixed input sizes)")
+        if batch is None:
+            raise OpcError(f"input {vi.name!r} has a dynamic batch dimension {label!r}", arg="--batch",
+                           expected="--batch N to fix it")
+        out.append(batch)
+    return tuple(out)
+
+
+def _with_shapes(model: onnx.ModelProto, shapes: Mapping[str, tuple[int, ...]]) -> onnx.ModelProto:
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    for vi in m.graph.input:
+        if vi.name in shapes:
+            for d, s in zip(vi.type.tensor_type.shape.dim, shapes[vi.name]):
+                d.Clear()
+                d.dim_value = s
+    return m
+
+
+def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
+    out = {}
+    for a in node.attribute:
+        v = helper.get_attribute_value(a)
+        if isinstance(v, onnx.TensorProto):
+            v = numpy_helper.to_array(v)
+        elif isinstance(v, bytes):
+            v = v.decode()
+        elif isinstance(v, list) and v and isinstance(v[0], bytes):
+            v = [x.decode() for x in v]
+        out[a.name] = v
+    return out
+
+
+def _fold(model: onnx.ModelProto, inits: dict[str, np.ndarray], opset: int
+          ) -> tuple[dict[str, np.ndarray], list[Node], int]:
+    """Evaluate every node whose inputs are all constant; keep the rest."""
+    from onnx.reference import ReferenceEvaluator
+
+    consts = dict(inits)
+    nodes, folded = [], 0
+    for i, n in enumerate(model.graph.node):
+        name = n.name or f"{n.op_type}_{i}"
+        ins = tuple(n.input)
+        if n.domain in ("", "ai.onnx") and all(x == "" or x in consts for x in ins):
+            single = helper.make_node(n.op_type, [x for x in ins], list(n.output), name=name)
+            single.attribute.extend(n.attribute)
+            try:
+                ev = ReferenceEvaluator(_single_model(single, ins, consts, opset))
+                vals = ev.run(None, {})
+            except Exception as e:
+                raise OpcError(f"cannot fold constant node {name!r} ({n.op_type}): {str(e).splitlines()[0]}",
+                               arg="MODEL") from None
+            for o, v in zip(n.output, vals):
+                consts[o] = np.asarray(v)
+            folded += 1
+            continue
+        nodes.append(Node(name=name, op_type=n.op_type, inputs=ins, outputs=tuple(n.output), attrs=_attrs(n)))
+    return consts, nodes, folded
+
+
+def _single_model(node: onnx.NodeProto, ins: tuple[str, ...], consts: Mapping[str, np.ndarray], opset: int
+                  ) -> onnx.ModelProto:
+    inits = [numpy_helper.from_array(np.asarray(consts[x]), x) for x in dict.fromkeys(ins) if x]
+    outs = [helper.make_tensor_value_info(o, onnx.TensorProto.UNDEFINED, None) for o in node.output]
+    g = helper.make_graph([node], "fold", [], outs, initializer=inits)
+    return helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)])
+
+
+def _infer_shapes(model: onnx.ModelProto, consts: Mapping[str, np.ndarray], nodes: list[Node],
+                  inputs: list[tuple[str, tuple[int, ...]]], path: str) -> dict[str, tuple[int, ...]]:
+    """Shapes of every runtime value, by onnx shape inference on the folded, batch-fixed model."""
+    g = helper.make_graph(
+        [_to_proto(n) for n in nodes], "shapes",
+        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(o.name, onnx.TensorProto.UNDEFINED, None) for o in model.graph.output],
+        initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()
+                     if any(k in n.inputs for n in nodes)])
+    m = helper.make_model(g, opset_imports=list(model.opset_import))
+    try:
+        inferred = shape_inference.infer_shapes(m, strict_mode=True, data_prop=True)
+    except Exception as e:
+        raise OpcError(f"shape inference failed: {str(e).strip().splitlines()[-1]}", arg="MODEL", value=path) from None
+    shapes = dict(inputs)
+    for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        dims = vi.type.tensor_type.shape.dim
+        if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
+            shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
+    for n in nodes:
+        for o in n.outputs:
+            if o and o not in shapes:
+                raise OpcError(f"cannot infer a static shape for {o!r} (output of node {n.name!r}, {n.op_type})",
+                               arg="MODEL", value=path, expected="static shapes once --batch is fixed")
+    return shapes
+
+
+def _to_proto(n: Node) -> onnx.NodeProto:
+    return helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name,
+                            **{k: (numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v)
+                               for k, v in n.attrs.items()})

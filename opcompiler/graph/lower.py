@@ -1,0 +1,371 @@
+"""ONNX nodes -> primitive ops of the catalogue (one kernel each in the unfused plan).
+
+Each supported ONNX node becomes one or more `Prim`s: Conv with a bias is conv2d then bias_add,
+BatchNormalization is batch_norm with (scale, shift) folded from its constants, Gemm is matmul
+then bias_add, Sum is a chain of adds; Flatten, Reshape and Identity are zero-cost views.
+A node we cannot compile raises `Unsupported`; with `fallback="cpu"` it becomes a host prim
+that onnxruntime runs on the host, reported separately.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from ..errors import OpcError
+from ..ops import fold_bn
+from .importer import Graph, Node
+
+F32_MAX = float(np.finfo(np.float32).max)
+SUPPORTED = ("Conv", "BatchNormalization", "Relu", "Add", "Sum", "Mul", "Gemm", "MatMul", "MaxPool", "AveragePool",
+             "GlobalAveragePool", "Flatten", "Reshape", "Softmax", "Clip", "Concat", "Sigmoid", "Identity",
+             "Constant", "ConstantOfShape")
+# element-wise prims and their ew_chain step name (how they join a fused element-wise chain)
+EW_STEP = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Prim:
+    """One catalogue op (or a view / host node): inputs in the op's input order, constants included."""
+
+    kind: str  # catalogue op name, "view" (zero-cost reshape) or "host" (onnxruntime on the host)
+    params: Mapping[str, Any]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    node: str  # the ONNX node it came from
+    onnx_op: str
+    reason: str = ""  # host prims: why the node is not compiled
+
+    @property
+    def output(self) -> str:
+        return self.outputs[0]
+
+    @property
+    def step(self) -> str | None:
+        """Its ew_chain step when it can join an element-wise chain, else None."""
+        if self.kind == "ew_chain":
+            return str(self.params["chain"])
+        return EW_STEP.get(self.kind)
+
+
+class Unsupported(Exception):
+    def __init__(self, node: Node, reason: str):
+        super().__init__(reason)
+        self.node, self.reason = node, reason
+
+
+@dataclass
+class _Ctx:
+    graph: Graph
+    consts: dict[str, np.ndarray]
+    shapes: dict[str, tuple[int, ...]]
+    prims: list[Prim] = field(default_factory=list)
+
+    def shape(self, v: str) -> tuple[int, ...]:
+        return tuple(self.consts[v].shape) if v in self.consts else self.shapes[v]
+
+    def const(self, name: str, value: np.ndarray) -> str:
+        self.consts[name] = np.ascontiguousarray(value, dtype=np.float32)
+        return name
+
+    def emit(self, kind: str, params: Mapping[str, Any], inputs, outputs, node: Node, out_shape=None) -> str:
+        outs = (outputs,) if isinstance(outputs, str) else tuple(outputs)
+        if out_shape is not None:
+            self.shapes[outs[0]] = tuple(out_shape)
+        self.prims.append(Prim(kind=kind, params=dict(params), inputs=tuple(inputs), outputs=outs, node=node.name,
+                               onnx_op=node.op_type))
+        return outs[0]
+
+
+def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[str, np.ndarray], dict[str, tuple]]:
+    """Prims in topological order, the constants they use (folded BN etc. added), all shapes."""
+    if fallback not in (None, "cpu"):
+        raise OpcError("unknown fallback", arg="--fallback", value=fallback, expected="cpu")
+    ctx = _Ctx(graph=graph, consts=dict(graph.constants), shapes=dict(graph.shapes))
+    for node in graph.nodes:
+        try:
+            fn = _LOWER.get(node.op_type)
+            if fn is None:
+                raise Unsupported(node, f"op {node.op_type} is not supported (supported: {', '.join(SUPPORTED)})")
+            mark = len(ctx.prims)
+            try:
+                fn(ctx, node)
+            except Unsupported:
+                del ctx.prims[mark:]
+                raise
+        except Unsupported as e:
+            if fallback is None:
+                raise OpcError(f"node {node.name!r} ({node.op_type}): {e.reason}", arg="MODEL", value=graph.path,
+                               expected="--fallback cpu to run unsupported nodes on the host") from None
+            ctx.prims.append(Prim(kind="host", params={}, inputs=node.inputs, outputs=node.outputs, node=node.name,
+                                  onnx_op=node.op_type, reason=e.reason))
+    return ctx.prims, ctx.consts, ctx.shapes
+
+
+def ew_params(shape: tuple[int, ...], per_channel: bool = False) -> dict[str, Any]:
+    """Element-wise params for a value: NCHW for 4-D, (1, 1, M, N) NHWC for 2-D (channels last)."""
+    if len(shape) == 4:
+        return {"n": shape[0], "c": shape[1], "h": shape[2], "w": shape[3], "layout": "NCHW"}
+    if len(shape) == 2:
+        return {"n": 1, "c": shape[1], "h": 1, "w": shape[0], "layout": "NHWC"}
+    if per_channel:
+        raise ValueError(shape)
+    return {"n": 1, "c": 1, "h": 1, "w": int(np.prod(shape)), "layout": "NCHW"}
+
+
+def _runtime(ctx: _Ctx, node: Node, v: str, what: str) -> str:
+    if v in ctx.consts:
+        raise Unsupported(node, f"{what} {v!r} is a constant; only runtime tensors are supported there")
+    return v
+
+
+def _need_const(ctx: _Ctx, node: Node, v: str, what: str) -> np.ndarray:
+    if v not in ctx.consts:
+        raise Unsupported(node, f"{what} {v!r} must be a constant (initializer)")
+    return ctx.consts[v].astype(np.float32)
+
+
+def _conv(ctx: _Ctx, node: Node) -> None:
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    w = _need_const(ctx, node, node.inputs[1], "weight")
+    xs = ctx.shape(x)
+    if len(xs) != 4:
+        raise Unsupported(node, f"only 2-D convolution (4-D NCHW input) is supported, got input shape {list(xs)}")
+    k, cg, r, s = w.shape
+    strides = list(node.attrs.get("strides", [1, 1]))
+    dil = list(node.attrs.get("dilations", [1, 1]))
+    pads = _pads(node, xs[2:], (r, s), strides, dil)
+    if len(set(strides)) != 1 or len(set(dil)) != 1 or len(set(pads)) != 1:
+        raise Unsupported(node, f"strides {strides}, dilations {dil} and pads {pads} must each be symmetric")
+    params = {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "k": k, "r": r, "s": s, "stride": strides[0],
+              "pad": pads[0], "dilation": dil[0], "groups": int(node.attrs.get("group", 1)), "layout": "NCHW"}
+    out = node.outputs[0]
+    wname = ctx.const(node.inputs[1], w)
+    if len(node.inputs) > 2 and node.inputs[2]:
+        b = _need_const(ctx, node, node.inputs[2], "bias")
+        mid = ctx.emit("conv2d", params, (x, wname), f"{out}:conv", node, ctx.shapes[out])
+        ctx.emit("bias_add", ew_params(ctx.shapes[out]), (mid, ctx.const(node.inputs[2], b)), out, node)
+    else:
+        ctx.emit("conv2d", params, (x, wname), out, node)
+
+
+def _pads(node: Node, hw, kernel, strides, dil) -> list[int]:
+    auto = node.attrs.get("auto_pad", "NOTSET")
+    if auto in ("NOTSET", ""):
+        return list(node.attrs.get("pads", [0, 0, 0, 0]))
+    if auto == "VALID":
+        return [0, 0, 0, 0]
+    pads = [0, 0, 0, 0]
+    for i, (n, kk, st, d) in enumerate(zip(hw, kernel, strides, dil)):
+        out = -(-n // st)
+        total = max((out - 1) * st + (kk - 1) * d + 1 - n, 0)
+        small, big = total // 2, total - total // 2
+        pads[i], pads[i + 2] = (small, big) if auto == "SAME_UPPER" else (big, small)
+    return pads
+
+
+def _batch_norm(ctx: _Ctx, node: Node) -> None:
+    if node.attrs.get("training_mode", 0):
+        raise Unsupported(node, "training-mode batch norm is not supported (inference only)")
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    g, b, m, v = (_need_const(ctx, node, node.inputs[i], n) for i, n in
+                  ((1, "scale"), (2, "B"), (3, "mean"), (4, "var")))
+    shape = ctx.shape(x)
+    if len(shape) not in (2, 4):
+        raise Unsupported(node, f"batch norm on a {len(shape)}-D tensor is not supported (2-D or 4-D)")
+    scale, shift = fold_bn(g, b, m, v, float(node.attrs.get("epsilon", 1e-5)))
+    ctx.emit("batch_norm", ew_params(shape), (x, ctx.const(f"{node.name}:scale", scale),
+                                              ctx.const(f"{node.name}:shift", shift)), node.outputs[0], node)
+
+
+def _relu(ctx: _Ctx, node: Node) -> None:
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    ctx.emit("relu", ew_params(ctx.shape(x)), (x,), node.outputs[0], node)
+
+
+def _chain(step: str) -> Callable[[_Ctx, Node], None]:
+    def fn(ctx: _Ctx, node: Node) -> None:
+        x = _runtime(ctx, node, node.inputs[0], "input")
+        ctx.emit("ew_chain", {**ew_params(ctx.shape(x)), "chain": step}, (x,), node.outputs[0], node)
+    return fn
+
+
+def _clip(ctx: _Ctx, node: Node) -> None:
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    if ctx.graph.opset < 11:
+        lo, hi = node.attrs.get("min", -F32_MAX), node.attrs.get("max", F32_MAX)
+    else:
+        lo = float(_need_const(ctx, node, node.inputs[1], "min")) if len(node.inputs) > 1 and node.inputs[1] else -F32_MAX
+        hi = float(_need_const(ctx, node, node.inputs[2], "max")) if len(node.inputs) > 2 and node.inputs[2] else F32_MAX
+    ctx.emit("ew_chain", {**ew_params(ctx.shape(x)), "chain": f"clip:{float(lo)!r}:{float(hi)!r}"}, (x,),
+             node.outputs[0], node)
+
+
+def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
+    """Add or Mul of two values: same shape, a per-channel constant, or a constant broadcast to full."""
+    oshape = ctx.shapes.get(out) or tuple(np.broadcast_shapes(ctx.shape(a), ctx.shape(b)))
+    if a in ctx.consts and b not in ctx.consts:
+        a, b = b, a
+    if a in ctx.consts:
+        raise Unsupported(node, "both operands are constant (should have been folded)")
+    if tuple(ctx.shape(a)) != oshape:
+        raise Unsupported(node, f"broadcasting the runtime operand {a!r} {list(ctx.shape(a))} to {list(oshape)}")
+    same = "add" if kind == "add" else "ew_chain"
+    same_params = ew_params(oshape) | ({} if kind == "add" else {"chain": "mul"})
+    if b not in ctx.consts:
+        if tuple(ctx.shape(b)) != oshape:
+            raise Unsupported(node, f"runtime broadcasting {list(ctx.shape(b))} to {list(oshape)} is not supported")
+        ctx.emit(same, same_params, (a, b), out, node, oshape)
+        return
+    c = ctx.consts[b].astype(np.float32)
+    chan = _per_channel(c, oshape)
+    if chan is not None:
+        name = ctx.const(f"{node.name}:{b}:c", chan)
+        if kind == "add":
+            ctx.emit("bias_add", ew_params(oshape, True), (a, name), out, node, oshape)
+        else:
+            ctx.emit("ew_chain", {**ew_params(oshape, True), "chain": "scale"}, (a, name), out, node, oshape)
+        return
+    full = ctx.const(f"{node.name}:{b}:full", np.broadcast_to(c, oshape))  # materialized: costs its bytes
+    ctx.emit(same, same_params, (a, full), out, node, oshape)
+
+
+def _per_channel(c: np.ndarray, oshape: tuple[int, ...]) -> np.ndarray | None:
+    """The (C,) vector when constant `c` broadcasts along the channel axis only (C > 1)."""
+    cax = 1 if len(oshape) == 4 else (1 if len(oshape) == 2 else None)
+    if cax is None or c.size != oshape[cax] or c.ndim > len(oshape):
+        return None
+    full = (1,) * (len(oshape) - c.ndim) + c.shape
+    if full[cax] != oshape[cax] or any(d != 1 for i, d in enumerate(full) if i != cax):
+        return None
+    return c.reshape(-1)
+
+
+def _add(ctx: _Ctx, node: Node) -> None:
+    _binary(ctx, node, node.inputs[0], node.inputs[1], node.outputs[0], "add")
+
+
+def _mul(ctx: _Ctx, node: Node) -> None:
+    _binary(ctx, node, node.inputs[0], node.inputs[1], node.outputs[0], "mul")
+
+
+def _sum(ctx: _Ctx, node: Node) -> None:
+    ins = [v for v in node.inputs if v]
+    if len(ins) == 1:
+        ctx.emit("view", {}, (ins[0],), node.outputs[0], node)
+        return
+    acc = ins[0]
+    for i, v in enumerate(ins[1:]):
+        out = node.outputs[0] if i == len(ins) - 2 else f"{node.outputs[0]}:sum{i}"
+        _binary(ctx, node, acc, v, out, "add")
+        acc = out
+
+
+def _gemm(ctx: _Ctx, node: Node) -> None:
+    a = _runtime(ctx, node, node.inputs[0], "A")
+    if node.attrs.get("transA", 0):
+        raise Unsupported(node, "transA=1 on a runtime A is not supported")
+    alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
+    b = _need_const(ctx, node, node.inputs[1], "B")
+    b = (b.T if node.attrs.get("transB", 0) else b) * np.float32(alpha)  # folded at import: B is (K, N)
+    m, kk = ctx.shape(a)
+    n = b.shape[1]
+    out = node.outputs[0]
+    params = {"m": m, "k": kk, "n": n, "trans_a": 0, "trans_b": 0}
+    bname = ctx.const(f"{node.name}:B", b)
+    if len(node.inputs) < 3 or not node.inputs[2]:
+        ctx.emit("matmul", params, (a, bname), out, node, (m, n))
+        return
+    mid = ctx.emit("matmul", params, (a, bname), f"{out}:mm", node, (m, n))
+    c = _need_const(ctx, node, node.inputs[2], "C") * np.float32(beta)
+    ctx.consts[f"{node.name}:C"] = c
+    ctx.shapes[out] = (m, n)
+    _binary(ctx, node, mid, f"{node.name}:C", out, "add")
+
+
+def _matmul(ctx: _Ctx, node: Node) -> None:
+    a, b = node.inputs[0], node.inputs[1]
+    _runtime(ctx, node, a, "A")
+    sa, sb = ctx.shape(a), ctx.shape(b)
+    if len(sa) != 2 or len(sb) != 2:
+        raise Unsupported(node, f"only 2-D MatMul is supported, got {list(sa)} x {list(sb)}")
+    if b in ctx.consts:
+        b = ctx.const(b, ctx.consts[b])
+    ctx.emit("matmul", {"m": sa[0], "k": sa[1], "n": sb[1], "trans_a": 0, "trans_b": 0}, (a, b), node.outputs[0],
+             node)
+
+
+def _pool(mode: str) -> Callable[[_Ctx, Node], None]:
+    def fn(ctx: _Ctx, node: Node) -> None:
+        x = _runtime(ctx, node, node.inputs[0], "input")
+        xs = ctx.shape(x)
+        if len(xs) != 4:
+            raise Unsupported(node, f"only 2-D pooling is supported, got input shape {list(xs)}")
+        ks = list(node.attrs["kernel_shape"])
+        strides = list(node.attrs.get("strides", [1, 1]))
+        pads = _pads(node, xs[2:], ks, strides, [1, 1])
+        if node.attrs.get("ceil_mode", 0) or any(d != 1 for d in node.attrs.get("dilations", [1, 1])):
+            raise Unsupported(node, "ceil_mode=1 and dilated pooling are not supported")
+        if len(set(ks)) != 1 or len(set(strides)) != 1 or len(set(pads)) != 1:
+            raise Unsupported(node, f"kernel {ks}, strides {strides} and pads {pads} must each be square/symmetric")
+        if mode == "avg" and node.attrs.get("count_include_pad", 0) and pads[0]:
+            raise Unsupported(node, "count_include_pad=1 with padding is not supported")
+        if len(node.outputs) > 1 and node.outputs[1]:
+            raise Unsupported(node, "the MaxPool Indices output is not supported")
+        ctx.emit("pool2d", {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "kernel": ks[0], "stride": strides[0],
+                            "pad": pads[0], "mode": mode, "layout": "NCHW"}, (x,), node.outputs[0], node)
+    return fn
+
+
+def _global_avg(ctx: _Ctx, node: Node) -> None:
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    xs = ctx.shape(x)
+    if len(xs) != 4 or xs[2] != xs[3]:
+        raise Unsupported(node, f"GlobalAveragePool needs a square 4-D input, got {list(xs)}")
+    ctx.emit("pool2d", {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "kernel": xs[2], "stride": 1, "pad": 0,
+                        "mode": "avg", "layout": "NCHW"}, (x,), node.outputs[0], node)
+
+
+def _view(ctx: _Ctx, node: Node) -> None:
+    x = node.inputs[0]
+    if x in ctx.consts:
+        raise Unsupported(node, "a view of a constant (should have been folded)")
+    ctx.emit("view", {}, (x,), node.outputs[0], node)
+
+
+def _softmax(ctx: _Ctx, node: Node) -> None:
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    xs = ctx.shape(x)
+    axis = int(node.attrs.get("axis", 1 if ctx.graph.opset < 13 else -1))
+    if len(xs) != 2 or axis % 2 != 1:
+        raise Unsupported(node, f"softmax is supported over the last axis of a 2-D tensor, got {list(xs)} axis {axis}")
+    ctx.emit("softmax", {"m": xs[0], "n": xs[1]}, (x,), node.outputs[0], node)
+
+
+def _concat(ctx: _Ctx, node: Node) -> None:
+    ins = [v for v in node.inputs if v]
+    shapes = [ctx.shape(v) for v in ins]
+    rank = len(shapes[0])
+    axis = int(node.attrs["axis"]) % rank
+    if rank not in (2, 4) or axis != 1:
+        raise Unsupported(node, f"concat is supported along axis 1 of 2-D or 4-D tensors, got rank {rank} axis {axis}")
+    for v in ins:
+        if v in ctx.consts:
+            ctx.const(v, ctx.consts[v])
+    acc, acc_shape = ins[0], shapes[0]
+    for i, (v, s) in enumerate(zip(ins[1:], shapes[1:])):
+        n, h, w = (acc_shape[0], *acc_shape[2:]) if rank == 4 else (acc_shape[0], 1, 1)
+        out_shape = (acc_shape[0], acc_shape[1] + s[1], *acc_shape[2:])
+        out = node.outputs[0] if i == len(ins) - 2 else f"{node.outputs[0]}:cat{i}"
+        ctx.emit("concat", {"n": n, "c": acc_shape[1], "c1": s[1], "h": h, "w": w, "layout": "NCHW"}, (acc, v), out,
+                 node, out_shape)
+        acc, acc_shape = out, out_shape
+
+
+_LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
+    "Conv": _conv, "BatchNormalization": _batch_norm, "Relu": _relu, "Add": _add, "Sum": _sum, "Mul": _mul,
+    "Gemm": _gemm, "MatMul": _matmul, "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
+    "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Identity": _view,
+    "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
+}

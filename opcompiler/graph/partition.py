@@ -1,0 +1,174 @@
+"""Partition primitive ops into kernels: the fused plan (registered fusion patterns, then
+element-wise chains) and the unfused plan (one kernel per primitive, as op-by-op execution).
+
+The patterns come from the op catalogue: every op with `OpDef.fusion` names, through
+`OpDef.unfused()`, the primitive sequence it replaces (conv2d_bn_relu <- conv2d, batch_norm, relu).
+A run of element-wise primitives no named pattern covers becomes one `ew_chain` kernel.
+"""
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass
+from functools import cache
+from typing import Any, Mapping, Sequence
+
+from ..ops import get_op, list_ops, workload
+from .lower import Prim
+
+GENERIC_CHAIN = "ew_chain"
+
+
+@dataclass(frozen=True, kw_only=True)
+class Group:
+    """One kernel of a plan: a catalogue op at fixed params, or a view / host node."""
+
+    name: str
+    op: str  # catalogue op, "view" or "host"
+    params: Mapping[str, Any]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    prims: tuple[Prim, ...]
+
+    @property
+    def nodes(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(p.node for p in self.prims))
+
+    @property
+    def onnx_ops(self) -> tuple[str, ...]:
+        return tuple(dict.fromkeys(f"{p.onnx_op}" for p in self.prims))
+
+    @property
+    def prim_ops(self) -> tuple[str, ...]:
+        return tuple(p.kind if p.kind != "ew_chain" else str(p.params["chain"]) for p in self.prims)
+
+
+@cache
+def fusion_patterns() -> tuple[tuple[str, tuple[str, ...]], ...]:
+    """(fused op, primitive sequence) for every catalogue fusion, longest first."""
+    out = []
+    for d in list_ops():
+        if not d.fusion or d.unfused_fn is None or d.name == GENERIC_CHAIN:
+            continue
+        seq = tuple(s.op for s in d.unfused(workload(d.name)))
+        if len(seq) > 1:
+            out.append((d.name, seq))
+    return tuple(sorted(out, key=lambda p: -len(p[1])))
+
+
+def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool = True) -> list[Group]:
+    """Kernels in an executable (topological) order."""
+    if not fused:
+        return _toposort([_single(i, p) for i, p in enumerate(prims)])
+    uses = Counter(v for p in prims for v in p.inputs)
+    uses.update(graph_outputs)  # a graph output must reach memory: it cannot stay inside a kernel
+    consumer = {v: p for p in prims for v in p.inputs if uses[v] == 1}
+    taken: set[tuple[str, ...]] = set()
+    groups = []
+    for p in prims:
+        if p.outputs in taken:
+            continue
+        named = _match_named(p, consumer)
+        chain = _match_chain(p, consumer)
+        if len(chain) > 1 and len(chain) > len(named[1]):
+            members, g = chain, _chain_group(len(groups), chain)
+        elif named[0]:
+            members, g = named[1], _fused_group(len(groups), named[0], named[1])
+        else:
+            members, g = [p], _single(len(groups), p)
+        taken.update(m.outputs for m in members)
+        groups.append(g)
+    return _toposort(groups)
+
+
+def _next(p: Prim, consumer: Mapping[str, Prim]) -> Prim | None:
+    """The sole consumer of p's output, with p's output moved to its first input (add commutes)."""
+    if len(p.outputs) != 1:
+        return None
+    q = consumer.get(p.output)
+    if q is None or q.kind in ("view", "host"):
+        return None
+    if q.inputs[0] == p.output:
+        return q
+    if q.kind == "add" and q.inputs[1] == p.output:
+        return Prim(kind=q.kind, params=q.params, inputs=(q.inputs[1], q.inputs[0]), outputs=q.outputs, node=q.node,
+                    onnx_op=q.onnx_op)
+    return None
+
+
+def _match_named(p: Prim, consumer: Mapping[str, Prim]) -> tuple[str, list[Prim]]:
+    for op, seq in fusion_patterns():
+        if p.kind != seq[0]:
+            continue
+        members, cur = [p], p
+        for want in seq[1:]:
+            cur = _next(cur, consumer)
+            if cur is None or cur.kind != want or _ew_key(cur) != _ew_key(members[-1] if len(members) > 1 else cur):
+                break
+            members.append(cur)
+        if len(members) == len(seq):
+            return op, members
+    return "", []
+
+
+def _ew_key(p: Prim) -> tuple:
+    return tuple(sorted((k, v) for k, v in p.params.items() if k != "chain"))
+
+
+def _match_chain(p: Prim, consumer: Mapping[str, Prim]) -> list[Prim]:
+    if p.step is None:
+        return [p]
+    members, cur = [p], p
+    while (nxt := _next(cur, consumer)) is not None and nxt.step is not None and _ew_key(nxt) == _ew_key(p):
+        members.append(nxt)
+        cur = nxt
+    return members
+
+
+def _inputs(members: Sequence[Prim]) -> tuple[str, ...]:
+    """The anchor's inputs, then each later member's inputs other than the chained value."""
+    out = list(members[0].inputs)
+    for m in members[1:]:
+        out.extend(m.inputs[1:])
+    return tuple(out)
+
+
+def _single(i: int, p: Prim) -> Group:
+    return Group(name=f"k{i}", op=p.kind, params=p.params, inputs=p.inputs, outputs=p.outputs, prims=(p,))
+
+
+def _fused_group(i: int, op: str, members: Sequence[Prim]) -> Group:
+    params = dict(members[0].params)
+    if op == "add_relu":
+        params["bcast"] = 0
+    return Group(name=f"k{i}", op=op, params=params, inputs=_inputs(members), outputs=members[-1].outputs,
+                 prims=tuple(members))
+
+
+def _chain_group(i: int, members: Sequence[Prim]) -> Group:
+    params = {k: v for k, v in members[0].params.items() if k != "chain"}
+    params["chain"] = ";".join(m.step for m in members)
+    return Group(name=f"k{i}", op=GENERIC_CHAIN, params=params, inputs=_inputs(members),
+                 outputs=members[-1].outputs, prims=tuple(members))
+
+
+def _toposort(groups: list[Group]) -> list[Group]:
+    """Kahn's order (stable): a fused group runs once every input it takes is produced."""
+    producer = {o: g.name for g in groups for o in g.outputs}
+    deps = {g.name: {producer[v] for v in g.inputs if v in producer and producer[v] != g.name} for g in groups}
+    done: set[str] = set()
+    order: list[Group] = []
+    pending = list(groups)
+    while pending:
+        ready = next(g for g in pending if deps[g.name] <= done)
+        pending.remove(ready)
+        done.add(ready.name)
+        order.append(ready)
+    return [Group(name=f"k{i}", op=g.op, params=g.params, inputs=g.inputs, outputs=g.outputs, prims=g.prims)
+            for i, g in enumerate(order)]
+
+
+def check_registered(groups: Sequence[Group]) -> None:
+    """Every compiled group names a catalogue op (raises OpcError otherwise)."""
+    for g in groups:
+        if g.op not in ("view", "host"):
+            get_op(g.op)

@@ -1,0 +1,102 @@
+"""A plan: one graph, one target, fused or unfused; its kernels with the workloads they compile."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import numpy as np
+
+from ..errors import OpcError
+from ..ops import get_op, workload
+from ..target import Target, load_target
+from ..workload import Workload
+from .importer import Graph
+from .lower import lower
+from .partition import Group, partition
+
+# The dtype each target family computes graphs in: Ascend's cube is fp16 (fp32 accumulate).
+FAMILY_DTYPE = {"ascend": "float16"}
+
+
+@dataclass(frozen=True, kw_only=True)
+class Plan:
+    """Kernels of `graph` for `target` in execution order, with the constants and shapes they use."""
+
+    graph: Graph
+    target: Target
+    fused: bool
+    dtype: str
+    groups: tuple[Group, ...]
+    constants: Mapping[str, np.ndarray]
+    shapes: Mapping[str, tuple[int, ...]]
+    fallback: str | None
+
+    @property
+    def kind(self) -> str:
+        return "fused" if self.fused else "unfused"
+
+    def workload(self, g: Group) -> Workload | None:
+        """The catalogue workload a group compiles (None for views and host nodes)."""
+        if g.op in ("view", "host"):
+            return None
+        return workload(g.op, dict(g.params), dtype=self.dtype)
+
+    def shape(self, v: str) -> tuple[int, ...]:
+        return tuple(self.constants[v].shape) if v in self.constants else tuple(self.shapes[v])
+
+
+def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True, fallback: str | None = None,
+              dtype: str | None = None) -> Plan:
+    """Lower and partition `graph` for `target` (unsupported nodes raise OpcError unless `fallback`)."""
+    tgt = target if isinstance(target, Target) else load_target(target)
+    prims, consts, shapes = lower(graph, fallback)
+    groups = partition(prims, graph.outputs, fused)
+    dt = dtype or FAMILY_DTYPE.get(tgt.family, "float32")
+    plan = Plan(graph=graph, target=tgt, fused=fused, dtype=dt, groups=tuple(groups), constants=consts,
+                shapes=shapes, fallback=fallback)
+    for g in groups:  # every kernel's workload is valid before anything compiles
+        if g.op not in ("view", "host"):
+            try:
+                plan.workload(g)
+            except OpcError as e:
+                raise OpcError(f"node {g.nodes[0]!r} ({'+'.join(g.onnx_ops)}) maps to {g.op} with an invalid "
+                               f"shape: {e}", arg="MODEL", value=graph.path) from None
+    return plan
+
+
+def describe(g: Group) -> str:
+    """`conv2d_bn_relu  n=1,c=64,...` for a plan listing."""
+    if g.op == "view":
+        return "view (no kernel)"
+    if g.op == "host":
+        return f"host: {g.prims[0].onnx_op} via onnxruntime ({g.prims[0].reason})"
+    shown = {k: v for k, v in g.params.items() if k not in ("layout", "dilation", "groups", "trans_a", "trans_b")
+             or v not in ("NCHW", 1, 0)}
+    return f"{g.op}  " + ",".join(f"{k}={v}" for k, v in shown.items())
+
+
+def format_plan(plan: Plan) -> str:
+    """A readable listing: which ONNX nodes went into which kernel."""
+    lines = [f"{plan.kind} plan of {plan.graph.name} for {plan.target.name} ({plan.dtype}): "
+             f"{sum(g.op not in ('view', 'host') for g in plan.groups)} kernels, "
+             f"{sum(g.op == 'view' for g in plan.groups)} views, {sum(g.op == 'host' for g in plan.groups)} host "
+             f"nodes; {plan.graph.folded} constant nodes folded at import"]
+    for g in plan.groups:
+        lines.append(f"  {g.name:<4} {describe(g)}")
+        lines.append(f"       <- {', '.join(f'{n} ({p})' for n, p in zip(g.nodes, _node_ops(g)))}")
+    return "\n".join(lines)
+
+
+def _node_ops(g: Group) -> list[str]:
+    seen: dict[str, str] = {}
+    for p in g.prims:
+        seen.setdefault(p.node, p.onnx_op)
+    return list(seen.values())
+
+
+def flops(plan: Plan, g: Group) -> int:
+    wl = plan.workload(g)
+    return get_op(wl.op).flops(wl) if wl is not None else 0
+
+
+__all__ = ["Plan", "make_plan", "format_plan", "describe", "FAMILY_DTYPE", "Any"]

@@ -1,0 +1,85 @@
+"""The per-layer picture of a comparison: for every fused kernel, its cost next to the unfused
+kernels that do the same work (stacked by primitive op), in time (or cycles) and off-chip bytes."""
+from __future__ import annotations
+
+from pathlib import Path
+
+from ..errors import OpcError
+from .compare import Comparison
+
+_COLORS = {"conv2d": "#4C72B0", "matmul": "#4C72B0", "batch_norm": "#DD8452", "bias_add": "#937860",
+           "relu": "#55A868", "add": "#C44E52", "pool2d": "#8172B3", "softmax": "#DA8BC3", "concat": "#8C8C8C",
+           "host": "#000000"}
+
+
+def _layers(c: Comparison) -> list[tuple[str, object, list]]:
+    """(label, fused kernel, unfused kernels doing the same nodes' work) in graph order."""
+    owner = {}
+    layers = []
+    for k in c.fused.kernels:
+        if k.op == "view":
+            continue
+        label = "+".join(dict.fromkeys(o.split(":")[0] for o in k.prim_ops))
+        layers.append((f"{k.name} {label}", k, []))
+        for n in k.nodes:
+            owner[n] = len(layers) - 1
+    for k in c.unfused.kernels:
+        if k.op != "view" and k.nodes[0] in owner:
+            layers[owner[k.nodes[0]]][2].append(k)
+    return layers
+
+
+def plot_compare(c: Comparison, path: str | Path) -> Path:
+    """Write a PNG with two panels (cost, off-chip bytes): per fused kernel, a fused bar and a
+    stacked unfused bar. Returns the path."""
+    import matplotlib
+
+    matplotlib.use("Agg")  # files only, no display needed
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    path = Path(path)
+    if path.suffix.lower() not in (".png", ".svg", ".pdf"):
+        raise OpcError("unsupported plot format", arg="--plot", value=str(path), expected="a .png, .svg or .pdf path")
+    layers = _layers(c)
+    use_cycles = c.summary().get("cycles") is not None
+    cost = (lambda k: k.cycles or 0) if use_cycles else (lambda k: k.seconds * 1e6)
+    unit = "cycles" if use_cycles else "microseconds"
+    x = np.arange(len(layers))
+    fig, axes = plt.subplots(2, 1, figsize=(max(8.0, 0.55 * len(layers) + 3), 8.5), sharex=True)
+    seen: set[str] = set()
+    for ax, metric, ylabel in ((axes[0], cost, f"time ({unit})"),
+                               (axes[1], lambda k: k.offchip_bytes / 1e6, "off-chip bytes (MB)")):
+        ax.bar(x - 0.2, [metric(f) for _, f, _ in layers], 0.38, color="#2A9D8F", label="fused kernel")
+        bottom = np.zeros(len(layers))
+        for i, (_, _, parts) in enumerate(layers):
+            for k in parts:
+                kind = "host" if k.where == "host" else (k.prim_ops[0].split(":")[0] if k.op == "ew_chain" else k.op)
+                color = _COLORS.get(kind, "#CCB974")
+                lab = f"unfused: {kind}" if kind not in seen else None
+                seen.add(kind)
+                ax.bar(x[i] + 0.2, metric(k), 0.38, bottom=bottom[i], color=color, label=lab, edgecolor="white",
+                       linewidth=0.5)
+                bottom[i] += metric(k)
+        ax.set_ylabel(ylabel)
+        ax.grid(axis="y", alpha=0.3)
+    s = c.summary()
+    t = c.fused.plan
+    ratio = f"speedup {s['speedup']:.2f}x" if s["speedup"] else ""
+    byt = f"off-chip {s['offchip_ratio']:.2f}x less" if s["offchip_ratio"] else ""
+    axes[0].set_title(f"{t.graph.name} on {t.target.name} ({t.dtype}, batch {t.graph.batch}): fused (left bar) vs "
+                      f"unfused (right, stacked by op) — {ratio}, {byt}", fontsize=10)
+    handles, labels = axes[0].get_legend_handles_labels()
+    h2, l2 = axes[1].get_legend_handles_labels()
+    for h, lab in zip(h2, l2):
+        if lab not in labels:
+            handles.append(h)
+            labels.append(lab)
+    axes[0].legend(handles, labels, fontsize=8, ncol=3, loc="upper right")
+    axes[1].set_xticks(x)
+    axes[1].set_xticklabels([lab for lab, _, _ in layers], rotation=60, ha="right", fontsize=8)
+    fig.tight_layout()
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return path
