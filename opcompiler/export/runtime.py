@@ -31,6 +31,13 @@ class KernelInputError(_Base):
     """A call with a shape, dtype or layout the kernel was not built for: names expected and got."""
 
 
+if __name__ != "opcompiler.export.runtime":  # a folder's copy: raise opcompiler's class when installed
+    try:
+        from opcompiler.export.runtime import KernelInputError  # noqa: F811
+    except ImportError:
+        pass
+
+
 def check_arg(name: str, spec: dict[str, Any], shape: Sequence[int], dtype: str, kernel: str) -> None:
     """Raise KernelInputError unless `shape` and `dtype` are exactly what `spec` says."""
     want_shape, want_dt = tuple(spec["shape"]), spec["dtype"]

@@ -1,0 +1,130 @@
+"""The torch binding: a custom op registered by importing the folder, used in a fresh process
+inside a small model, compared with torch's own conv2d + batch_norm (eval) + relu."""
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+torch = pytest.importorskip("torch")
+
+# Runs in a fresh interpreter: nothing of the exporting process (kernels, registrations) leaks in.
+_CHILD = textwrap.dedent("""
+    import json, sys
+    import torch
+    from torch import nn
+    from opcompiler.export import import_folder
+
+    pkg = import_folder(sys.argv[1])
+    torch.manual_seed(0)
+
+    class Net(nn.Module):
+        def __init__(self, block):
+            super().__init__()
+            self.block = block
+            self.head = nn.Conv2d(16, 4, 1)
+        def forward(self, x):
+            return self.head(self.block(x)).mean(dim=(2, 3))
+
+    conv = nn.Conv2d(8, 16, 3, padding=1, bias=True)
+    bn = nn.BatchNorm2d(16)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1); bn.running_var.uniform_(0.5, 2)
+        bn.weight.uniform_(0.5, 1.5); bn.bias.uniform_(-1, 1)
+    ref = Net(nn.Sequential(conv, bn, nn.ReLU())).eval()
+    ours = Net(pkg.OpcConvBnReLU.from_modules(pkg.kernel, conv, bn)).eval()
+    ours.head.load_state_dict(ref.head.state_dict())
+    x = torch.randn(2, 8, 10, 10)
+    with torch.no_grad():
+        y_ref, y = ref(x), ours(x)
+        block_ref = nn.functional.relu(nn.functional.batch_norm(
+            nn.functional.conv2d(x, conv.weight, conv.bias, padding=1), bn.running_mean, bn.running_var,
+            bn.weight, bn.bias, training=False, eps=bn.eps))
+        block = ours.block(x)
+        scale, shift = ours.block.folded()
+        direct = torch.ops.opcompiler.conv2d_bn_relu(x, conv.weight, scale, shift)
+    print(json.dumps({
+        "op": str(torch.ops.opcompiler.conv2d_bn_relu),
+        "block_err": (block - block_ref).abs().max().item(),
+        "block_scale": block_ref.abs().max().item(),
+        "clipped": (block_ref == 0).float().mean().item(),
+        "net_err": (y - y_ref).abs().max().item(),
+        "direct_equal": bool(torch.equal(direct, block)),
+        "type": type(ours.block).__name__,
+    }))
+""")
+
+
+def test_torch_model_in_fresh_process(cpu_conv_folder):
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(cpu_conv_folder)], capture_output=True, text=True,
+                       timeout=300)
+    assert r.returncode == 0, r.stderr[-2000:]
+    res = json.loads(r.stdout.strip().splitlines()[-1])
+    assert res["op"] == "opcompiler.conv2d_bn_relu" and res["type"] == "OpcConvBnReLU"
+    # fp32, K = 8*3*3 = 72 products: a few ulps of the output's magnitude
+    assert res["block_err"] <= 1e-5 * max(res["block_scale"], 1.0)
+    assert 0.05 < res["clipped"] < 0.95  # the ReLU clipped some, not all
+    assert res["net_err"] <= 1e-5 and res["direct_equal"]
+
+
+@pytest.fixture(scope="module")
+def pkg(cpu_conv_folder):
+    from opcompiler.export import import_folder
+    return import_folder(cpu_conv_folder)
+
+
+def _inputs(pkg):
+    return [torch.randn(s["shape"]) for s in pkg.kernel.inputs]
+
+
+def test_dlpack_passes_tensors_without_copies(pkg):
+    from opcompiler.export.torch_binding import _to_tvm
+    x = torch.randn(2, 8, 10, 10)
+    assert _to_tvm(x).data_ptr() == x.data_ptr()
+    off = torch.randn(2 * 8 * 10 * 10 + 1)[1:].view(2, 8, 10, 10)  # contiguous, 4 bytes off alignment
+    assert _to_tvm(off).data_ptr() != off.data_ptr()  # TVM needs 64-byte alignment: one copy, same values
+    ins = [off] + _inputs(pkg)[1:]
+    torch.testing.assert_close(pkg.op(*ins), pkg.op(off.clone(), *ins[1:]), rtol=0, atol=0)
+
+
+def test_fake_impl_infers_shape_without_running(pkg):
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    with FakeTensorMode():
+        args = [torch.empty(s["shape"]) for s in pkg.kernel.inputs]
+        y = torch.ops.opcompiler.conv2d_bn_relu(*args)
+        assert tuple(y.shape) == (2, 16, 10, 10) and y.dtype == torch.float32
+        with pytest.raises(ValueError, match=r"expected float32\[2, 8, 10, 10\], got float32\[2, 8, 12, 12\]"):
+            torch.ops.opcompiler.conv2d_bn_relu(torch.empty(2, 8, 12, 12), *args[1:])
+
+
+@pytest.mark.parametrize("change, needle", [
+    (lambda a: [a[0][:1]] + a[1:], r"input 'data' \(NCHW\): expected float32\[2, 8, 10, 10\], got float32\[1, 8, 10, 10\]"),
+    (lambda a: [a[0].double()] + a[1:], r"expected float32\[2, 8, 10, 10\], got float64\[2, 8, 10, 10\]"),
+    (lambda a: [a[0].to(memory_format=torch.channels_last)] + a[1:],
+     r"expected a dense row-major NCHW float32\[2, 8, 10, 10\] tensor, got a channels_last"),
+    (lambda a: a[:1] + [a[1].permute(1, 0, 2, 3).contiguous()] + a[2:],
+     r"input 'weight' \(OIHW\): expected float32\[16, 8, 3, 3\], got float32\[8, 16, 3, 3\]"),
+])
+def test_mismatched_tensors_name_expected_and_got(pkg, change, needle):
+    from opcompiler.export import KernelInputError
+    with pytest.raises(KernelInputError, match=needle):
+        pkg.op(*change(_inputs(pkg)))
+
+
+def test_missing_argument_is_caught_by_the_schema(pkg):
+    with pytest.raises(RuntimeError, match=r"missing value for argument 'shift'.*Tensor shift\) -> Tensor"):
+        pkg.op(*_inputs(pkg)[:3])
+
+
+def test_drop_in_module_checks_layers_it_replaces(pkg):
+    from opcompiler.export import KernelInputError
+    with pytest.raises(KernelInputError, match=r"conv.stride: expected \(1, 1\), got \(2, 2\)"):
+        pkg.OpcConvBnReLU.from_modules(pkg.kernel, torch.nn.Conv2d(8, 16, 3, stride=2, padding=1),
+                                       torch.nn.BatchNorm2d(16))
+    m = pkg.OpcConvBnReLU(pkg.kernel)
+    m.train()
+    with pytest.raises(RuntimeError, match="call .eval()"):
+        m(torch.randn(2, 8, 10, 10))
