@@ -114,7 +114,7 @@ class AscendConv2d(AscendTemplate):
             bufs.append(("UB", "bias_ub", g.n1 * 16 * (2 if cast else 4)))
             if cast:
                 bufs.append(("UB", "bias32_ub", g.n1 * 16 * 4))
-        if wl.op == "conv2d_bn_relu":
+        if wl.op in ("conv2d_bn_relu", "conv2d_bn"):
             bufs += [("UB", "scale_ub", g.n1 * 16 * osz), ("UB", "shift_ub", g.n1 * 16 * osz)]
         rows = t.mt1 * 16
         grp = epilogue_group(m, t.nt1, rows, 4, osz if cast else 0, t.slots, m.level("UB").capacity // 2)
@@ -149,7 +149,7 @@ class AscendConv2d(AscendTemplate):
                                 m.level("L0A").capacity, "one K fractal of the pixel tile per ping-pong slot")
         dt, acc, odt = wl.dtype, ACC[wl.dtype], OUT[wl.dtype]
         cast = odt != acc
-        bias, bn = wl.op == "conv2d_bias_relu", wl.op == "conv2d_bn_relu"
+        bias, bn = wl.op == "conv2d_bias_relu", wl.op in ("conv2d_bn_relu", "conv2d_bn")
         bdt = "int32" if dt == "int8" else dt
         mtiles = ceil_div(g.mp1, t.mt1)
         ntiles = ceil_div(g.n1, t.nt1)
@@ -186,7 +186,7 @@ class AscendConv2d(AscendTemplate):
                 sub, hub = kb.alloc("UB", "scale_ub", (g.n1, 16), odt), kb.alloc("UB", "shift_ub", (g.n1, 16), odt)
                 kb.data_move(sub, (slice(None),), sg, (slice(None),))
                 kb.data_move(hub, (slice(None),), hg, (slice(None),))
-                out_steps += [EpStep("mul", sub), EpStep("add", hub), EpStep("relu")]
+                out_steps += [EpStep("mul", sub), EpStep("add", hub)] + ([EpStep("relu")] if wl.op == "conv2d_bn_relu" else [])
             acc_relu = [s for s in acc_steps if s.op == "relu"]
             acc_steps = [s for s in acc_steps if s.op != "relu"]
             acc_ub = [kb.alloc("UB", f"acc_ub_{s}", (grp, t.mt1 * 16, 16), acc) for s in range(t.slots)]
@@ -225,7 +225,7 @@ class AscendConv2d(AscendTemplate):
                                  ub, (slice(0, gn), slice(0, valid)))
 
                 steps_acc = [EpStep(s.op, s.param) for s in acc_steps]
-                epilogue(kb, c, nt, mt * 16, acc_ub, out_ub, grp, ecount, steps_acc, out_steps, write)
+                epilogue(kb, c, nt, mt * 16, acc_ub, out_ub, grp, ecount, steps_acc, out_steps, write, param_n1=n1s)
                 kb.loop()
             return kb.finish(gm_inputs=("data", "weight", "bias", "scale", "shift"))
 

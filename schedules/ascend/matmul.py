@@ -94,7 +94,7 @@ class AscendMatmul(AscendTemplate):
 
     def _ub(self, wl: Workload, target: Target, cfg: Mapping, t: CubeTiles):
         m = machine(target)
-        bias = wl.op == "matmul_bias_relu"
+        bias = wl.op in ("matmul_bias_relu", "matmul_bias")
         osz = np.dtype(OUT[wl.dtype]).itemsize
         cast = OUT[wl.dtype] != ACC[wl.dtype]
         bufs = []
@@ -120,7 +120,7 @@ class AscendMatmul(AscendTemplate):
             raise CapacityError("A_L0A", "L0A", cfg["m_tile"] * k0 * np.dtype(wl.dtype).itemsize * 2, lv.capacity,
                                 "one K fractal of the m tile per ping-pong slot does not fit")
         dt, acc, odt = wl.dtype, ACC[wl.dtype], OUT[wl.dtype]
-        bias = wl.op == "matmul_bias_relu"
+        bias = wl.op in ("matmul_bias_relu", "matmul_bias")
         bdt = "int32" if dt == "int8" else dt
         cast = odt != acc
         tiles_n, tiles_m = ceil_div(N1, t.nt1), ceil_div(M1, t.mt1)
@@ -171,11 +171,11 @@ class AscendMatmul(AscendTemplate):
                                  ub, (slice(0, gn), slice(0, mt * m0)))
 
                 acc_steps = [EpStep("add", bias32)] if bias else []
-                out_steps = [EpStep("relu")] if bias else []
+                out_steps = [EpStep("relu")] if wl.op == "matmul_bias_relu" else []
                 if not cast:
                     acc_steps, out_steps = acc_steps + out_steps, []
                     acc_steps = [s for s in acc_steps if s.op != "relu"]
-                    out_steps = [EpStep("relu")] if bias else []
+                    out_steps = [EpStep("relu")] if wl.op == "matmul_bias_relu" else []
                 epilogue(kb, c, nt, mt * m0, acc_ub, out_ub, g, ecount, acc_steps, out_steps, write)
                 kb.loop()
             return kb.finish(gm_inputs=("A", "B", "bias"))
