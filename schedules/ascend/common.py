@@ -195,10 +195,11 @@ class EpStep:
 
 def epilogue(kb: KernelBuilder, l0c: Buf, nt: int, rows: int, ub_acc: list[Buf], ub_out: list[Buf] | None,
              g: int, ecount: list[int], acc_steps: Sequence[EpStep], out_steps: Sequence[EpStep],
-             write: Callable[[Buf, int, int], None], out_rows: int | None = None) -> None:
+             write: Callable[[Buf, int, int], None], param_n1: int = 0) -> None:
     """L0C -> UB (V pipe), channel ops in the accumulator dtype, cast, channel ops and ReLU in
     the output dtype, then `write(ub_buf, j, gn)` sends n1 blocks j..j+gn to GM (MTE3).
-    `rows` is the tile's M extent in L0C (a multiple of 16)."""
+    `rows` is the tile's M extent in L0C (a multiple of 16); parameter buffers hold channel
+    block `param_n1` at their start."""
     for j in range(0, nt, g):
         gn = min(g, nt - j)
         e = ecount[0] % len(ub_acc)
@@ -208,7 +209,7 @@ def epilogue(kb: KernelBuilder, l0c: Buf, nt: int, rows: int, ub_acc: list[Buf],
         kb.data_move(acc, (slice(0, gn), slice(0, rows)), l0c, (slice(j, j + gn), slice(0, rows)))
         for st in acc_steps:
             for jj in range(gn):
-                channel_op(kb, st.op, acc, jj * mtr * 16, rows, st.param, (j + jj) * 16)
+                channel_op(kb, st.op, acc, jj * mtr * 16, rows, st.param, (param_n1 + j + jj) * 16)
         out = acc
         if ub_out is not None:
             out = ub_out[e]
@@ -226,7 +227,7 @@ def epilogue(kb: KernelBuilder, l0c: Buf, nt: int, rows: int, ub_acc: list[Buf],
                         kb.vec("relu", VOp(out, jj * mtr * 16), (VOp(out, jj * mtr * 16),), rows * 16)
             else:
                 for jj in range(gn):
-                    channel_op(kb, st.op, out, jj * mtr * 16, rows, st.param, (j + jj) * 16)
+                    channel_op(kb, st.op, out, jj * mtr * 16, rows, st.param, (param_n1 + j + jj) * 16)
         write(out, j, gn)
         kb.loop()
 

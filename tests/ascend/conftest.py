@@ -1,0 +1,31 @@
+"""Shared fixtures for the ascend-sim tests: one backend per target, the published figures."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from opcompiler.backend import get_backend
+from opcompiler.ops import workload
+from opcompiler.target import load_target
+
+PUBLISHED = Path("/work/shared/calibration/published.json")
+
+
+@pytest.fixture(scope="session")
+def backend():
+    return get_backend(load_target("ascend-sim"))
+
+
+@pytest.fixture(scope="session")
+def published() -> dict:
+    if not PUBLISHED.exists():
+        pytest.skip(f"published calibration figures not found at {PUBLISHED}")
+    data = json.loads(PUBLISHED.read_text())
+    return {row["what"]: row for row in data["ascend910"]}
+
+
+def measure(backend, op: str, shape=None, *, preset=None, batch=None, dtype="float16", config=None):
+    wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype)
+    return backend.measure(backend.build(wl, config))

@@ -1,0 +1,34 @@
+"""Functional and timing modes run the same program and report the same cycles."""
+from __future__ import annotations
+
+import pytest
+
+from opcompiler.ops import get_op, workload
+
+KERNELS = [("matmul", "m=40,k=100,n=70", "float16"), ("matmul_bias_relu", "m=64,k=256,n=128", "float16"),
+           ("conv2d_bn_relu", "n=2,c=13,h=10,w=10,k=20,r=3,s=3,stride=1,pad=1", "float16"),
+           ("conv2d", "n=1,c=16,h=9,w=9,k=32,r=3,s=3,stride=2,pad=1", "int8"),
+           ("batch_norm", "n=2,c=20,h=9,w=9", "float32"), ("add_relu", "n=1,c=16,h=20,w=20", "float16")]
+
+
+@pytest.mark.parametrize("op,shape,dtype", KERNELS)
+def test_functional_and_timing_cycles_equal(backend, op, shape, dtype):
+    wl = workload(op, shape, dtype=dtype)
+    kern = backend.build(wl)
+    fun = backend.run(kern, get_op(op).make_inputs(wl))
+    tim = backend.measure(kern)
+    assert fun.outputs is not None and tim.outputs is None
+    assert fun.cycles == tim.cycles > 0
+    assert fun.metrics["bytes_by_level"] == tim.metrics["bytes_by_level"]
+    assert fun.metrics["pipe_ratios"] == tim.metrics["pipe_ratios"]
+
+
+def test_report_keys(backend):
+    wl = workload("conv2d", "n=1,c=16,h=8,w=8,k=16,r=3,s=3,stride=1,pad=1", dtype="float16")
+    res = backend.measure(backend.build(wl))
+    for key in ("cycles", "percent_of_peak", "bound", "bytes_by_level", "pipe_ratios", "tflops", "roofline"):
+        assert key in res.metrics
+    assert set(res.metrics["pipe_ratios"]) == {"mac_ratio", "vec_ratio", "scalar_ratio", "mte1_ratio", "mte2_ratio",
+                                               "mte3_ratio"}
+    assert all(0 <= v <= 1 for v in res.metrics["pipe_ratios"].values())
+    assert res.seconds == pytest.approx(res.cycles / 1e9)
