@@ -153,6 +153,9 @@ class _Lowering:
         self.kbp = cf.kv * m.lanes
         self.nbuf = 1 + cf.dbuf
         self.pass_cache: dict[int, tuple[MkCost, int]] = {}
+        # timing mode: a stage's ops depend on addresses only through values the timing ignores,
+        # so stages of the same kind share their (read-only) Op objects
+        self.stage_cache: dict[tuple, tuple] = {}
 
     def core_ops(self, core: int, items: list[tuple[int, int, int]], gsm_w: int, gsm_out: int,
                  leader: bool) -> list[Op]:
@@ -206,6 +209,19 @@ class _Lowering:
         return ops
 
     def _stage(self, i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done):
+        if self.fn:
+            return self._build_stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
+        sp = self.sp
+        _, oh0, nr = it
+        slot = i % self.nbuf
+        ih0 = oh0 * sp.stride - sp.pad
+        key = (slot, slot in halo_done, nr, max(0, -ih0), max(0, ih0 + in_rows(sp, nr) - sp.h), ke)
+        if key not in self.stage_cache:
+            self.stage_cache[key] = self._build_stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
+        halo_done.add(slot)
+        return self.stage_cache[key]
+
+    def _build_stage(self, i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done):
         m, sp, cf, kbp, fn = self.m, self.sp, self.cf, self.kbp, self.fn
         n, oh0, nr = it
         slot = i % self.nbuf

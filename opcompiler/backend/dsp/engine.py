@@ -73,76 +73,108 @@ def _dma_cycles(m: DspMachine, op: Op) -> tuple[int, float, float]:
     return int(eng), ddr, gsm
 
 
+def _static(m: DspMachine, op: Op) -> tuple:
+    """Per-op figures the scheduler needs, computed once per Op object."""
+    if op.kind == "dma":
+        eng, ddr, gsm = _dma_cycles(m, op)
+        return (True, eng, ddr, gsm, 0.0)
+    fm = op.cost.fmas / m.fmac_units if op.cost is not None else 0.0
+    return (False, op.cycles, 0.0, 0.0, fm)
+
+
 def timing(m: DspMachine, prog: Program) -> Timing:
     """Schedule every core's ops on its pipes and the shared channels; returns cycles and busy time."""
     n = len(prog.cores)
     mult = prog.multiplicity
-    pipe_free = [{"dma": 0, "vpu": 0} for _ in range(n)]
-    ready = [dict() for _ in range(n)]  # tag -> cycle its last write completes
-    read_end = [dict() for _ in range(n)]  # tag -> cycle its last read completes
+    pipe_free = [{"dma": 0, "vpu": 0, "sync": 0} for _ in range(n)]
+    ready: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last write completes
+    read_end: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last read completes
     idx = [0] * n
     busy: dict[str, float] = defaultdict(float)
-    chan_free = {"ddr": 0.0, "gsm": 0.0}
+    chan = {"ddr": 0.0, "gsm": 0.0}
     counters = Counters()
-    now = [0] * n
+    static: dict[int, tuple] = {}
+    per_op_counts: dict[int, list] = {}
     heap: list[tuple[int, int]] = [(0, c) for c in range(n) if prog.cores[c]]
     heapq.heapify(heap)
     at_barrier: dict[int, int] = {}
     total_mult = sum(mult[c] for c in range(n) if prog.cores[c])
+    startup = m.dma_startup
 
     def candidate(c: int, op: Op) -> int:
-        t = pipe_free[c].get(op.pipe, 0) if op.pipe != "sync" else now[c]
+        t = pipe_free[c][op.pipe]
         r, w = ready[c], read_end[c]
         for tag in op.reads:
-            t = max(t, r.get(tag, 0))
+            v = r.get(tag, 0)
+            if v > t:
+                t = v
         for tag in op.writes:
-            t = max(t, r.get(tag, 0), w.get(tag, 0))
+            v = max(r.get(tag, 0), w.get(tag, 0))
+            if v > t:
+                t = v
         return t
 
     while heap:
         _, c = heapq.heappop(heap)
         ops = prog.cores[c]
         op = ops[idx[c]]
+        k = mult[c]
         if op.kind == "barrier":
-            at_barrier[c] = max(pipe_free[c]["dma"], pipe_free[c]["vpu"], now[c])
-            if sum(mult[k] for k in at_barrier) < total_mult:
+            pf = pipe_free[c]
+            at_barrier[c] = max(pf["dma"], pf["vpu"], pf["sync"])
+            if sum(mult[j] for j in at_barrier) < total_mult:
                 continue
             t = max(at_barrier.values())
-            for k in list(at_barrier):
-                pipe_free[k]["dma"] = pipe_free[k]["vpu"] = now[k] = t
-                idx[k] += 1
-                if idx[k] < len(prog.cores[k]):
-                    heapq.heappush(heap, (candidate(k, prog.cores[k][idx[k]]), k))
+            for j in list(at_barrier):
+                pipe_free[j]["dma"] = pipe_free[j]["vpu"] = pipe_free[j]["sync"] = t
+                idx[j] += 1
+                if idx[j] < len(prog.cores[j]):
+                    heapq.heappush(heap, (candidate(j, prog.cores[j][idx[j]]), j))
             at_barrier.clear()
             continue
+        st = static.get(id(op))
+        if st is None:
+            st = static[id(op)] = _static(m, op)
         start = candidate(c, op)
-        if op.kind == "dma":
-            eng, ddr, gsm = _dma_cycles(m, op)
-            k = mult[c]
-            end = start + eng
+        is_dma, cyc, ddr, gsm, fm = st
+        end = start + cyc
+        if is_dma:
             # the shared channels carry this transfer for all k identical cores
-            for ch, cyc in (("ddr", ddr), ("gsm", gsm)):
-                if cyc:
-                    s = max(chan_free[ch], start + m.dma_startup)
-                    chan_free[ch] = s + cyc * k
-                    busy[ch] += cyc * k
-                    end = max(end, int(np.ceil(chan_free[ch])))
+            if ddr:
+                s0 = chan["ddr"] if chan["ddr"] > start + startup else start + startup
+                chan["ddr"] = s0 + ddr * k
+                busy["ddr"] += ddr * k
+                e = -int(-chan["ddr"] // 1)
+                if e > end:
+                    end = e
+            if gsm:
+                s0 = chan["gsm"] if chan["gsm"] > start + startup else start + startup
+                chan["gsm"] = s0 + gsm * k
+                busy["gsm"] += gsm * k
+                e = -int(-chan["gsm"] // 1)
+                if e > end:
+                    end = e
             busy["dma"] += (end - start) * k
         else:
-            end = start + op.cycles
-            busy["vpu"] += op.cycles * mult[c]
-            if op.cost is not None:
-                busy["fmac"] += op.cost.fmas / m.fmac_units * mult[c]
+            busy["vpu"] += cyc * k
+            busy["fmac"] += fm * k
         pipe_free[c][op.pipe] = end
-        now[c] = max(now[c], start)
         for tag in op.writes:
             ready[c][tag] = end
+        rc = read_end[c]
         for tag in op.reads:
-            read_end[c][tag] = max(read_end[c].get(tag, 0), end)
-        counters.add_op(op, mult[c])
+            if rc.get(tag, 0) < end:
+                rc[tag] = end
+        cnt = per_op_counts.get(id(op))
+        if cnt is None:
+            per_op_counts[id(op)] = [op, k]
+        else:
+            cnt[1] += k
         idx[c] += 1
         if idx[c] < len(ops):
             heapq.heappush(heap, (candidate(c, ops[idx[c]]), c))
+    for op, k in per_op_counts.values():
+        counters.add_op(op, k)
     dsp = max((max(p.values()) for p in pipe_free), default=0)
     host = sum(cyc for _, cyc, _ in prog.host_pre) + sum(cyc for _, cyc, _ in prog.host_post)
     busy["host"] = host

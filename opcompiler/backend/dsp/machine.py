@@ -66,7 +66,8 @@ _CACHE: dict[tuple, DspMachine] = {}
 
 def machine(target: Target) -> DspMachine:
     """Read (and cache) the cluster figures of a dsp-family target."""
-    key = (target.name, target.digest, str(target.extra.get("data_mode", "shared")))
+    key = (target.name, target.digest, str(target.extra.get("data_mode", "shared")), target.cores, target.memories,
+           target.clock_ghz)
     if key not in _CACHE:
         _CACHE[key] = _read(target)
     return _CACHE[key]
