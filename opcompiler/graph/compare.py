@@ -76,6 +76,7 @@ def format_run(run: GraphRun) -> str:
         pct = f"{k.percent_of_peak:.1f}" if k.percent_of_peak is not None else "-"
         lines.append(f"  {k.name:<5} {ops[:44]:<44} {_cost(k, cyc):>15} {_si(k.offchip_bytes, 'B'):>11} {pct:>7}  "
                      f"{k.config_source}{'  [' + k.where + ']' if k.where == 'host' else ''}")
+    lines += [f"  note {k.name}: {k.note}" for k in run.kernels if k.note]
     return "\n".join(lines)
 
 

@@ -106,37 +106,64 @@ class _Built:
     note: str = ""
 
 
-def compile_plan(plan: Plan, config: str = "best", progress: bool = False) -> tuple[dict[str, _Built], float]:
-    """Build every kernel (one build per distinct workload). Returns (group name -> build, seconds)."""
+def compile_plan(plan: Plan, config: str = "best", progress: bool = False
+                 ) -> tuple[list[tuple[Group, _Built | None]], float]:
+    """Build every kernel (one build per distinct workload), in execution order.
+
+    A fused kernel the target has no lowering for is split into its primitive kernels (the
+    target may have those); a kernel that still cannot build runs on the host with
+    `fallback="cpu"`, else raises OpcError naming the op and the node."""
     from tqdm import tqdm
 
     t0 = time.perf_counter()
     backend = get_backend(plan.target)
-    host: Backend | None = None
     cache: dict[str, _Built] = {}
-    out: dict[str, _Built] = {}
-    todo = [g for g in plan.groups if g.op not in ("view", "host")]
-    for g in tqdm(todo, desc=f"compile {plan.kind}", unit="kernel", disable=not progress, leave=False):
-        wl = plan.workload(g)
-        key = wl.key_str()
-        if key not in cache:
-            try:
-                cfg = resolve_config(wl, plan.target, config)
-                kernel = backend.build(wl, cfg)
-                cache[key] = _Built(kernel, backend, plan.target.name,
-                                    "tuning record" if cfg is not None else "template default")
-            except OpcError as e:
-                if plan.fallback != "cpu":
-                    raise OpcError(f"node {g.nodes[0]!r} ({'+'.join(g.onnx_ops)} as {g.op}) cannot be built for "
-                                   f"{plan.target.name}: {e}", arg="MODEL", value=plan.graph.path,
-                                   expected="--fallback cpu to run it on the host") from None
-                host = host or get_backend(load_target("cpu"))
-                cfg = resolve_config(wl, host.target, config)
-                cache[key] = _Built(host.build(wl, cfg), host, "host",
-                                    "tuning record" if cfg is not None else "template default",
-                                    note=f"fallback cpu: {str(e)[:120]}")
-        out[g.name] = cache[key]
+    host: list[Backend] = []
+    out: list[tuple[Group, _Built | None]] = []
+    for g in tqdm(plan.groups, desc=f"compile {plan.kind}", unit="kernel", disable=not progress, leave=False):
+        if g.op in ("view", "host"):
+            out.append((g, None))
+            continue
+        try:
+            out.append((g, _build(plan, g, backend, config, cache)))
+        except OpcError as e:
+            if len(g.prims) == 1:
+                out.append((g, _on_host(plan, g, e, config, cache, host)))
+                continue
+            why = f"split: {g.op} cannot be built for {plan.target.name} ({str(e)[:100]})"
+            for i, p in enumerate(g.prims):
+                sub = Group(name=f"{g.name}.{i}", op=p.kind, params=p.params, inputs=p.inputs, outputs=p.outputs,
+                            prims=(p,))
+                try:
+                    b = _build(plan, sub, backend, config, cache)
+                except OpcError as e2:
+                    b = _on_host(plan, sub, e2, config, cache, host)
+                out.append((sub, _Built(b.kernel, b.backend, b.where, b.config_source, "; ".join(
+                    x for x in (why, b.note) if x))))
     return out, time.perf_counter() - t0
+
+
+def _build(plan: Plan, g: Group, backend: Backend, config: str, cache: dict[str, _Built]) -> _Built:
+    wl = plan.workload(g)
+    key = f"{backend.target.name}|{wl.key_str()}"
+    if key not in cache:
+        cfg = resolve_config(wl, backend.target, config)
+        kernel = backend.build(wl, cfg)
+        cache[key] = _Built(kernel, backend, backend.target.name if backend.target is plan.target else "host",
+                            "tuning record" if cfg is not None else "template default")
+    return cache[key]
+
+
+def _on_host(plan: Plan, g: Group, err: OpcError, config: str, cache: dict[str, _Built], host: list[Backend]
+             ) -> _Built:
+    if plan.fallback != "cpu":
+        raise OpcError(f"node {g.nodes[0]!r} ({'+'.join(g.onnx_ops)} as {g.op}) cannot be built for "
+                       f"{plan.target.name}: {err}", arg="MODEL", value=plan.graph.path,
+                       expected="--fallback cpu to run it on the host") from None
+    if not host:
+        host.append(get_backend(load_target("cpu")))
+    b = _build(plan, g, host[0], config, cache)
+    return _Built(b.kernel, b.backend, "host", b.config_source, f"fallback cpu: {str(err)[:100]}")
 
 
 def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, check: bool = True,
@@ -150,7 +177,7 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
     values: dict[str, np.ndarray] = {k: v.astype(plan.dtype) for k, v in feeds.items()}
     level = offchip_level(plan.target)
     reports = []
-    for g in tqdm(plan.groups, desc=f"run {plan.kind}", unit="kernel", disable=not progress, leave=False):
+    for g, b in tqdm(built, desc=f"run {plan.kind}", unit="kernel", disable=not progress, leave=False):
         if g.op == "view":
             if check:
                 values[g.outputs[0]] = values[g.inputs[0]].reshape(plan.shape(g.outputs[0]))
@@ -158,7 +185,7 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
         elif g.op == "host":
             reports.append(_run_host(plan, g, values, check))
         else:
-            reports.append(_run_kernel(plan, g, built[g.name], values, check, level))
+            reports.append(_run_kernel(plan, g, b, values, check, level))
     run = GraphRun(plan=plan, kernels=reports, compile_seconds=compile_s)
     if check:
         run.outputs = {o: values[o] for o in plan.graph.outputs}

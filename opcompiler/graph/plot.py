@@ -67,8 +67,8 @@ def plot_compare(c: Comparison, path: str | Path) -> Path:
     t = c.fused.plan
     ratio = f"speedup {s['speedup']:.2f}x" if s["speedup"] else ""
     byt = f"off-chip {s['offchip_ratio']:.2f}x less" if s["offchip_ratio"] else ""
-    axes[0].set_title(f"{t.graph.name} on {t.target.name} ({t.dtype}, batch {t.graph.batch}): fused (left bar) vs "
-                      f"unfused (right, stacked by op) — {ratio}, {byt}", fontsize=10)
+    axes[0].set_title(f"{t.graph.name} on {t.target.name} ({t.dtype}, batch {t.graph.batch}): {ratio}, {byt}\n"
+                      "per fused kernel: fused (left bar) vs the unfused kernels doing the same work (right, stacked)", fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     h2, l2 = axes[1].get_legend_handles_labels()
     for h, lab in zip(h2, l2):
@@ -77,7 +77,7 @@ def plot_compare(c: Comparison, path: str | Path) -> Path:
             labels.append(lab)
     axes[0].legend(handles, labels, fontsize=8, ncol=3, loc="upper right")
     axes[1].set_xticks(x)
-    axes[1].set_xticklabels([lab for lab, _, _ in layers], rotation=60, ha="right", fontsize=8)
+    axes[1].set_xticklabels([lab for lab, _, _ in layers], rotation=45, ha="right", fontsize=8)
     fig.tight_layout()
     path.parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=110)
