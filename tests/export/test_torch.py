@@ -128,3 +128,13 @@ def test_drop_in_module_checks_layers_it_replaces(pkg):
     m.train()
     with pytest.raises(RuntimeError, match="call .eval()"):
         m(torch.randn(2, 8, 10, 10))
+
+
+def test_compiles_as_one_graph(pkg):
+    """torch.compile traces through the fake implementation: no graph break at the custom op."""
+    m = pkg.OpcConvBnReLU(pkg.kernel)
+    with torch.no_grad():
+        m.bn.running_mean.uniform_(-1, 1)
+        x = torch.randn(2, 8, 10, 10)
+        compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
+        torch.testing.assert_close(compiled(x), m(x), rtol=0, atol=0)
