@@ -153,8 +153,8 @@ class DspDirectConv2d(DirectTemplate):
         knobs = {k.name: k.values for k in self.space(wl, target)}
         kv = max(knobs["kv"])
         kv = min(kv, 2)
-        for pw in (9, 8, 6, 4, 2, 1):
-            for rows in (2, 1):
+        for pw in (10, 9, 8, 6, 4, 2, 1):
+            for rows in (1, 2):
                 cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": min(rows, sp.ho), "order": "out",
                        "dbuf": 1, "w_path": "gsm", "out_path": "ddr", "split": "items"}
                 if self.check(wl, target, cfg) is None:

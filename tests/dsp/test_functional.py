@@ -1,0 +1,85 @@
+"""Functional mode: the simulated kernels' outputs against the numpy references (verify.TOLERANCE
+for fp32: rtol 1e-4, atol 1e-5 of the largest magnitude), and the two modes agreeing."""
+import pytest
+
+from opcompiler.backend import get_backend
+from opcompiler.ops import get_op, workload
+from opcompiler.target import load_target
+from opcompiler.verify import compare
+
+
+@pytest.fixture(scope="module")
+def be():
+    return get_backend(load_target("dsp-sim"))
+
+
+def _check(be, op, config=None, **kw):
+    wl = workload(op, **kw)
+    d = get_op(op)
+    k = be.build(wl, config)
+    ins = d.make_inputs(wl, seed=1)
+    res = be.run(k, ins)
+    ok, err = compare(res.outputs[0], d.reference(wl, ins))
+    assert ok, f"{op} {wl.shape_str()} {k.config}: max abs err {err}"
+    return k, res
+
+
+@pytest.mark.parametrize("preset", ["minigo.conv3_init", "minigo.conv3_res", "minigo.conv1_policy",
+                                    "minigo.conv1_value"])
+@pytest.mark.parametrize("config", [None, "paper"])
+def test_minigo_convs(be, preset, config):
+    _check(be, "conv2d", config, preset=preset, batch=3)
+
+
+@pytest.mark.parametrize("preset", ["minigo.fc1", "minigo.fc2", "minigo.fc3"])
+@pytest.mark.parametrize("config", [None, "paper"])
+def test_minigo_fc(be, preset, config):
+    _check(be, "matmul_bias_relu", config, preset=preset, batch=10)
+
+
+@pytest.mark.parametrize("shape,config", [
+    ("n=2,c=3,h=9,w=8,k=5,r=3,s=3,stride=2,pad=0,layout=NHWC", None),                 # stride, no pad, odd C, K
+    ("n=1,c=7,h=11,w=10,k=33,r=5,s=3,stride=1,pad=2,layout=NHWC", {"kv": 1, "pw": 7, "rows": 3}),  # K tail, 3 k-blocks
+    ("n=3,c=13,h=8,w=8,k=70,r=3,s=3,dilation=2,pad=2,layout=NHWC", {"order": "ws", "rows": 3}),
+    ("n=2,c=5,h=7,w=6,k=33,r=3,s=3,stride=2,pad=1,layout=NCHW", None),                 # NCHW via DMA relayout
+    ("n=9,c=4,h=6,w=6,k=8,r=1,s=1,pad=0,layout=NHWC", {"split": "batch", "out_path": "gsm", "w_path": "host_copies"}),
+    ("n=2,c=6,h=5,w=5,k=40,r=3,s=3,pad=1,layout=NHWC", {"w_path": "ddr", "dbuf": 0, "pw": 3, "rows": 4}),
+])
+def test_conv_shapes(be, shape, config):
+    _check(be, "conv2d", config, shape=shape)
+
+
+@pytest.mark.parametrize("op", ["conv2d_bias_relu", "conv2d_bn_relu"])
+@pytest.mark.parametrize("order", ["out", "ws"])
+def test_fused_conv(be, op, order):
+    _check(be, op, {"order": order}, shape="n=2,c=6,h=7,w=7,k=36,r=3,s=3,pad=1,layout=NHWC")
+
+
+@pytest.mark.parametrize("shape", ["m=13,k=29,n=37", "m=5,k=8,n=70,trans_a=1,trans_b=1"])
+def test_matmul_shapes(be, shape):
+    _check(be, "matmul", None, shape=shape)
+
+
+@pytest.mark.parametrize("op,shape", [
+    ("bn_relu", "n=3,c=64,h=5,w=5,layout=NHWC"), ("bn_relu", "n=2,c=13,h=19,w=19,layout=NCHW"),
+    ("batch_norm", "n=2,c=13,h=5,w=7,layout=NHWC"), ("relu", "n=2,c=3,h=5,w=7"), ("add", "n=2,c=3,h=5,w=7"),
+    ("bias_add", "n=3,c=5,h=5,w=7,layout=NHWC"), ("add_relu", "n=2,c=13,h=5,w=7,bcast=1,layout=NHWC"),
+    ("add_relu", "n=2,c=13,h=5,w=7"),
+])
+def test_elemwise(be, op, shape):
+    _check(be, op, None, shape=shape)
+    _check(be, op, "paper", shape=shape)
+
+
+@pytest.mark.parametrize("op,shape,config", [
+    ("conv2d", "n=5,c=13,h=9,w=9,k=64,r=3,s=3,pad=1,layout=NHWC", "paper"),
+    ("conv2d", "n=11,c=8,h=7,w=7,k=40,r=3,s=3,pad=1,layout=NCHW", {"kv": 1, "rows": 2}),
+    ("bn_relu", "n=3,c=13,h=9,w=9,layout=NHWC", None),
+])
+def test_functional_and_timing_modes_agree(be, op, shape, config):
+    """The same cycles from run (functional) and measure (timing), and the timing program issues
+    exactly the transfers and instructions the functional execution performed."""
+    k, res = _check(be, op, config, shape=shape)
+    timed = be.measure(k)
+    assert timed.cycles == res.cycles
+    assert res.metrics["functional_counters"] == timed.metrics["counters"]
