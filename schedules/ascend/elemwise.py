@@ -2,12 +2,15 @@
 
     FOR UB tile of this core's share:   GM -> UB (MTE2), vector ops in UB (V), UB -> GM (MTE3)
 
-relu, add and add_relu (same shapes) stream the flat tensor in its own layout. Per-channel
-ops (bias_add, batch_norm, bn_relu, add_relu with a per-channel y) work on NC1HWC0, so one
+Every op is a chain of vector steps (relu, sigmoid, clip, add/mul with a same-shape operand,
+bias/scale/bn with per-channel operands; ew_chain spells the chain out). Chains without
+per-channel steps (relu, add, add_relu) stream the flat tensor in its own layout; chains with
+them (bias_add, batch_norm, bn_relu, add_relu with a per-channel y) work on NC1HWC0, so one
 256 B repeat covers 8 pixels x 16 channels and the channel parameters are read with block
 stride 0 (fp16) or as two half-row instructions (fp32): fp32 moves twice the bytes and gets
 half the lanes per repeat (seed 000 §6.3.2, Table 6). The NCHW <-> NC1HWC0 change is
-host-side preprocessing (activations live in NC1HWC0 between Ascend kernels).
+host-side preprocessing (activations live in NC1HWC0 between Ascend kernels). concat copies
+each input's contiguous channel block per image through UB (MTE2 -> UB -> MTE3, no vector work).
 """
 from __future__ import annotations
 
@@ -16,7 +19,7 @@ from typing import Mapping
 import numpy as np
 
 from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
-from opcompiler.backend.ascend.isa import VOp
+from opcompiler.backend.ascend.isa import Buf, VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
@@ -27,19 +30,79 @@ from .common import AscendTemplate, channel_op, core_values, from_5hd, machine, 
 
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 C0 = 16
+# how many extra operands each step reads: "full" (same shape as x) or "chan" (one per channel)
+STEP_OPERANDS = {"relu": (), "sigmoid": (), "clip": (), "add": ("full",), "mul": ("full",), "bias": ("chan",),
+                 "scale": ("chan",), "bn": ("chan", "chan")}
+
+
+def _steps(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
+    """The op as a chain of vector steps over x (the same vocabulary as the ew_chain op)."""
+    op = wl.op
+    fixed = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn", "bn_relu": "bn;relu",
+             "add_relu": "bias;relu" if wl.p.get("bcast") else "add;relu"}
+    if op == "ew_chain":
+        text = str(wl["chain"])
+    elif op in fixed:
+        text = fixed[op]
+    else:
+        raise OpcError(f"no ascend vector template for {op}", arg="op", value=op,
+                       expected="relu, add, add_relu, bias_add, batch_norm, bn_relu, ew_chain or concat")
+    out = []
+    for item in filter(None, text.split(";")):
+        name, *args = item.split(":")
+        if name not in STEP_OPERANDS:
+            raise OpcError(f"unknown element-wise step {name!r}", arg="chain", value=text,
+                           expected=", ".join(STEP_OPERANDS))
+        out.append((name, tuple(float(a) for a in args)))
+    return out
 
 
 def _kind(wl: Workload) -> str:
-    if wl.op in ("relu", "add") or (wl.op == "add_relu" and not wl.p.get("bcast")):
-        return "flat"
-    if wl.op in ("bias_add", "batch_norm", "bn_relu", "add_relu"):
-        return "channel"
-    raise OpcError(f"no ascend vector template for {wl.op}", arg="op", value=wl.op,
-                   expected="relu, add, add_relu, bias_add, batch_norm or bn_relu")
+    if wl.op == "concat":
+        return "concat"
+    steps = _steps(wl)
+    return "channel" if any("chan" in STEP_OPERANDS[n] for n, _ in steps) else "flat"
+
+
+def _n_full(wl: Workload) -> int:
+    return 0 if wl.op == "concat" else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
+
+
+def _n_chan(wl: Workload) -> int:
+    return 0 if wl.op == "concat" else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
 
 
 def _shape(wl: Workload) -> tuple[int, int, int, int]:
     return wl["n"], wl["c"], wl["h"], wl["w"]
+
+
+def emit_steps(kb: KernelBuilder, steps, x: Buf, fulls: list[Buf], params: list[Buf], cnt_elems: int,
+               rows: int, cb: int) -> None:
+    """The vector instructions of a step chain on one UB tile (`rows` of 16 channels at channel
+    offset `cb` for per-channel steps)."""
+    fi = pi = 0
+    vx = VOp(x)
+    for name, args in steps:
+        if name == "relu":
+            kb.vec("relu", vx, (vx,), cnt_elems)
+        elif name == "sigmoid":  # 1 / (1 + exp(-x)), as the DSL writes it
+            kb.vec("muls", vx, (vx,), cnt_elems, scalar=-1.0)
+            kb.vec("exp", vx, (vx,), cnt_elems)
+            kb.vec("adds", vx, (vx,), cnt_elems, scalar=1.0)
+            kb.vec("rec", vx, (vx,), cnt_elems)
+        elif name == "clip":
+            kb.vec("mins", vx, (vx,), cnt_elems, scalar=args[1])
+            kb.vec("maxs", vx, (vx,), cnt_elems, scalar=args[0])
+        elif name in ("add", "mul"):
+            kb.vec(name, vx, (vx, VOp(fulls[fi])), cnt_elems)
+            fi += 1
+        elif name in ("bias", "scale"):
+            channel_op(kb, "add" if name == "bias" else "mul", x, 0, rows, params[pi], cb)
+            pi += 1
+        elif name == "bn":
+            channel_op(kb, "mul", x, 0, rows, params[pi], cb)
+            channel_op(kb, "add", x, 0, rows, params[pi + 1], cb)
+            pi += 2
 
 
 @register_template
@@ -51,7 +114,7 @@ class AscendElemwise(AscendTemplate):
     version = 1
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
-        _kind(wl)
+        _kind(wl)  # rejects ops without a vector template
         return [Knob("ub_tile", UB_TILES, "elements per UB tile (per operand)"),
                 Knob("double_buffer", (1, 0), "ping-pong UB tiles so MTE2, V and MTE3 overlap"),
                 Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over")]
@@ -59,120 +122,120 @@ class AscendElemwise(AscendTemplate):
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         return [{"ub_tile": t, "double_buffer": 1, "block_dim": target.cores} for t in reversed(UB_TILES)]
 
-    def _n_in(self, wl: Workload) -> int:
-        return 2 if wl.op in ("add", "add_relu") and _kind(wl) == "flat" else 1
-
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         isz = np.dtype(wl.dtype).itemsize
         slots = 2 if cfg["double_buffer"] else 1
-        out = []
-        if _kind(wl) == "channel":
-            c1 = ceil_div(wl["c"], C0)
-            out += [("UB", f"param{i}", c1 * C0 * isz) for i in range(2)]
+        c1 = ceil_div(wl["c"], C0)
+        out = [("UB", f"param{i}", c1 * C0 * isz) for i in range(_n_chan(wl))]
         for s in range(slots):
-            out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(self._n_in(wl))]
+            out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(1 + _n_full(wl))]
         return out
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
         m = machine(target)
         kind = _kind(wl)
+        steps = [] if kind == "concat" else _steps(wl)
         dt = wl.dtype
         n, c, h, w = _shape(wl)
         slots = 2 if cfg["double_buffer"] else 1
         tile = cfg["ub_tile"]
-        op = wl.op
+        n_full, n_chan = _n_full(wl), _n_chan(wl)
         c1, hw = ceil_div(c, C0), h * w
         if kind == "flat":
             total = n * c * h * w
-            blk = 32 // np.dtype(dt).itemsize  # core shares start on a 32 B block
             units = [(0, s, min(tile, total - s)) for s in range(0, total, tile)]
             gm_shape = (total,)
-        else:
+            out_shape_gm = gm_shape
+        elif kind == "channel":
             rows_per_tile = max(1, tile // C0)
             units = [(p, r, min(rows_per_tile, hw - r)) for p in range(n * c1) for r in range(0, hw, rows_per_tile)]
             gm_shape = (n * c1, hw, C0)
-            blk = 1
+            out_shape_gm = gm_shape
+        else:  # concat: per image, input i's channel block is one contiguous run of the output
+            cc = (c, wl["c1"])
+            units = [(i, (b, s), min(tile, cc[i] * hw - s)) for b in range(n) for i in range(2)
+                     for s in range(0, cc[i] * hw, tile)]
+            out_shape_gm = (n, (c + wl["c1"]) * hw)
         active = min(cfg["block_dim"], len(units))
 
         def program(core: int):
             kb = KernelBuilder(m, core, active)
-            n_in = self._n_in(wl)
-            xs = [kb.gm(f"x{i}", gm_shape, dt) for i in range(n_in)]
-            y = kb.gm("y", gm_shape, dt)
+            if kind == "concat":
+                xs = [kb.gm("x0", (n, c * hw), dt), kb.gm("x1", (n, wl["c1"] * hw), dt)]
+            else:
+                xs = [kb.gm(f"x{i}", gm_shape, dt) for i in range(1 + n_full)]
+            y = kb.gm("y", out_shape_gm, dt)
             params = []
-            if kind == "channel":
-                names = {"bias_add": ("p0",), "add_relu": ("p0",), "batch_norm": ("p0", "p1"), "bn_relu": ("p0", "p1")}
-                for i, nm in enumerate(names[op]):
-                    g = kb.gm(nm, (c1, C0), dt)
-                    b = kb.alloc("UB", f"param{i}", (c1, C0), dt)
-                    kb.data_move(b, (slice(None),), g, (slice(None),))
-                    params.append(b)
-            bufs = [[kb.alloc("UB", f"x{i}_{s}", (tile,), dt) for i in range(n_in)] for s in range(slots)]
+            for i in range(n_chan):
+                g = kb.gm(f"p{i}", (c1, C0), dt)
+                b = kb.alloc("UB", f"param{i}", (c1, C0), dt)
+                kb.data_move(b, (slice(None),), g, (slice(None),))
+                params.append(b)
+            bufs = [[kb.alloc("UB", f"x{i}_{s}", (tile,), dt) for i in range(1 + n_full)] for s in range(slots)]
             lo, hi = split_even(len(units), active, core)
             for j, (plane, start, cnt) in enumerate(units[lo:hi]):
                 ub = bufs[j % slots]
-                if kind == "flat":
-                    for i in range(n_in):
+                if kind == "concat":
+                    b, s0 = start
+                    off = (0 if plane == 0 else c * hw) + s0
+                    kb.data_move(ub[0], (slice(0, cnt),), xs[plane], (b, slice(s0, s0 + cnt)))
+                    kb.data_move(y, (b, slice(off, off + cnt)), ub[0], (slice(0, cnt),))
+                elif kind == "flat":
+                    for i in range(1 + n_full):
                         kb.data_move(ub[i], (slice(0, cnt),), xs[i], (slice(start, start + cnt),))
-                    if op == "relu":
-                        kb.vec("relu", VOp(ub[0]), (VOp(ub[0]),), cnt)
-                    else:
-                        kb.vec("add", VOp(ub[0]), (VOp(ub[0]), VOp(ub[1])), cnt)
-                        if op == "add_relu":
-                            kb.vec("relu", VOp(ub[0]), (VOp(ub[0]),), cnt)
+                    emit_steps(kb, steps, ub[0], ub[1:], params, cnt, 0, 0)
                     kb.data_move(y, (slice(start, start + cnt),), ub[0], (slice(0, cnt),))
                 else:
-                    x = ub[0]
-                    kb.data_move(x, (slice(0, cnt * C0),), xs[0], (plane, slice(start, start + cnt)))
-                    cb = (plane % c1) * C0
-                    if op in ("bias_add", "add_relu"):
-                        channel_op(kb, "add", x, 0, cnt, params[0], cb)
-                    else:
-                        channel_op(kb, "mul", x, 0, cnt, params[0], cb)
-                        channel_op(kb, "add", x, 0, cnt, params[1], cb)
-                    if op in ("bn_relu", "add_relu"):
-                        kb.vec("relu", VOp(x), (VOp(x),), cnt * C0)
-                    kb.data_move(y, (plane, slice(start, start + cnt)), x, (slice(0, cnt * C0),))
+                    for i in range(1 + n_full):
+                        kb.data_move(ub[i], (slice(0, cnt * C0),), xs[i], (plane, slice(start, start + cnt)))
+                    emit_steps(kb, steps, ub[0], ub[1:], params, cnt * C0, cnt, (plane % c1) * C0)
+                    kb.data_move(y, (plane, slice(start, start + cnt)), ub[0], (slice(0, cnt * C0),))
                 kb.loop()
-            return kb.finish(gm_inputs=("x0", "x1", "p0", "p1"))
+            return kb.finish(gm_inputs=tuple(f"x{i}" for i in range(2 + n_full)) + tuple(f"p{i}" for i in range(n_chan)))
 
         layout = wl.layout
 
         def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+            if kind == "concat":
+                return {f"x{i}": np.ascontiguousarray(x).reshape(n, -1) for i, x in enumerate(inputs)}
+            fulls, chans, rest = [], [], iter(inputs[1:])
+            for name, _ in steps:  # operands come in step order
+                for what in STEP_OPERANDS[name]:
+                    (fulls if what == "full" else chans).append(next(rest))
             if kind == "flat":
-                return {f"x{i}": np.ascontiguousarray(x).reshape(-1) for i, x in enumerate(inputs)}
-            gm = {"x0": to_5hd(inputs[0], layout, C0).reshape(gm_shape)}
-            if op == "add_relu":
-                gm["p0"] = per_channel(inputs[1], c1, C0)
-            else:
-                for i, p in enumerate(inputs[1:]):
-                    gm[f"p{i}"] = per_channel(p, c1, C0)
+                return {f"x{i}": np.ascontiguousarray(a).reshape(-1) for i, a in enumerate([inputs[0], *fulls])}
+            gm = {f"x{i}": to_5hd(a, layout, C0).reshape(gm_shape) for i, a in enumerate([inputs[0], *fulls])}
+            for i, a in enumerate(chans):
+                gm[f"p{i}"] = per_channel(a.reshape(-1), c1, C0)
             return gm
 
         out_shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
 
         def unpack(y: np.ndarray) -> np.ndarray:
+            if kind == "concat":
+                return y.reshape(n, c + wl["c1"], h, w)
             if kind == "flat":
                 return y.reshape(out_shape)
             return from_5hd(y.reshape(n, c1, hw, C0), c, h, w, layout)
 
-        flat_note = "none (streams the tensor in its own layout)"
-        return Plan(active_cores=active, make_program=program, pack=pack, out_name="y", out_shape=gm_shape,
-                    out_dtype=dt, unpack=unpack, flops=get_op(op).flops(wl), unit="vector",
-                    info={"gm_layouts": {"x": "flat" if kind == "flat" else "NC1HWC0 (N*C1, H*W, 16)"},
-                          "layout_change": flat_note if kind == "flat" else "NCHW/NHWC <-> NC1HWC0 on the host",
-                          "channel_padding_waste": 0.0 if kind == "flat" else round(1 - c / (c1 * C0), 4)})
+        return Plan(active_cores=active, make_program=program, pack=pack, out_name="y", out_shape=out_shape_gm,
+                    out_dtype=dt, unpack=unpack, flops=get_op(wl.op).flops(wl), unit="vector",
+                    info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H*W, 16)" if kind == "channel" else "flat"},
+                          "steps": ";".join(nm for nm, _ in steps) if steps else kind,
+                          "layout_change": ("NCHW/NHWC <-> NC1HWC0 on the host" if kind == "channel"
+                                            else "none (streams the tensor in its own layout)"),
+                          "channel_padding_waste": round(1 - c / (c1 * C0), 4) if kind == "channel" else 0.0})
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
         isz = np.dtype(wl.dtype).itemsize
         n, c, h, w = _shape(wl)
         kind = _kind(wl)
-        elems = n * c * h * w if kind == "flat" else n * ceil_div(c, C0) * C0 * h * w
+        elems = {"flat": n * c * h * w, "channel": n * ceil_div(c, C0) * C0 * h * w}.get(kind, n * (c + wl.p.get("c1", 0)) * h * w)
         tiles = ceil_div(elems, cfg["ub_tile"])
         cores = min(cfg["block_dim"], tiles)
-        gm = elems * isz * (self._n_in(wl) + 1)
+        gm = elems * isz * (_n_full(wl) + 2)
         occ = sum(b for _, _, b in self.buffers(wl, target, cfg)) / machine(target).level("UB").capacity
         return {"gm_bytes": gm, "arith_intensity": get_op(wl.op).flops(wl) / gm, "tiles": tiles,
                 "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ,
-                "alignment_waste": 1 - n * c * h * w / elems, "lanes": machine(target).lanes(isz)}
+                "alignment_waste": 1 - n * c * h * w / elems if kind == "channel" else 0.0, "lanes": machine(target).lanes(isz)}

@@ -22,14 +22,14 @@ CONV = [
 ]
 
 
-@pytest.mark.parametrize("op", ["conv2d", "conv2d_bias_relu", "conv2d_bn_relu"])
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn"])
 @pytest.mark.parametrize("shape", CONV)
 def test_conv_family_fp16(op, shape):
     rep = run_op(op, "ascend-sim", shape=shape, dtype="float16")
     assert rep["correct"], rep["max_abs_err"]
 
 
-@pytest.mark.parametrize("op", ["matmul", "matmul_bias_relu"])
+@pytest.mark.parametrize("op", ["matmul", "matmul_bias_relu", "matmul_bias"])
 @pytest.mark.parametrize("shape", ["m=16,k=256,n=1024", "m=40,k=100,n=70", "m=33,k=17,n=200,trans_a=1",
                                    "m=64,k=48,n=30,trans_b=1"])
 def test_matmul_family_fp16(op, shape):
@@ -49,7 +49,10 @@ def test_int8_cube_is_exact(op, shape):
 @pytest.mark.parametrize("op,shape", [
     ("relu", "n=1,c=13,h=7,w=9"), ("add", "n=2,c=16,h=5,w=5"), ("add_relu", "n=1,c=3,h=30,w=30"),
     ("add_relu", "n=1,c=13,h=7,w=7,bcast=1"), ("bias_add", "n=2,c=13,h=7,w=9"),
-    ("batch_norm", "n=1,c=64,h=14,w=14"), ("bn_relu", "n=1,c=20,h=9,w=9,layout=NHWC")])
+    ("batch_norm", "n=1,c=64,h=14,w=14"), ("bn_relu", "n=1,c=20,h=9,w=9,layout=NHWC"),
+    ("ew_chain", "n=1,c=13,h=7,w=9,chain=sigmoid"), ("ew_chain", "n=1,c=13,h=7,w=9,chain=mul;clip:0:6"),
+    ("ew_chain", "n=2,c=20,h=5,w=5,chain=bn;relu;add"), ("ew_chain", "n=1,c=8,h=5,w=5,chain=scale;bias;sigmoid,layout=NHWC"),
+    ("concat", "n=2,c=13,c1=20,h=5,w=7")])
 def test_elemwise_family(op, shape, dtype):
     rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype)
     assert rep["correct"], rep["max_abs_err"]
