@@ -42,6 +42,7 @@ class KernelReport:
     where: str  # the target's name, or "host" (fallback / onnxruntime)
     config_source: str  # "tuning record", "template default", "-" for views and host nodes
     template: str = ""
+    config: dict[str, Any] = field(default_factory=dict)
     seconds: float = 0.0
     cycles: int | None = None
     offchip_bytes: int = 0
@@ -209,11 +210,21 @@ def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
     return {n: rng.standard_normal(s).astype(np.float32) for n, s in plan.graph.inputs}
 
 
-def reference(plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
-    """The graph outputs computed by onnxruntime (CPU, fp32) on the same inputs."""
+def ort_session(model):
+    """An onnxruntime CPU session; the IR version is lowered to the least its opsets need, so a
+    model saved by a newer `onnx` than onnxruntime knows still runs."""
+    import onnx
     import onnxruntime as ort
 
-    sess = ort.InferenceSession(plan.graph.model.SerializeToString(), providers=["CPUExecutionProvider"])
+    m = onnx.ModelProto()
+    m.CopyFrom(model)
+    m.ir_version = min(m.ir_version, onnx.helper.find_min_ir_version_for(list(m.opset_import)))
+    return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def reference(plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
+    """The graph outputs computed by onnxruntime (CPU, fp32) on the same inputs."""
+    sess = ort_session(plan.graph.model)
     outs = sess.run(list(plan.graph.outputs), {k: v.astype(np.float32) for k, v in feeds.items()})
     return dict(zip(plan.graph.outputs, outs))
 
@@ -246,7 +257,8 @@ def _run_kernel(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], 
     peak = tgt.peak_flops_per_cycle.get(wl.dtype, 0) * tgt.cores * tgt.clock_ghz * 1e9
     if pct is None and peak > 0 and res.seconds > 0:
         pct = 100.0 * fl / res.seconds / peak
-    return _report(g, plan, b.where, b.config_source, template=b.kernel.template, seconds=float(res.seconds),
+    return _report(g, plan, b.where, b.config_source, template=b.kernel.template, config=dict(b.kernel.config),
+                   seconds=float(res.seconds),
                    cycles=None if res.cycles is None or b.where == "host" else int(res.cycles), offchip_bytes=off,
                    flops=fl, percent_of_peak=None if pct is None else float(pct), note=b.note)
 
@@ -254,7 +266,6 @@ def _run_kernel(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], 
 def _run_host(plan: Plan, g: Group, values: dict[str, np.ndarray], check: bool) -> KernelReport:
     """An unsupported ONNX node run by onnxruntime on the host (fp32), timed as the median of 5 runs."""
     import onnx
-    import onnxruntime as ort
     from onnx import helper, numpy_helper
 
     node = next(n for n in plan.graph.nodes if n.name == g.prims[0].node)
@@ -266,9 +277,7 @@ def _run_host(plan: Plan, g: Group, values: dict[str, np.ndarray], check: bool) 
         [helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, plan.shape(v)) for v in runtime],
         [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, plan.shape(o)) for o in node.outputs if o],
         initializer=consts)
-    model = helper.make_model(gp, opset_imports=list(plan.graph.model.opset_import))
-    model.ir_version = plan.graph.model.ir_version
-    sess = ort.InferenceSession(model.SerializeToString(), providers=["CPUExecutionProvider"])
+    sess = ort_session(helper.make_model(gp, opset_imports=list(plan.graph.model.opset_import)))
     feeds = {v: (values[v] if check else np.zeros(plan.shape(v), np.float32)).astype(np.float32) for v in runtime}
     times = []
     for _ in range(5):

@@ -59,11 +59,7 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
     """Read, check, batch-fix and fold an ONNX model. Raises OpcError for a malformed or
     truncated file, an opset outside 9..current, or a dynamic dimension without `batch`."""
     model = _read(Path(path))
-    opset = next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
-    latest = onnx.defs.onnx_opset_version()
-    if not MIN_OPSET <= opset <= latest:
-        raise OpcError(f"the model uses ONNX opset {opset}", arg="MODEL", value=str(path),
-                       expected=f"opset {MIN_OPSET} to {latest}")
+    opset = _opset(model)
     if batch is not None and (not isinstance(batch, int) or batch < 1):
         raise OpcError("must be a positive integer", arg="--batch", value=batch)
     g = model.graph
@@ -96,12 +92,20 @@ def _read(path: Path) -> onnx.ModelProto:
     if not model.graph.node:
         raise OpcError("the file parses but holds no graph nodes (truncated or not ONNX?)", arg="MODEL",
                        value=str(path))
+    opset, latest = _opset(model), onnx.defs.onnx_opset_version()
+    if not MIN_OPSET <= opset <= latest:
+        raise OpcError(f"the model uses ONNX opset {opset}", arg="MODEL", value=str(path),
+                       expected=f"opset {MIN_OPSET} to {latest}")
     try:
         onnx.checker.check_model(model)
     except Exception as e:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OpcError(f"the ONNX checker rejects the model: {first}", arg="MODEL", value=str(path)) from None
     return model
+
+
+def _opset(model: onnx.ModelProto) -> int:
+    return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
 def _check_dtype(vi: onnx.ValueInfoProto, path: str) -> None:

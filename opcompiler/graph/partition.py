@@ -67,8 +67,9 @@ def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool =
     for p in prims:
         if p.outputs in taken:
             continue
-        named = _match_named(p, consumer)
-        chain = _match_chain(p, consumer)
+        free = {q: c for q, c in consumer.items() if c.outputs not in taken}  # a prim joins one kernel only
+        named = _match_named(p, free)
+        chain = _match_chain(p, free)
         if len(chain) > 1 and len(chain) > len(named[1]):
             members, g = chain, _chain_group(len(groups), chain)
         elif named[0]:

@@ -1,0 +1,59 @@
+"""ONNX import: opsets, constant folding, shapes, and the one-line errors for bad files."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper
+
+from opcompiler.errors import OpcError
+from opcompiler.graph import load
+from opcompiler.graph.models import op_zoo
+
+
+@pytest.mark.parametrize("opset", [9, 11, 13, 21])
+def test_op_zoo_imports_at_every_opset(models, opset):
+    g = load(models[f"op_zoo{opset}"], batch=3)
+    assert g.opset == opset
+    assert g.folded == 2  # Constant and ConstantOfShape
+    assert not {"Constant", "ConstantOfShape"} & {n.op_type for n in g.nodes}
+    assert g.inputs == (("x", (3, 3, 8, 8)),)
+    assert g.shapes[g.outputs[0]] == (3, 10)
+    folded = next(v for k, v in g.constants.items() if v.shape == (1, 8, 1, 1))
+    np.testing.assert_array_equal(folded, np.full((1, 8, 1, 1), 0.5, np.float32))
+
+
+def test_dynamic_batch_needs_batch(models):
+    with pytest.raises(OpcError, match=r"--batch.*dynamic batch dimension 'N'"):
+        load(models["resnet_block"])
+
+
+def test_truncated_and_garbage_files(models, tmp_path):
+    data = models["resnet_block"].read_bytes()
+    cut = tmp_path / "cut.onnx"
+    cut.write_bytes(data[: len(data) // 2])
+    junk = tmp_path / "junk.onnx"
+    junk.write_bytes(b"this is not a protobuf \xff\xfe" * 10)
+    for path in (cut, junk):
+        with pytest.raises(OpcError) as e:
+            load(path, batch=1)
+        msg = str(e.value)
+        assert str(path) in msg and "\n" not in msg
+    with pytest.raises(OpcError, match="no such file"):
+        load(tmp_path / "missing.onnx", batch=1)
+
+
+def test_old_opset_and_dynamic_spatial_dims(tmp_path):
+    m = op_zoo(opset=9)
+    m.opset_import[0].version = 8
+    p = tmp_path / "old.onnx"
+    onnx.save(m, str(p))
+    with pytest.raises(OpcError, match="opset 8"):
+        load(p, batch=1)
+    node = helper.make_node("Relu", ["x"], ["y"], name="r")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, "H", 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 4, "H", 4])])
+    p2 = tmp_path / "dyn.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p2))
+    with pytest.raises(OpcError, match="dynamic dimension 'H' at axis 2"):
+        load(p2, batch=1)
