@@ -82,3 +82,16 @@ def test_barrier_waits_for_slowest(m):
                    host_post=[], ddr_tensors={}, inputs=[], output="", out_shape=())
     t = timing(m, prog)
     assert t.dsp_cycles == 1005 and t.cycles == 1012
+
+
+@pytest.mark.parametrize("kind,args", [
+    ("out", (4, 8, 300, ("bias", "relu"))), ("out", (10, 2, 200, ())), ("out", (12, 2, 150, ("bn", "relu"))),
+    ("out", (3, 1, 117, ())), ("ws", (57, 2, 3, 3, 19, True)), ("ws", (40, 1, 1, 1, 40, False)),
+])
+def test_steady_state_skip_is_exact(m, monkeypatch, kind, args):
+    """Skipping whole periods of a periodic loop gives exactly the fully simulated counts."""
+    import opcompiler.backend.dsp.core as core
+    fn = (core.mk_out if kind == "out" else core.mk_ws).__wrapped__
+    fast = fn(m, *args)
+    monkeypatch.setattr(core, "SKIP_PERIODS", False)
+    assert fn(m, *args) == fast
