@@ -92,3 +92,23 @@ def test_runner_wrong_shape_and_unknown_kernel(cpu_conv_folder):
         Runner(fused, [cpu_conv_folder]).run({"x": np.zeros((1, 8, 10, 10), "float32")})
     with pytest.raises(KernelInputError, match="calls kernel 'conv2d_bn_relu'; expected one of the given exports"):
         Runner(fused, [])
+
+
+@pytest.mark.parametrize("op, shape", [
+    ("matmul_bias_relu", "m=8,k=32,n=16,trans_b=1"),  # MatMul with a transposed B, bias on the last axis
+    ("conv2d_bias_relu", "n=1,c=4,h=7,w=7,k=8,r=3,s=3,pad=1,stride=2,layout=NHWC"),  # Transposes around Conv
+])
+def test_unfused_decomposition_of_other_ops(tmp_path, op, shape):
+    from opcompiler.export import export
+    from opcompiler.ops import workload
+    from opcompiler.target import load_target
+    out = tmp_path / op
+    export(workload(op, shape), load_target("cpu"), to="onnx", out=out, progress=False)
+    m = onnx.load(str(out / "model.onnx"))
+    rng = np.random.default_rng(8)
+    feeds = {i.name: rng.standard_normal([d.dim_value for d in i.type.tensor_type.shape.dim]).astype("float32")
+             for i in m.graph.input}
+    ours = run_model(out / "model.onnx", feeds)[0]
+    ref = _ort(onnx.load(str(out / "model_unfused.onnx")), feeds)[0]
+    assert ours.shape == ref.shape and (ref == 0).any() and (ref > 0).any()
+    _close(ours, ref)
