@@ -99,7 +99,7 @@ def no_valid_message(res: Any) -> str:
 def export_command(res: Any) -> str:
     wl = res.workload
     return (f"opcompiler export {wl.op} --target {res.target.name} --shape {shlex.quote(wl.shape_str())} "
-            f"--dtype {wl.dtype} --config best --to torch")
+            f"--dtype {wl.dtype} --config best --to torch --out exported/{wl.op}-{res.target.name}")
 
 
 def summarize(res: Any) -> dict[str, Any]:
