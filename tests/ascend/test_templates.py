@@ -89,3 +89,12 @@ def test_a_wrong_schedule_gives_a_wrong_result(monkeypatch):
     except OpcFailure:
         return
     assert not rep["correct"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("mode", ["max", "avg"])
+@pytest.mark.parametrize("shape", ["n=1,c=13,h=9,w=9,kernel=3,stride=2,pad=1", "n=1,c=16,h=8,w=10,kernel=2,stride=2,pad=0",
+                                   "n=2,c=20,h=11,w=11,kernel=3,stride=1,pad=1,layout=NHWC"])
+def test_pool(shape, mode, dtype):
+    rep = run_op("pool2d", "ascend-sim", shape=f"{shape},mode={mode}", dtype=dtype)
+    assert rep["correct"], rep["max_abs_err"]

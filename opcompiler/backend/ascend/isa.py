@@ -216,7 +216,8 @@ class VOp:
     rep_stride: int = 8
 
 
-_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "max": np.maximum, "min": np.minimum}
+_BINARY = {"add": np.add, "sub": np.subtract, "mul": np.multiply, "div": np.divide, "max": np.maximum,
+           "min": np.minimum}
 _UNARY = {"relu": lambda x: np.maximum(x, 0).astype(x.dtype), "exp": np.exp, "abs": np.abs,
           "ln": np.log, "rec": lambda x: (1 / x).astype(x.dtype), "sqrt": np.sqrt, "copy": lambda x: x}
 _SCALAR = {"muls": np.multiply, "adds": np.add, "maxs": np.maximum, "mins": np.minimum}
@@ -229,7 +230,7 @@ class Vec(Instr):
     """One vector instruction: `repeat` repeats of `lanes` elements (256 B of the widest operand),
     the first `mask` lanes active, operands addressed by block and repeat strides.
 
-    Ops: add sub mul max min (binary), relu exp abs ln rec sqrt copy (unary), muls adds maxs mins
+    Ops: add sub mul div max min (binary), relu exp abs ln rec sqrt copy (unary), muls adds maxs mins
     (with `scalar`), conv (cast to dst dtype), dup (fill with `scalar`), cadd cmax (reduce each
     repeat's active lanes to one element written at dst offset + repeat index)."""
 
