@@ -62,7 +62,7 @@ class DirectTemplate(Template):
             wb = nbytes(ddr[wname])
             for c in range(m.cores):
                 ddr[f"{wname}@core{c}"] = ddr[wname]
-            replicate = [(f"W x {m.cores} cores", wb * m.cores)]
+            replicate = [(f"W for core {c}", wb) for c in range(m.cores)]  # one host memcpy per core
             prepare = [lambda d, n=m.cores: [d[f"{wname}@core{c}"].__setitem__(Ellipsis, d[wname]) for c in range(n)]]
         hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
 
