@@ -63,7 +63,12 @@ def bench(op: str, shape: str, out: Path) -> list[tuple[str, float]]:
             p = wl.p
             ref = torch.nn.Sequential(torch.nn.Conv2d(p["c"], p["k"], p["r"], padding=p["pad"], bias=False),
                                       torch.nn.BatchNorm2d(p["k"]), torch.nn.ReLU()).eval()
-            rows.append(("torch nn.Conv2d + BatchNorm2d + ReLU (oneDNN)", _median_us(lambda: ref(x))))
+            nth = torch.get_num_threads()
+            rows.append((f"torch Conv2d+BatchNorm2d+ReLU, {nth} threads", _median_us(lambda: ref(x))))
+            # OpenMP's barriers collapse when another process holds a core (a shared machine): say so
+            torch.set_num_threads(1)
+            rows.append(("torch Conv2d+BatchNorm2d+ReLU, 1 thread", _median_us(lambda: ref(x))))
+            torch.set_num_threads(nth)
         elif op == "relu":
             rows.append(("torch.relu", _median_us(lambda: torch.relu(tins[0]))))
     return rows
