@@ -13,12 +13,15 @@ torch = pytest.importorskip("torch")
 
 # Runs in a fresh interpreter: nothing of the exporting process (kernels, registrations) leaks in.
 _CHILD = textwrap.dedent("""
-    import json, sys
+    import importlib, json, sys
+    from pathlib import Path
+    sys.modules["opcompiler"] = None  # the folder must work without opcompiler: numpy, TVM runtime, torch
     import torch
     from torch import nn
-    from opcompiler.export import import_folder
 
-    pkg = import_folder(sys.argv[1])
+    folder = Path(sys.argv[1])
+    sys.path.insert(0, str(folder.parent))
+    pkg = importlib.import_module(folder.name)  # a plain import registers torch.ops.opcompiler.<name>
     torch.manual_seed(0)
 
     class Net(nn.Module):
@@ -54,6 +57,8 @@ _CHILD = textwrap.dedent("""
         "net_err": (y - y_ref).abs().max().item(),
         "direct_equal": bool(torch.equal(direct, block)),
         "type": type(ours.block).__name__,
+        "error_base": pkg.KernelInputError.__mro__[1].__name__,
+        "opcompiler_loaded": any(m.startswith("opcompiler.") for m in sys.modules),
     }))
 """)
 
@@ -68,6 +73,7 @@ def test_torch_model_in_fresh_process(cpu_conv_folder):
     assert res["block_err"] <= 1e-5 * max(res["block_scale"], 1.0)
     assert 0.05 < res["clipped"] < 0.95  # the ReLU clipped some, not all
     assert res["net_err"] <= 1e-5 and res["direct_equal"]
+    assert res["error_base"] == "ValueError" and not res["opcompiler_loaded"]  # really standalone
 
 
 @pytest.fixture(scope="module")
