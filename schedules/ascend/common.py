@@ -176,7 +176,10 @@ class AscendTemplate(Template):
 
     def default(self, wl: Workload, target: Target) -> dict:
         """The first config of `preferred()` order that fits."""
-        for cfg in self.preferred(wl, target):
+        prefs = self.preferred(wl, target)
+        # then the same configs single-buffered: less overlap, but half the buffer space
+        prefs += [{**c, "double_buffer": 0} for c in prefs if c.get("double_buffer") == 1]
+        for cfg in prefs:
             if self.check(wl, target, cfg) is None:
                 return cfg
         return {k.name: k.values[0] for k in self.space(wl, target)}

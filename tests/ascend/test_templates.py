@@ -98,3 +98,11 @@ def test_a_wrong_schedule_gives_a_wrong_result(monkeypatch):
 def test_pool(shape, mode, dtype):
     rep = run_op("pool2d", "ascend-sim", shape=f"{shape},mode={mode}", dtype=dtype)
     assert rep["correct"], rep["max_abs_err"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "float32"])
+@pytest.mark.parametrize("op", ["reduce_sum", "reduce_max", "softmax"])
+@pytest.mark.parametrize("shape", ["m=5,n=37", "m=70,n=300", "m=3,n=20000"])
+def test_row_kernels(op, shape, dtype):
+    rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype)
+    assert rep["correct"], rep["max_abs_err"]

@@ -148,6 +148,8 @@ class KernelBuilder:
                 return o
             if reduce_dst:
                 return VOp(o.buf, o.offset + done // lanes, o.blk_stride, o.rep_stride)
+            if op == "dups" and o is not dst:
+                return o  # the scalar source stays put
             step = done if o.rep_stride else 0  # rep_stride 0: the same 256 B (e.g. a broadcast row)
             nblk = lanes * o.buf.itemsize // 32
             return VOp(o.buf, o.offset + step, o.blk_stride, o.rep_stride if o.rep_stride == 0 else nblk)

@@ -222,7 +222,7 @@ _UNARY = {"relu": lambda x: np.maximum(x, 0).astype(x.dtype), "exp": np.exp, "ab
           "ln": np.log, "rec": lambda x: (1 / x).astype(x.dtype), "sqrt": np.sqrt, "copy": lambda x: x}
 _SCALAR = {"muls": np.multiply, "adds": np.add, "maxs": np.maximum, "mins": np.minimum}
 _REDUCE = {"cadd": np.sum, "cmax": np.max}
-VEC_OPS = (*_BINARY, *_UNARY, *_SCALAR, *_REDUCE, "conv", "dup")
+VEC_OPS = (*_BINARY, *_UNARY, *_SCALAR, *_REDUCE, "conv", "dup", "dups")
 
 
 @dataclass(eq=False)
@@ -231,8 +231,9 @@ class Vec(Instr):
     the first `mask` lanes active, operands addressed by block and repeat strides.
 
     Ops: add sub mul div max min (binary), relu exp abs ln rec sqrt copy (unary), muls adds maxs mins
-    (with `scalar`), conv (cast to dst dtype), dup (fill with `scalar`), cadd cmax (reduce each
-    repeat's active lanes to one element written at dst offset + repeat index)."""
+    (with `scalar`), conv (cast to dst dtype), dup (fill with `scalar`), dups (fill with the element
+    at the source offset: a scalar register loaded from UB, then vector_dup), cadd cmax (reduce
+    each repeat's active lanes to one element written at dst offset + repeat index)."""
 
     op: str
     dst: VOp
@@ -251,7 +252,7 @@ class Vec(Instr):
     def execute(self, mem: Memory) -> None:
         dv = mem.view(self.dst.buf).reshape(-1)
         svs = [mem.view(s.buf).reshape(-1) for s in self.srcs]
-        xs = [sv[self._idx(s, sv.itemsize, self.lanes)] for s, sv in zip(self.srcs, svs)]
+        xs = [] if self.op == "dups" else [sv[self._idx(s, sv.itemsize, self.lanes)] for s, sv in zip(self.srcs, svs)]
         op = self.op
         if op in _BINARY:
             r = _BINARY[op](xs[0], xs[1])
@@ -263,6 +264,8 @@ class Vec(Instr):
             r = xs[0].astype(dv.dtype)
         elif op == "dup":
             r = np.full((self.repeat, self.mask), self.scalar, dv.dtype)
+        elif op == "dups":
+            r = np.full((self.repeat, self.mask), svs[0][self.srcs[0].offset], dv.dtype)
         elif op in _REDUCE:
             red = _REDUCE[op](xs[0].astype(np.float32), axis=1).astype(dv.dtype)
             dv[self.dst.offset + np.arange(self.repeat)] = red
