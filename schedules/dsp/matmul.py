@@ -13,7 +13,11 @@ from opcompiler.target import Target
 from opcompiler.template import Knob, register_template
 from opcompiler.workload import Workload
 
-from .assemble import Relayout
+from opcompiler.backend.dsp.program import Allocator, Program
+
+from .assemble import Relayout, assemble, host_ops, nbytes
+from .ksplit import chunks, footprint_k
+from .ksplit import core_ops as ksplit_ops
 from .conv2d import DirectTemplate, require_fp32
 from .direct import ConvSpec, DirectConfig, check
 
@@ -49,7 +53,7 @@ class DspFullyConnected(DirectTemplate):
             Knob("dbuf", (1, 0), "double-buffer SM/AM tiles"),
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or through GSM"),
-            Knob("split", ("items",), "row blocks of the input across the cores"),
+            Knob("split", ("items", "k"), "row blocks across the cores, or the reduction (partials reduced in GSM)"),
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
@@ -88,7 +92,44 @@ class DspFullyConnected(DirectTemplate):
         cf = DirectConfig.of(config)
         if cf.w_path == "host_copies" and wl.p.get("trans_b"):
             return "w_path=host_copies replicates B as stored; use gsm or ddr with trans_b=1"
-        return check(machine(target), sp, cf)
+        m = machine(target)
+        if cf.split != "k":
+            return check(m, sp, cf)
+        if cf.w_path != "ddr" or cf.out_path != "ddr" or cf.order != "out":
+            return "split=k loads weight slices from DDR and stores from AM: use w_path=ddr, out_path=ddr, order=out"
+        fp = footprint_k(m, sp, cf)
+        for lv in ("AM", "SM", "GSM"):
+            if fp[lv] > m.cap(lv):
+                return f"{lv} needs {fp[lv]} B > {m.cap(lv)} B"
+        if fp["REG"] > m.registers:
+            return f"register block needs {fp['REG']} vector registers > {m.registers}"
+        return None
+
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+        """Lower to the cluster program; `split="k"` splits the reduction and reduces in GSM."""
+        if config.get("split") != "k":
+            return super().apply(wl, target, config, functional)
+        m = machine(target)
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        why = self.check(wl, target, config)
+        if why:
+            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        op = get_op(wl.op)
+        in_specs = op.inputs(wl)
+        names, ddr, pre, post, out_shape = self.tensors(wl, sp)
+        gsm_base = Allocator("GSM", m.cap("GSM"), 64).alloc("partials", m.cores * cf.rows * cf.kv * m.lanes)
+        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
+        cache: dict = {}
+        ch = chunks(sp, m.cores)
+        prog = assemble(m, functional=functional, cores=m.cores,
+                        core_ops=lambda c: ksplit_ops(m, sp, cf, names, c, functional, gsm_base, cache),
+                        group_key=lambda c: (c, ch[c][1] - ch[c][0]), pre=pre, post=post, host_pre=hpre,
+                        host_post=hpost, ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs], output="out",
+                        out_shape=out_shape, flops=op.flops(wl), cores_used=sum(1 for a, b in ch if b > a))
+        prog.info = {"layout_change": "none" if not pre else "transposes by DMA (counted)",
+                     "reduction": f"split over {m.cores} cores, partials reduced through GSM"}
+        return prog
 
     def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
         m_, k_, n_ = wl["m"], wl["k"], wl["n"]

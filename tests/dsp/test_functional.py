@@ -83,3 +83,24 @@ def test_functional_and_timing_modes_agree(be, op, shape, config):
     timed = be.measure(k)
     assert timed.cycles == res.cycles
     assert res.metrics["functional_counters"] == timed.metrics["counters"]
+
+
+KSPLIT = {"split": "k", "w_path": "ddr", "out_path": "ddr", "pw": 1, "rows": 1}
+
+
+@pytest.mark.parametrize("op,shape", [("matmul_bias_relu", "m=1,k=722,n=362"), ("matmul", "m=3,k=5,n=70"),
+                                      ("matmul_bias_relu", "m=2,k=37,n=33,trans_b=1")])
+def test_reduction_split_across_cores_through_gsm(be, op, shape):
+    k, res = _check(be, op, KSPLIT, shape=shape)
+    assert res.metrics["bytes_by_level"]["GSM"] > 0  # the partials went through GSM
+    assert be.measure(k).cycles == res.cycles
+
+
+def test_reduction_split_helps_a_single_row(be):
+    """MiniGo's FC on one sample: splitting the 722-long reduction over 8 cores beats giving the
+    single row to one core (DSP-side cycles; the launch is the same)."""
+    wl = workload("matmul_bias_relu", shape="m=1,k=722,n=362")
+    rows = be.measure(be.build(wl, {"kv": 8, "rows": 1, "pw": 1, "w_path": "ddr"}))
+    ksplit = be.measure(be.build(wl, {**KSPLIT, "kv": 8}))
+    assert rows.metrics["cores_used"] == 1 and ksplit.metrics["cores_used"] == 8
+    assert ksplit.metrics["dsp_cycles"] < 0.7 * rows.metrics["dsp_cycles"]
