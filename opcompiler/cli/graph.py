@@ -109,7 +109,7 @@ def cmd_models(args: argparse.Namespace) -> int:
 
     from ..graph.models import MODELS, write
     small = {"resnet_block": {"c": 16, "hw": 14}, "resnet50_stage": {"hw": 14}, "minigo": {"res_blocks": 2},
-             "op_zoo": {}}
+             "resnet18": {"hw": 64, "classes": 10}, "op_zoo": {}}
     for name in MODELS:
         print(write(name, Path(args.outdir) / f"{name}.onnx", **(small[name] if args.small else {})))
     return 0

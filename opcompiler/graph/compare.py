@@ -38,13 +38,13 @@ class Comparison:
 
 
 def compare(graph: Graph, target: str | Target = "cpu", *, fallback: str | None = None, check: bool = True,
-            config: str = "best", seed: int = 0, progress: bool = False) -> Comparison:
+            config: str = "best", seed: int = 0, progress: bool = False, repeat: int = 1) -> Comparison:
     """Run `graph` fused and unfused on `target` with the same inputs (see `run_plan`)."""
     tgt = target if isinstance(target, Target) else load_target(target)
     runs = {}
     for fused in (True, False):
         p = make_plan(graph, tgt, fused=fused, fallback=fallback)
-        runs[fused] = run_plan(p, check=check, config=config, seed=seed, progress=progress)
+        runs[fused] = run_plan(p, check=check, config=config, seed=seed, progress=progress, repeat=repeat)
     return Comparison(fused=runs[True], unfused=runs[False])
 
 

@@ -101,6 +101,24 @@ def resnet50_stage(cin: int = 64, width: int = 64, hw: int = 56, blocks: int = 3
     return b.model([("x", ["N", cin, hw, hw])], [x])
 
 
+def resnet18(classes: int = 1000, hw: int = 224, seed: int = 0) -> onnx.ModelProto:
+    """ResNet-18 as torchvision builds it (conv7x7/2, maxpool, 4 stages of 2 basic blocks with 1x1
+    projection shortcuts, global average pool, FC), random weights."""
+    b = _Builder("resnet18", seed)
+    x = b.relu(b.bn(b.conv("x", 3, 64, 7, stride=2), 64))
+    x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
+    c = 64
+    for stage, width in enumerate((64, 128, 256, 512)):
+        for blk in range(2):
+            stride = 2 if stage and not blk else 1
+            y = b.relu(b.bn(b.conv(x, c, width, 3, stride=stride), width))
+            y = b.bn(b.conv(y, width, width, 3), width)
+            short = b.bn(b.conv(x, c, width, 1, stride=stride), width) if stride != 1 or c != width else x
+            x, c = b.relu(b.node("Add", [y, short])), width
+    x = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
+    return b.model([("x", ["N", 3, hw, hw])], [b.gemm(x, 512, classes)])
+
+
 def minigo(res_blocks: int = 6, filters: int = 64, board: int = 19, features: int = 13, seed: int = 0
            ) -> onnx.ModelProto:
     """MiniGo (seed 004 Table 1): CONV3_INIT, `res_blocks` residual blocks of CONV3_RES, a policy
@@ -157,7 +175,8 @@ def op_zoo(opset: int = 17, c: int = 8, hw: int = 8, seed: int = 0) -> onnx.Mode
 
 
 MODELS: dict[str, Callable[..., onnx.ModelProto]] = {
-    "resnet_block": resnet_block, "resnet50_stage": resnet50_stage, "minigo": minigo, "op_zoo": op_zoo,
+    "resnet_block": resnet_block, "resnet50_stage": resnet50_stage, "minigo": minigo, "resnet18": resnet18,
+    "op_zoo": op_zoo,
 }
 
 

@@ -61,6 +61,7 @@ def plot_compare(c: Comparison, path: str | Path) -> Path:
                 ax.bar(x[i] + 0.2, metric(k), 0.38, bottom=bottom[i], color=color, label=lab, edgecolor="white",
                        linewidth=0.5)
                 bottom[i] += metric(k)
+        ax.set_ylim(top=max([metric(f) for _, f, _ in layers] + list(bottom) + [1e-9]) * 1.3)  # room for the legend
         ax.set_ylabel(ylabel)
         ax.grid(axis="y", alpha=0.3)
     s = c.summary()
