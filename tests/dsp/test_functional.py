@@ -98,9 +98,13 @@ def test_reduction_split_across_cores_through_gsm(be, op, shape):
 
 def test_reduction_split_helps_a_single_row(be):
     """MiniGo's FC on one sample: splitting the 722-long reduction over 8 cores beats giving the
-    single row to one core (DSP-side cycles; the launch is the same)."""
+    single row to one core (DSP-side cycles; the launch is the same), but only a little: both
+    must bring the 1 MB of weights from DDR once, and that dominates (FC is data-movement bound)."""
     wl = workload("matmul_bias_relu", shape="m=1,k=722,n=362")
     rows = be.measure(be.build(wl, {"kv": 8, "rows": 1, "pw": 1, "w_path": "ddr"}))
     ksplit = be.measure(be.build(wl, {**KSPLIT, "kv": 8}))
     assert rows.metrics["cores_used"] == 1 and ksplit.metrics["cores_used"] == 8
-    assert ksplit.metrics["dsp_cycles"] < 0.7 * rows.metrics["dsp_cycles"]
+    assert ksplit.metrics["dsp_cycles"] < 0.95 * rows.metrics["dsp_cycles"]
+    w_bytes = 722 * 362 * 4
+    assert ksplit.metrics["busy_ratios"]["DDR bandwidth"] > 0  # weights streamed once from DDR
+    assert ksplit.metrics["bytes_by_level"]["DDR"] >= w_bytes
