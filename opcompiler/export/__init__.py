@@ -40,5 +40,14 @@ def import_folder(folder: str | os.PathLike) -> ModuleType:
     return mod
 
 
-__all__ = ["export", "load", "import_folder", "parse_bindings", "BINDINGS", "ExportedKernel",
-           "KernelInputError", "aligned_empty", "read_manifest"]
+__all__ = [
+    "BINDINGS",
+    "ExportedKernel",
+    "KernelInputError",
+    "aligned_empty",
+    "export",
+    "import_folder",
+    "load",
+    "parse_bindings",
+    "read_manifest",
+]

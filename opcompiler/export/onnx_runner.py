@@ -12,8 +12,9 @@ one `opcompiler::conv2d_bn_relu` node that calls a matching exported kernel, fol
 from __future__ import annotations
 
 import os
+from collections.abc import Sequence
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 import onnx

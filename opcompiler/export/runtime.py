@@ -13,9 +13,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Sequence
 from functools import cache
 from pathlib import Path
-from typing import Any, Sequence
+from typing import Any
 
 import numpy as np
 
@@ -35,7 +36,7 @@ class KernelInputError(_Base):
 
 if __name__ != "opcompiler.export.runtime":  # a folder's copy: raise opcompiler's class when installed
     try:
-        from opcompiler.export.runtime import KernelInputError  # noqa: F811
+        from opcompiler.export.runtime import KernelInputError
     except ImportError:
         pass
 
@@ -46,7 +47,7 @@ def check_arg(name: str, spec: dict[str, Any], shape: Sequence[int], dtype: str,
     if tuple(int(s) for s in shape) != want_shape or dtype != want_dt:
         raise KernelInputError(
             f"{kernel}: input {name!r} ({spec['layout']}): expected {want_dt}{list(want_shape)}, "
-            f"got {dtype}{list(int(s) for s in shape)}; this kernel was built for one shape and dtype "
+            f"got {dtype}{[int(s) for s in shape]}; this kernel was built for one shape and dtype "
             f"and never reshapes or casts (export again with the shape you need)")
 
 

@@ -146,7 +146,7 @@ class OpcConvBnReLU(nn.Module):
 
     @classmethod
     def from_modules(cls, folder_or_kernel: ExportedKernel | str, conv: nn.Conv2d, bn: nn.BatchNorm2d
-                     ) -> "OpcConvBnReLU":
+                     ) -> OpcConvBnReLU:
         """Replace trained `conv` + `bn` (+ ReLU): checks their hyperparameters against the kernel."""
         mod = cls(folder_or_kernel, bias=conv.bias is not None, eps=bn.eps)
         for attr in ("in_channels", "out_channels", "kernel_size", "stride", "padding", "dilation", "groups"):

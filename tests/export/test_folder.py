@@ -20,7 +20,7 @@ CONV_SHAPE = "n=2,c=8,h=10,w=10,k=16,r=3,s=3,pad=1"  # as conftest.py
 
 def _conv_bn_relu_numpy(x, w, gamma, beta, mean, var, pad=1):
     """Direct NCHW convolution in float64 (independent of the catalogue's reference), then BN, ReLU."""
-    n, c, h, wd = x.shape
+    n, _, h, wd = x.shape
     k, _, r, s = w.shape
     xp = np.pad(x.astype(np.float64), ((0, 0), (0, 0), (pad, pad), (pad, pad)))
     y = np.zeros((n, k, h, wd))

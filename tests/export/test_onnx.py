@@ -9,8 +9,8 @@ from onnx import TensorProto, helper, numpy_helper
 
 ort = pytest.importorskip("onnxruntime")
 
-from opcompiler.export.onnx_runner import Runner, fuse, run_model  # noqa: E402
-from opcompiler.verify import TOLERANCE  # noqa: E402
+from opcompiler.export.onnx_runner import Runner, fuse, run_model
+from opcompiler.verify import TOLERANCE
 
 
 def _ort(model: onnx.ModelProto, feeds: dict) -> list[np.ndarray]:

@@ -2,6 +2,7 @@
 runs functionally and matches the reference; the folder refuses an edited target description."""
 from __future__ import annotations
 
+import importlib.util
 import json
 import subprocess
 import sys
@@ -42,7 +43,18 @@ _CHILD = textwrap.dedent("""
     wl = workload(m["op"], dict(m["params"]), dtype=m["dtype"])
     ins = get_op(m["op"]).make_inputs(wl, seed=11)
     ok, err = compare(k(*ins), get_op(m["op"]).reference(wl, ins))
-    print(json.dumps({"ok": ok, "err": err, "cycles": k.last_run["cycles"]}))
+    res = {"ok": ok, "err": err, "cycles": k.last_run["cycles"]}
+    try:  # a torch integration tested on the simulator, before hardware exists
+        import torch
+    except ImportError:
+        torch = None
+    if torch is not None and "torch" in m["bindings"]:
+        from opcompiler.export import import_folder
+        import_folder(sys.argv[1])
+        y = getattr(torch.ops.opcompiler, m["name"])(*[torch.from_numpy(x) for x in ins])
+        res["torch_ok"] = compare(y.numpy(), get_op(m["op"]).reference(wl, ins))[0]
+        res["torch_dtype"] = str(y.dtype)
+    print(json.dumps(res))
 """)
 
 
@@ -52,14 +64,15 @@ def test_simulator_export_runs_through_simulator(tmp_path, target, op, shape, dt
         pytest.skip(f"the {target} backend is not in this build")
     wl = workload(op, shape, dtype=dtype)
     out = tmp_path / "sim"
-    m = export(wl, load_target(target), "default", to="lib", out=out, progress=False)
+    m = export(wl, load_target(target), "default", to="torch,lib" if fresh else "lib", out=out, progress=False)
     assert m["artifact"]["kind"] == "simulator-program" and m["target"]["simulator"]
     assert (out / "program" / "target.toml").is_file()
     listing = (out / "program" / "program.txt").read_text()
     assert listing.count("\n") > 3 and ("DDR" in listing or "GM" in listing)  # DMA from off-chip memory is listed
     # load the folder: rebuild through the simulator, run, compare with the reference
     if fresh:
-        r = subprocess.run([sys.executable, "-c", _CHILD, str(out)], capture_output=True, text=True, timeout=300)
+        r = subprocess.run([sys.executable, "-c", _CHILD, str(out)], capture_output=True, text=True, check=False,
+                           timeout=300)
         assert r.returncode == 0, r.stderr[-2000:]
         res = json.loads(r.stdout.strip().splitlines()[-1])
     else:
@@ -68,6 +81,8 @@ def test_simulator_export_runs_through_simulator(tmp_path, target, op, shape, dt
         ok, err = compare(k(*ins), get_op(op).reference(wl, ins))
         res = {"ok": ok, "err": err, "cycles": k.last_run["cycles"]}
     assert res["ok"], res
+    if fresh and importlib.util.find_spec("torch") is not None:
+        assert res["torch_ok"] and res["torch_dtype"] == f"torch.{dtype}"
     # the same simulated time as running the kernel through the backend directly
     assert res["cycles"] == m["verification"]["simulated_cycles"] > 0
 

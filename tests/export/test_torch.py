@@ -64,7 +64,7 @@ _CHILD = textwrap.dedent("""
 
 
 def test_torch_model_in_fresh_process(cpu_conv_folder):
-    r = subprocess.run([sys.executable, "-c", _CHILD, str(cpu_conv_folder)], capture_output=True, text=True,
+    r = subprocess.run([sys.executable, "-c", _CHILD, str(cpu_conv_folder)], capture_output=True, text=True, check=False,
                        timeout=300)
     assert r.returncode == 0, r.stderr[-2000:]
     res = json.loads(r.stdout.strip().splitlines()[-1])
