@@ -56,7 +56,6 @@ class DirectTemplate(Template):
         gsm_out = [gsm.alloc(f"output O_g core {c}", (1 + cf.dbuf) * cf.rows * sp.wo * kbp)
                    if cf.out_path == "gsm" else 0 for c in range(m.cores)]
         low = _Lowering(m, sp, cf, names, functional)
-        leader = lambda c: c == 0 and cf.w_path == "gsm"  # noqa: E731
         replicate, prepare = [], []
         if cf.w_path == "host_copies":
             wb = nbytes(ddr[wname])
@@ -67,13 +66,16 @@ class DirectTemplate(Template):
         hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
 
         def key(c: int):
-            # the ops of an item depend (for timing) on its rows only, not on which image it is
-            return (tuple(it[1:] for it in items[c]), leader(c))
+            # the ops of an item depend (for timing) on its rows only, not on which image it is;
+            rows_w = sp.taps * sp.c
+            # items run in (image, row block) order: the first item's rows and the count fix the rest
+            first = items[c][0][1:] if items[c] else None
+            return (first, len(items[c]), (c + 1) * rows_w // m.cores - c * rows_w // m.cores)
 
         def core_ops(c: int):
             if not items[c] and cf.w_path != "gsm":
                 return []
-            return low.core_ops(c, items[c], gsm_w, gsm_out[c], leader(c))
+            return low.core_ops(c, items[c], gsm_w, gsm_out[c])
 
         prog = assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=key, pre=pre, post=post,
                         host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs],

@@ -108,13 +108,12 @@ def check(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> str | None:
 
 
 def _items(sp: ConvSpec, cf: DirectConfig, cores: int) -> list[list[tuple[int, int, int]]]:
-    """(image, first output row, rows) per core."""
-    def blocks(n: int) -> list[tuple[int, int, int]]:
-        return [(n, o, min(cf.rows, sp.ho - o)) for o in range(0, sp.ho, cf.rows)]
+    """(image, first output row, rows) per core, consecutive in (image, row block) order."""
+    pat = [(o, min(cf.rows, sp.ho - o)) for o in range(0, sp.ho, cf.rows)]
     if cf.split == "batch":
-        per = [list(range(c * sp.n // cores, (c + 1) * sp.n // cores)) for c in range(cores)]
-        return [[b for n in imgs for b in blocks(n)] for imgs in per]
-    allb = [b for n in range(sp.n) for b in blocks(n)]
+        per = [range(c * sp.n // cores, (c + 1) * sp.n // cores) for c in range(cores)]
+        return [[(n, o, r) for n in imgs for o, r in pat] for imgs in per]
+    allb = [(n, o, r) for n in range(sp.n) for o, r in pat]
     return [allb[c * len(allb) // cores:(c + 1) * len(allb) // cores] for c in range(cores)]
 
 
@@ -157,8 +156,7 @@ class _Lowering:
         # so stages of the same kind share their (read-only) Op objects
         self.stage_cache: dict[tuple, tuple] = {}
 
-    def core_ops(self, core: int, items: list[tuple[int, int, int]], gsm_w: int, gsm_out: int,
-                 leader: bool) -> list[Op]:
+    def core_ops(self, core: int, items: list[tuple[int, int, int]], gsm_w: int, gsm_out: int) -> list[Op]:
         m, sp, cf, kbp = self.m, self.sp, self.cf, self.kbp
         am, smem = Allocator("AM", m.cap("AM"), 128), Allocator("SM", m.cap("SM"), 8)
         w_am = am.alloc("weights W_a", sp.taps * sp.c * kbp)
@@ -180,12 +178,17 @@ class _Lowering:
             wsrc = View(("DDR", wname), k0, (sp.taps * sp.c, ke), (sp.k, 1))
             wdst = View(("AM",), w_am, (sp.taps * sp.c, ke), (kbp, 1))
             if cf.w_path == "gsm":
-                gview = View(("GSM",), gsm_w, (sp.taps * sp.c, ke), (kbp, 1))
-                if leader:
-                    ops.append(dma_op(m, wsrc, gview, (), ("gsm_w",), self.fn, "W DDR->GSM"))
+                # every core brings its slice of W_g from DDR (parallel DMA), then all read it whole
+                rows_w = sp.taps * sp.c
+                a, b = core * rows_w // m.cores, (core + 1) * rows_w // m.cores
+                if b > a:
+                    ops.append(dma_op(m, View(("DDR", wname), a * sp.k + k0, (b - a, ke), (sp.k, 1)),
+                                      View(("GSM",), gsm_w + a * kbp, (b - a, ke), (kbp, 1)), (), ("gsm_w",), self.fn,
+                                      "W slice DDR->GSM"))
+                gview = View(("GSM",), gsm_w, (rows_w, ke), (kbp, 1))
                 ops.append(Op("barrier", "sync", label="W in GSM"))
                 ops.append(dma_op(m, gview, wdst, (), ("w",), self.fn, "W GSM->AM"))
-                if nk > 1:  # the leader overwrites W_g with the next block only after every core read it
+                if nk > 1:  # W_g is overwritten with the next block only after every core read it
                     ops.append(Op("barrier", "sync", label="W_g read"))
             else:
                 ops.append(dma_op(m, wsrc, wdst, (), ("w",), self.fn, "W DDR->AM"))
