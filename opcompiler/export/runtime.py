@@ -100,6 +100,10 @@ class ExportedKernel:
         self.name: str = self.manifest["name"]
         self.inputs: list[dict[str, Any]] = self.manifest["inputs"]
         self.output: dict[str, Any] = self.manifest["output"]
+        if self.manifest.get("verification", {}).get("correct") is False:
+            v = self.manifest["verification"]
+            raise _Base(f"{self.folder}: this kernel failed verification at export (max abs error "
+                        f"{v.get('max_abs_err')}); it is kept for inspection only")
         kind = self.manifest["artifact"]["kind"]
         if kind == "tvm-library":
             self._fn = _load_library(self.folder, self.manifest)

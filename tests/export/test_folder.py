@@ -142,3 +142,25 @@ def test_best_config_comes_from_verified_record(tmp_path, monkeypatch):
         assert m2["config_source"].startswith("template default") and m2["record"] is None
     finally:
         settings.cache_clear()
+
+
+def test_failed_build_leaves_earlier_export_intact(tmp_path):
+    wl, cpu = workload("relu", "n=1,c=4,h=4,w=4"), load_target("cpu")
+    export(wl, cpu, to="lib", out=tmp_path, progress=False)
+    before = sorted(p.name for p in tmp_path.iterdir())
+    with pytest.raises(OpcError):
+        export(wl, cpu, {"no_such_knob": 1}, to="lib", out=tmp_path, progress=False)
+    assert sorted(p.name for p in tmp_path.iterdir()) == before
+    assert load(tmp_path)(np.ones((1, 4, 4, 4), "float32")).sum() == 64
+
+
+def test_wrong_kernel_is_recorded_and_refused(tmp_path, monkeypatch):
+    """A kernel that disagrees with the reference is written for inspection but never loads."""
+    import opcompiler.export.folder as folder
+    from opcompiler.errors import OpcFailure
+    monkeypatch.setattr(folder, "compare", lambda got, ref: (False, 0.5))
+    with pytest.raises(OpcFailure, match="computed a wrong result"):
+        export(workload("relu", "n=1,c=4,h=4,w=4"), load_target("cpu"), to="lib", out=tmp_path, progress=False)
+    assert json.loads((tmp_path / "manifest.json").read_text())["verification"]["correct"] is False
+    with pytest.raises(OpcError, match="failed verification at export"):
+        load(tmp_path)
