@@ -6,8 +6,9 @@
                    C_L0C (+)= A_L0A x B_L0B                  (M, one MMAD per chunk)
       C_L0C -> UB (V), bias in fp32, cast, ReLU (V), UB -> C   (MTE3)
 
-GM layouts (host-side preprocessing): A as zZ fractals (M1, K1, 16, K0), B as FRACTAL_Z
-(K1, N1, 16, K0), C as NZ (N1, M1*16, 16); M, K, N zero-padded to the fractal. `double_buffer`
+GM layouts (host-side preprocessing): A as zZ fractals (M1, K1, 16, K0) or, with
+`a_layout="ND"`, row-major (zero-padded to the fractal) and converted ND -> zZ by Load2D on
+the way to L0A (counted); B as FRACTAL_Z (K1, N1, 16, K0), C as NZ (N1, M1*16, 16). `double_buffer`
 gives every on-chip stage two slots (ping-pong) so MTE2, MTE1, M, V and MTE3 overlap.
 """
 from __future__ import annotations
@@ -50,6 +51,7 @@ class AscendMatmul(AscendTemplate):
             Knob("n_tile", tile_values(n1 * n0, n0), "columns of B per tile (multiple of 16)"),
             Knob("double_buffer", (1, 0), "ping-pong buffers in L1, L0 and UB"),
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the output tiles are split over"),
+            Knob("a_layout", ("zZ", "ND"), "A in GM as zZ fractals (host-side) or ND, converted by Load2D on chip"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -59,7 +61,7 @@ class AscendMatmul(AscendTemplate):
             for nt in sorted(sp["n_tile"], key=lambda v: abs(v - 256)):
                 for kt in sorted(sp["k_tile"], key=lambda v: abs(v - 128)):
                     out.append({"m_tile": mt, "k_tile": kt, "n_tile": nt, "double_buffer": 1,
-                                "block_dim": target.cores})
+                                "block_dim": target.cores, "a_layout": "zZ"})
         return out
 
     def _tiles(self, wl: Workload, target: Target, cfg: Mapping) -> CubeTiles | None:
@@ -132,11 +134,13 @@ class AscendMatmul(AscendTemplate):
 
         def program(core: int):
             kb = KernelBuilder(m, core, active)
-            A = kb.gm("A", (M1, K1) + frac_shape, dt)
+            nd = cfg["a_layout"] == "ND"
+            A = kb.gm("A", (M1 * m0, K1 * k0) if nd else (M1, K1) + frac_shape, dt)
             B = kb.gm("B", (K1, N1, n0, k0), dt)
             C = kb.gm("C", (N1, M1 * m0, n0), odt)
             bias_gm = kb.gm("bias", (N1, n0), bdt) if bias else None
-            a_l1 = [kb.alloc("L1", f"A_L1_{s}", (t.mt1, t.kt1) + frac_shape, dt) for s in range(t.slots)]
+            a_l1 = [kb.alloc("L1", f"A_L1_{s}", (t.mt1 * m0, t.kt1 * k0) if nd else (t.mt1, t.kt1) + frac_shape, dt)
+                    for s in range(t.slots)]
             b_l1 = [kb.alloc("L1", f"B_L1_{s}", (t.kt1, t.nt1, n0, k0), dt) for s in range(t.slots)]
             l0a = [kb.alloc("L0A", f"A_L0A_{s}", (t.mt1, t.k0c) + frac_shape, dt) for s in range(t.slots)]
             l0b = [kb.alloc("L0B", f"B_L0B_{s}", (t.k0c, t.n0c, n0, k0), dt) for s in range(t.slots)]
@@ -160,10 +164,18 @@ class AscendMatmul(AscendTemplate):
                     kt = min(t.kt1, K1 - ks)
                     al, bl = a_l1[l1i % t.slots], b_l1[l1i % t.slots]
                     l1i += 1
-                    kb.data_move(al, (slice(0, mt), slice(0, kt)), A, (slice(m1s, m1s + mt), slice(ks, ks + kt)))
+                    if nd:
+                        kb.data_move(al, (slice(0, mt * m0), slice(0, kt * k0)), A,
+                                     (slice(m1s * m0, (m1s + mt) * m0), slice(ks * k0, (ks + kt) * k0)))
+                    else:
+                        kb.data_move(al, (slice(0, mt), slice(0, kt)), A, (slice(m1s, m1s + mt), slice(ks, ks + kt)))
                     kb.data_move(bl, (slice(0, kt), slice(0, nt)), B, (slice(ks, ks + kt), slice(n1s, n1s + nt)))
                     from .common import cube_k_step
-                    cube_k_step(kb, t, al, bl, l0a, l0b, c, kt, mt, nt, ks == 0, counter)
+                    def load_nd(a, kc, kn, al=al, mt=mt):
+                        kb.data_move(a, (slice(0, mt), slice(0, kn)), al,
+                                     (slice(0, mt * m0), slice(kc * k0, (kc + kn) * k0)), transform="nd2zz")
+
+                    cube_k_step(kb, t, al, bl, l0a, l0b, c, kt, mt, nt, ks == 0, counter, load_nd if nd else None)
                     kb.loop()
 
                 def write(ub, j, gn, n1s=n1s, m1s=m1s, mt=mt):
@@ -188,7 +200,8 @@ class AscendMatmul(AscendTemplate):
             b = inputs[1].T if trans_b else inputs[1]
             a = pad_to(pad_to(a, 0, M1 * m0), 1, K1 * k0)
             b = pad_to(pad_to(b, 0, K1 * k0), 1, N1 * n0)
-            gm = {"A": np.ascontiguousarray(a.reshape(M1, m0, K1, k0).transpose(0, 2, 1, 3)),
+            a_gm = a if cfg["a_layout"] == "ND" else a.reshape(M1, m0, K1, k0).transpose(0, 2, 1, 3)
+            gm = {"A": np.ascontiguousarray(a_gm),
                   "B": np.ascontiguousarray(b.reshape(K1, k0, N1, n0).transpose(0, 2, 3, 1))}
             if bias:
                 gm["bias"] = pad_to(inputs[2].astype(bdt), 0, N1 * n0).reshape(N1, n0)
@@ -199,7 +212,9 @@ class AscendMatmul(AscendTemplate):
 
         return Plan(active_cores=active, make_program=program, pack=pack, out_name="C",
                     out_shape=(N1, M1 * m0, n0), out_dtype=odt, unpack=unpack, flops=get_op(wl.op).flops(wl),
-                    unit="cube", info={"gm_layouts": {"A": "zZ fractals (M1,K1,16,K0)", "B": "FRACTAL_Z (K1,N1,16,K0)",
+                    unit="cube", info={"gm_layouts": {"A": "zZ fractals (M1,K1,16,K0)" if cfg["a_layout"] == "zZ" else
+                                                      "ND zero-padded to 16 (converted to zZ by Load2D, counted)",
+                                                      "B": "FRACTAL_Z (K1,N1,16,K0)",
                                                       "C": "NZ (N1,M,16)"},
                                        "padding_waste": round(1 - (M * K * N) / (M1 * m0 * K1 * k0 * N1 * n0), 4)})
 

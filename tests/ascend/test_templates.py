@@ -106,3 +106,12 @@ def test_pool(shape, mode, dtype):
 def test_row_kernels(op, shape, dtype):
     rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype)
     assert rep["correct"], rep["max_abs_err"]
+
+
+@pytest.mark.parametrize("dtype", ["float16", "int8"])
+@pytest.mark.parametrize("op,shape", [("matmul", "m=33,k=17,n=200,trans_a=1"), ("matmul_bias_relu", "m=40,k=100,n=70")])
+def test_matmul_nd_operand_converted_on_chip(op, shape, dtype):
+    """a_layout=ND: A stays row-major in GM; Load2D converts ND -> zZ fractals into L0A."""
+    rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype, config={"a_layout": "ND"})
+    assert rep["correct"], rep["max_abs_err"]
+    assert rep["gm_layouts"]["A"].startswith("ND")

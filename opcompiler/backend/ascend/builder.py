@@ -75,8 +75,9 @@ class KernelBuilder:
         self.instrs.append(ins)
         return ins
 
-    def data_move(self, dst: Buf, dst_idx: tuple, src: Buf, src_idx: tuple) -> None:
-        """DMA / Load2D / L0C->UB, the pipe chosen by the target's data paths."""
+    def data_move(self, dst: Buf, dst_idx: tuple, src: Buf, src_idx: tuple, transform: str = "") -> None:
+        """DMA / Load2D / L0C->UB, the pipe chosen by the target's data paths; `transform="nd2zz"`
+        converts an ND region into zZ fractals (Load2D into L0A)."""
         path = self.m.path(src.level if src.level != "GM" else "GM", dst.level if dst.level != "GM" else "GM")
         elems, src_runs = region_bursts(src.shape, src_idx)
         delems, dst_runs = region_bursts(dst.shape, dst_idx)
@@ -85,8 +86,14 @@ class KernelBuilder:
         if elems == 0:
             return
         nbytes = elems * src.itemsize
+        if transform == "nd2zz":
+            if dst.level != "L0A" or len(dst.shape) != 4:
+                raise OpcFailure(f"nd2zz converts into L0A fractals, not {dst.level} {dst.shape}")
+            src_runs = max(src_runs, elems // (dst.shape[3]))  # one 32 B row of K0 per fractal row
+        elif transform:
+            raise OpcFailure(f"unknown data_move transform {transform!r}")
         ins = DataMove(dst=dst, dst_idx=dst_idx, src=src, src_idx=src_idx, path=(path.src, path.dst),
-                       nbytes=nbytes, bursts=max(src_runs, dst_runs))
+                       nbytes=nbytes, bursts=max(src_runs, dst_runs), transform=transform)
         self._emit(ins, path.pipe, (src,), (dst,))
 
     def load3d(self, dst: Buf, src: Buf, geom: ConvGeom, h0: int, c1_0: int, p0: int, mt: int, q0: int,

@@ -99,7 +99,8 @@ class Instr:
 @dataclass(eq=False)
 class DataMove(Instr):
     """Copy a region between levels (DMA on MTE2/MTE3, Load2D on MTE1, L0C -> UB on V).
-    The destination region receives the source elements in C order (a reshape)."""
+    The destination region receives the source elements in C order (a reshape), or with
+    `transform="nd2zz"` the ND -> zZ fractal conversion Load2D does on the way to L0A."""
 
     dst: Buf
     dst_idx: tuple
@@ -108,12 +109,15 @@ class DataMove(Instr):
     path: tuple[str, str]
     nbytes: int = 0
     bursts: int = 0
-    dst_idx_np: tuple = ()
+    transform: str = ""  # "nd2zz": an ND (rows, cols) region becomes (rows/16, cols/K0, 16, K0) fractals
 
     def execute(self, mem: Memory) -> None:
         d = mem.view(self.dst)
         s = mem.view(self.src)[self.src_idx]
         tgt = d[self.dst_idx]
+        if self.transform == "nd2zz":
+            k0 = tgt.shape[-1]
+            s = s.reshape(s.shape[0] // 16, 16, s.shape[1] // k0, k0).transpose(0, 2, 1, 3)
         if s.size != tgt.size:
             raise OpcFailure(f"data_move {self.src.name}{self.src_idx} -> {self.dst.name}{self.dst_idx}: "
                              f"{s.size} elements into {tgt.size}")
