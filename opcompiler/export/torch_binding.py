@@ -120,6 +120,7 @@ class OpcModule(nn.Module):
 class OpcConvBnReLU(nn.Module):
     """Drop-in for `nn.Conv2d(c, k, (r, s), stride, padding, dilation, groups, bias)` followed by
     `nn.BatchNorm2d(k, eps)` in eval mode and `nn.ReLU`, running one fused exported kernel.
+    Takes NCHW tensors like nn.Conv2d; for an NHWC export, in channels_last memory format.
 
     Holds the same parameters under `conv` and `bn` (so `from_modules` or a state dict moves
     weights over); BN (and a conv bias) fold into the kernel's per-channel scale and shift."""
@@ -131,9 +132,8 @@ class OpcConvBnReLU(nn.Module):
         if m["op"] != "conv2d_bn_relu":
             raise KernelInputError(f"OpcConvBnReLU: expected an export of op conv2d_bn_relu, got {m['op']}")
         p = m["params"]
-        if p["layout"] != "NCHW":
-            raise KernelInputError(f"OpcConvBnReLU: layout: expected NCHW (as nn.Conv2d), got {p['layout']}; "
-                                   "export with layout=NCHW")
+        # NHWC kernels take channels_last tensors: the NHWC view of those is free (no copy)
+        self.channels_last = p["layout"] == "NHWC"
         self.kernel_name = kernel.name
         self.input_shape = tuple(m["inputs"][0]["shape"])
         self._op = register(kernel)
@@ -174,4 +174,11 @@ class OpcConvBnReLU(nn.Module):
             raise RuntimeError(f"{self.kernel_name}: the fused kernel implements inference batch norm; "
                                "call .eval() (training-mode BN uses batch statistics)")
         scale, shift = self.folded()
-        return self._op(x, self.conv.weight.detach(), scale, shift)
+        if not self.channels_last:
+            return self._op(x, self.conv.weight.detach(), scale, shift)
+        if x.dim() == 4 and x.is_contiguous() and not x.is_contiguous(memory_format=torch.channels_last):
+            raise KernelInputError(f"{self.kernel_name}: input x: expected a channels_last tensor (the kernel "
+                                   f"is NHWC), got a contiguous NCHW one; use x.to(memory_format=torch.channels_last)")
+        w = self.conv.weight.detach().permute(2, 3, 1, 0).contiguous()  # OIHW -> HWIO (small; copied per call)
+        y = self._op(x.permute(0, 2, 3, 1), w, scale, shift)
+        return y.permute(0, 3, 1, 2)  # logical NCHW in channels_last memory, as torch returns for such input

@@ -144,3 +144,26 @@ def test_compiles_as_one_graph(pkg):
         x = torch.randn(2, 8, 10, 10)
         compiled = torch.compile(m, backend="aot_eager", fullgraph=True)
         torch.testing.assert_close(compiled(x), m(x), rtol=0, atol=0)
+
+
+def test_nhwc_export_takes_channels_last_tensors(tmp_path):
+    """An NHWC kernel behind the drop-in: channels_last input is viewed as NHWC without a copy."""
+    from opcompiler.export import KernelInputError, export, import_folder
+    from opcompiler.ops import workload
+    from opcompiler.target import load_target
+    wl = workload("conv2d_bn_relu", "n=2,c=4,h=7,w=7,k=8,r=3,s=3,pad=1,stride=2,layout=NHWC")
+    out = tmp_path / "nhwc"
+    export(wl, load_target("cpu"), to="torch", out=out, name="conv_bn_relu_nhwc", progress=False)
+    pkg = import_folder(out)
+    conv, bn = torch.nn.Conv2d(4, 8, 3, stride=2, padding=1), torch.nn.BatchNorm2d(8)
+    with torch.no_grad():
+        bn.running_mean.uniform_(-1, 1)
+        bn.running_var.uniform_(0.5, 2)
+        ref = torch.nn.Sequential(conv, bn, torch.nn.ReLU()).eval()
+        block = pkg.OpcConvBnReLU.from_modules(pkg.kernel, conv, bn)
+        x = torch.randn(2, 4, 7, 7).to(memory_format=torch.channels_last)
+        y = block(x)
+        assert y.shape == (2, 8, 4, 4) and y.is_contiguous(memory_format=torch.channels_last)
+        torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-5)
+        with pytest.raises(KernelInputError, match="expected a channels_last tensor"):
+            block(x.contiguous())
