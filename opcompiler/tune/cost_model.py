@@ -7,7 +7,7 @@ target and template join as extra groups (transfer) so the first batches are not
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -73,7 +73,9 @@ class XGBCostModel:
     def _matrix(self, samples: Sequence[Sample]) -> np.ndarray:
         rows = [self._row(s.wl, s.config) for s in samples]
         width = max(len(r) for r in rows)
-        return np.stack([np.pad(r, (0, width - len(r)), constant_values=np.nan) for r in rows])
+        if any(len(r) != width for r in rows):  # other shapes may carry other params
+            rows = [np.pad(r, (0, width - len(r)), constant_values=np.nan) for r in rows]
+        return np.stack(rows)
 
     def fit(self, samples: Sequence[Sample]) -> None:
         """Retrain from scratch on `samples` plus the transfer records (fast: trees are small)."""
@@ -90,7 +92,8 @@ class XGBCostModel:
         for g in groups.values():
             best = min((s.cost for s in g if np.isfinite(s.cost)), default=np.inf)
             labels += [best / s.cost if np.isfinite(s.cost) and s.cost > 0 else 0.0 for s in g]
-        dm = xgb.DMatrix(self._matrix(ordered), label=np.asarray(labels, dtype=np.float32), missing=np.nan)
+        dm = xgb.DMatrix(self._matrix(ordered), label=np.asarray(labels, dtype=np.float32), missing=np.nan,
+                         nthread=self.config.nthread)
         dm.set_group([len(g) for g in groups.values()])
         self._booster = xgb.train(self.config.params(), dm, num_boost_round=self.config.rounds)
         self._width = dm.num_col()
@@ -101,13 +104,10 @@ class XGBCostModel:
             return np.zeros(0)
         if self._booster is None:
             return np.zeros(len(configs))
-        import xgboost as xgb
         wl = wl or self.features.space.wl
         x = self._matrix([Sample(wl=wl, config=c, cost=0.0) for c in configs])
         if x.shape[1] < self._width:
             x = np.pad(x, ((0, 0), (0, self._width - x.shape[1])), constant_values=np.nan)
-        return self._booster.predict(xgb.DMatrix(x[:, : self._width], missing=np.nan))
+        # inplace_predict skips building a DMatrix (which costs more than the prediction itself)
+        return self._booster.inplace_predict(x[:, : self._width], missing=np.nan)
 
-
-def with_rounds(cfg: XGBConfig, rounds: int) -> XGBConfig:
-    return replace(cfg, rounds=rounds)

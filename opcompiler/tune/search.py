@@ -116,8 +116,8 @@ class ModelSearchConfig:
     explore: float = 0.15  # fraction of each batch drawn at random
     warmup: int = 16  # random trials before the model is trusted (fewer with transfer records)
     exhaustive_limit: int = 20_000  # score the whole space when it is at most this big
-    chains: int = 64  # simulated-annealing chains
-    steps: int = 120
+    chains: int = 48  # simulated-annealing chains
+    steps: int = 80
     temperature: float = 1.0
 
 
