@@ -233,18 +233,19 @@ def export(wl: Workload, target: Target, config: Any = "default", *, to: str | S
         from .onnx_model import check_supported
         check_supported(wl)
     _check_out(out)
-    steps = ["build", "write kernel", "bindings", "verify"]
-    bar = tqdm(steps, desc=f"export {wl.op}", unit="step", disable=not progress, leave=False)
+    bar = tqdm(total=4, desc=f"export {wl.op}", unit="step", disable=not progress, leave=False)
     rc = resolve(wl, target, config)
     bar.set_postfix_str("build")
     kernel = get_backend(target).build(wl, rc.config)
     bar.update(1)
     _prepare_out(out)  # only once the build succeeded: a failed build leaves an earlier export intact
+    bar.set_postfix_str("write kernel")
     art = _write_artifact(out, wl, target, kernel)
     for b in bindings:
         for src, dst in _COPIED[b].items():
             shutil.copyfile(_HERE / src, out / dst)
     bar.update(1)
+    bar.set_postfix_str("bindings")
     manifest = build_manifest(name=name, wl=wl, target=target, kernel=kernel, config_source=rc.source,
                               record=rc.record, record_key=record_key(wl, target, kernel), artifact=art,
                               bindings=list(bindings), verification={})
@@ -254,6 +255,7 @@ def export(wl: Workload, target: Target, config: Any = "default", *, to: str | S
         manifest["onnx"] = write_models(out, manifest)
     (out / "__init__.py").write_text(_init_source(manifest))
     bar.update(1)
+    bar.set_postfix_str("verify")
     manifest["verification"] = v = _verify(out, wl)
     write_manifest(out, manifest)  # a wrong kernel stays on disk for inspection, marked correct: false
     bar.update(1)
