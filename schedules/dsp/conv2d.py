@@ -14,11 +14,12 @@ from opcompiler.template import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .assemble import Relayout, assemble, host_ops, nbytes
-from .direct import ConvSpec, DirectConfig, _items, _Lowering, check, footprint, in_rows, pass_cost
+from .direct import ConvSpec, DirectConfig, _items, _Lowering, check, footprint, in_cols, in_rows, pass_cost
 
 EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu")}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
+COLS = (4, 8, 12, 16, 28, 32, 56)
 
 
 def require_fp32(wl: Workload, target: Target) -> None:
@@ -53,7 +54,7 @@ class DirectTemplate(Template):
         gsm = Allocator("GSM", m.cap("GSM"), 64)
         kbp = cf.kv * m.lanes
         gsm_w = gsm.alloc("weights W_g", sp.taps * sp.c * kbp) if cf.w_path == "gsm" else 0
-        gsm_out = [gsm.alloc(f"output O_g core {c}", (1 + cf.dbuf) * cf.rows * sp.wo * kbp)
+        gsm_out = [gsm.alloc(f"output O_g core {c}", (1 + cf.dbuf) * cf.rows * min(cf.cols, sp.wo) * kbp)
                    if cf.out_path == "gsm" else 0 for c in range(m.cores)]
         low = _Lowering(m, sp, cf, names, functional)
         replicate, prepare = [], []
@@ -93,9 +94,10 @@ class DirectTemplate(Template):
         fp = footprint(m, sp, cf)
         kbp = cf.kv * m.lanes
         nk = -(-sp.k // kbp)
-        stages = sp.n * -(-sp.ho // cf.rows) * nk
-        cost, calls = pass_cost(m, sp, cf, cf.rows * sp.wo)
-        ddr_in = stages * in_rows(sp, cf.rows) * sp.w * sp.c * 4
+        cols = min(cf.cols, sp.wo)
+        stages = sp.n * -(-sp.ho // cf.rows) * -(-sp.wo // cols) * nk
+        cost, calls = pass_cost(m, sp, cf, cf.rows * cols, cols)
+        ddr_in = stages * in_rows(sp, cf.rows) * min(in_cols(sp, cols), sp.w) * sp.c * 4
         ddr_w = sp.taps * sp.c * sp.k * 4 * (1 if cf.w_path == "gsm" else m.cores)
         ddr_out = sp.n * sp.ho * sp.wo * sp.k * 4
         busy_cores = min(m.cores, sp.n if cf.split == "batch" else sp.n * -(-sp.ho // cf.rows))
@@ -143,6 +145,8 @@ class DspDirectConv2d(DirectTemplate):
             Knob("pw", tuple(v for v in PW if v <= max(sp.wo * sp.ho, 1)) or (1,), "output pixels per register block"),
             Knob("kv", tuple(range(1, kvmax + 1)), "vectors of 32 output channels per register block"),
             Knob("rows", tuple(v for v in ROWS if v <= sp.ho) or (1,), "output rows per DMA stage"),
+            Knob("cols", tuple(sorted({v for v in COLS if v < sp.wo} | {sp.wo}, reverse=True)),
+                 "output columns per DMA stage (narrower tiles when wide input rows overflow SM)"),
             Knob("order", ("out", "ws"), "out: accumulate in registers; ws: the paper's weight-stationary pass"),
             Knob("dbuf", (1, 0), "double-buffer SM/AM tiles so DMA overlaps the VPU"),
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
@@ -153,14 +157,17 @@ class DspDirectConv2d(DirectTemplate):
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
         sp = self.spec(wl, target)
         knobs = {k.name: k.values for k in self.space(wl, target)}
-        kv = max(knobs["kv"])
-        kv = min(kv, 2)
-        for pw in (10, 9, 8, 6, 4, 2, 1):
-            for rows in (1, 2):
-                cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": min(rows, sp.ho), "order": "out",
-                       "dbuf": 1, "w_path": "gsm", "out_path": "ddr", "split": "items"}
-                if self.check(wl, target, cfg) is None:
-                    return cfg
+        kvs = sorted((v for v in knobs["kv"] if v <= 2), reverse=True)
+        cfg: dict[str, Any] = {}
+        for cols in knobs["cols"]:
+            for kv in kvs:
+                for pw in (10, 9, 8, 6, 4, 2, 1):
+                    for rows in (1, 2):
+                        for dbuf in (1, 0):
+                            cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": min(rows, sp.ho), "cols": cols,
+                                   "order": "out", "dbuf": dbuf, "w_path": "gsm", "out_path": "ddr", "split": "items"}
+                            if self.check(wl, target, cfg) is None:
+                                return cfg
         return cfg
 
     def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
@@ -171,10 +178,12 @@ class DspDirectConv2d(DirectTemplate):
         sp = self.spec(wl, target)
         m = machine(target)
         kv = max(1, -(-sp.k // m.lanes))
-        cfg = {"pw": 1, "kv": kv, "rows": sp.ho, "order": "ws", "dbuf": 0,
+        cfg = {"pw": 1, "kv": kv, "rows": sp.ho, "cols": sp.wo, "order": "ws", "dbuf": 0,
                "w_path": "host_copies" if sp.layout == "NHWC" else "ddr", "out_path": "gsm", "split": "batch"}
         while cfg["rows"] > 1 and check(m, sp, DirectConfig.of(cfg)) is not None:
             cfg["rows"] -= 1
+        while cfg["cols"] > 1 and check(m, sp, DirectConfig.of(cfg)) is not None:
+            cfg["cols"] -= 1
         return cfg
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:

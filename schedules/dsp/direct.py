@@ -63,6 +63,7 @@ class DirectConfig:
     pw: int  # output pixels per register block
     kv: int  # vectors of output channels per block (kv * 32 channels)
     rows: int  # output rows per DMA stage
+    cols: int  # output columns per DMA stage (the full width unless the input rows overflow SM)
     order: str  # "out" (output-stationary registers) | "ws" (the paper's weight-stationary pass)
     dbuf: int  # 1: two SM/AM tile buffers so DMA overlaps the VPU
     w_path: str  # "gsm": DDR -> GSM once, GSM -> AM per core | "ddr": each core DMAs from DDR
@@ -79,16 +80,20 @@ def in_rows(sp: ConvSpec, rows: int) -> int:
     return (rows - 1) * sp.stride + (sp.r - 1) * sp.dil + 1
 
 
+def in_cols(sp: ConvSpec, cols: int) -> int:
+    return (cols - 1) * sp.stride + (sp.s - 1) * sp.dil + 1
+
+
 def footprint(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]:
     """Bytes each level must hold (per core for AM/SM, cluster-wide for GSM), and registers."""
     kbp = cf.kv * m.lanes
     nbuf = 1 + cf.dbuf
-    wp = sp.w + 2 * sp.pad
+    cols = min(cf.cols, sp.wo)
     npar = sum(EPI_REGS[e] for e in sp.epi)
-    am = (sp.taps * sp.c * kbp + npar * kbp + nbuf * cf.rows * sp.wo * kbp) * F32
-    sm = nbuf * in_rows(sp, cf.rows) * wp * sp.c * F32
+    am = (sp.taps * sp.c * kbp + npar * kbp + nbuf * cf.rows * cols * kbp) * F32
+    sm = nbuf * in_rows(sp, cf.rows) * in_cols(sp, cols) * sp.c * F32
     gsm = (sp.taps * sp.c * kbp * F32 if cf.w_path == "gsm" else 0) + (
-        m.cores * nbuf * cf.rows * sp.wo * kbp * F32 if cf.out_path == "gsm" else 0)
+        m.cores * nbuf * cf.rows * cols * kbp * F32 if cf.out_path == "gsm" else 0)
     if cf.order == "out":
         regs = cf.pw * cf.kv + npar * cf.kv + cf.kv + cf.pw
     else:
@@ -107,13 +112,16 @@ def check(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> str | None:
     return None
 
 
-def _items(sp: ConvSpec, cf: DirectConfig, cores: int) -> list[list[tuple[int, int, int]]]:
-    """(image, first output row, rows) per core, consecutive in (image, row block) order."""
-    pat = [(o, min(cf.rows, sp.ho - o)) for o in range(0, sp.ho, cf.rows)]
+def _items(sp: ConvSpec, cf: DirectConfig, cores: int) -> list[list[tuple[int, ...]]]:
+    """(image, first output row, rows, first output column, columns) per core, consecutive in
+    (image, row block, column block) order."""
+    cols = min(cf.cols, sp.wo)
+    pat = [(o, min(cf.rows, sp.ho - o), q, min(cols, sp.wo - q)) for o in range(0, sp.ho, cf.rows)
+           for q in range(0, sp.wo, cols)]
     if cf.split == "batch":
         per = [range(c * sp.n // cores, (c + 1) * sp.n // cores) for c in range(cores)]
-        return [[(n, o, r) for n in imgs for o, r in pat] for imgs in per]
-    allb = [(n, o, r) for n in range(sp.n) for o, r in pat]
+        return [[(n, *t) for n in imgs for t in pat] for imgs in per]
+    allb = [(n, *t) for n in range(sp.n) for t in pat]
     return [allb[c * len(allb) // cores:(c + 1) * len(allb) // cores] for c in range(cores)]
 
 
@@ -123,8 +131,9 @@ def _sum(costs: list[tuple[MkCost, int]]) -> MkCost:
                   valu=sum(c.valu * k for c, k in costs))
 
 
-def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int) -> tuple[MkCost, int]:
-    """The VPU pass over one tile of `npix` output pixels: (summed cost, micro-kernel calls)."""
+def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: int | None = None
+              ) -> tuple[MkCost, int]:
+    """The VPU pass over one tile of `npix` output pixels in rows of `width`: (summed cost, calls)."""
     if cf.order == "out":
         steps = sp.taps * sp.c
         full, tail = divmod(npix, cf.pw)
@@ -132,7 +141,7 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int) -> tuple
         if tail:
             parts.append((mk_out(m, tail, cf.kv, steps, sp.epi), 1))
         return _sum(parts), full + (1 if tail else 0)
-    wo = min(sp.wo, npix)
+    wo = min(width or sp.wo, npix)
     parts = [(mk_ws(m, npix, cf.kv, sp.r, sp.s, wo, False), 1)]
     if sp.c > 1:
         parts.append((mk_ws(m, npix, cf.kv, sp.r, sp.s, wo, True), sp.c - 1))
@@ -161,10 +170,10 @@ class _Lowering:
         am, smem = Allocator("AM", m.cap("AM"), 128), Allocator("SM", m.cap("SM"), 8)
         w_am = am.alloc("weights W_a", sp.taps * sp.c * kbp)
         par_am = {e: am.alloc(f"{e} vectors", EPI_REGS[e] * kbp) for e in sp.epi if EPI_REGS[e]}
-        out_am = [am.alloc(f"output tile O_a[{b}]", cf.rows * sp.wo * kbp) for b in range(self.nbuf)]
-        wp = sp.w + 2 * sp.pad
-        ir = in_rows(sp, cf.rows)
-        in_sm = [smem.alloc(f"input tile I_s[{b}]", ir * wp * sp.c) for b in range(self.nbuf)]
+        cols = min(cf.cols, sp.wo)
+        out_am = [am.alloc(f"output tile O_a[{b}]", cf.rows * cols * kbp) for b in range(self.nbuf)]
+        in_sm = [smem.alloc(f"input tile I_s[{b}]", in_rows(sp, cf.rows) * in_cols(sp, cols) * sp.c)
+                 for b in range(self.nbuf)]
         ops: list[Op] = []
         nk = -(-sp.k // kbp)
         halo_done: set[int] = set()
@@ -215,10 +224,11 @@ class _Lowering:
         if self.fn:
             return self._build_stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
         sp = self.sp
-        _, oh0, nr = it
+        _, oh0, nr, ow0, nc = it
         slot = i % self.nbuf
-        ih0 = oh0 * sp.stride - sp.pad
-        key = (slot, slot in halo_done, nr, max(0, -ih0), max(0, ih0 + in_rows(sp, nr) - sp.h), ke)
+        ih0, iw0 = oh0 * sp.stride - sp.pad, ow0 * sp.stride - sp.pad
+        key = (slot, slot in halo_done, nr, nc, max(0, -ih0), max(0, ih0 + in_rows(sp, nr) - sp.h),
+               max(0, -iw0), max(0, iw0 + in_cols(sp, nc) - sp.w), ke)
         if key not in self.stage_cache:
             self.stage_cache[key] = self._build_stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
         halo_done.add(slot)
@@ -226,71 +236,84 @@ class _Lowering:
 
     def _build_stage(self, i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done):
         m, sp, cf, kbp, fn = self.m, self.sp, self.cf, self.kbp, self.fn
-        n, oh0, nr = it
+        n, oh0, nr, ow0, nc = it
         slot = i % self.nbuf
-        wp = sp.w + 2 * sp.pad
-        ir = in_rows(sp, nr)
-        ih0 = oh0 * sp.stride - sp.pad
+        icw = in_cols(sp, min(cf.cols, sp.wo))  # SM tile row width (allocated for full tiles)
+        ir, ic = in_rows(sp, nr), in_cols(sp, nc)
+        ih0, iw0 = oh0 * sp.stride - sp.pad, ow0 * sp.stride - sp.pad
         lo, hi = max(0, ih0), min(sp.h, ih0 + ir)
+        clo, chi = max(0, iw0), min(sp.w, iw0 + ic)
         sm_tag, am_tag = f"sm{slot}", f"amo{slot}"
+        base = in_sm[slot]
         ins: list[Op] = []
         zero_views = []
-        if sp.pad and slot not in halo_done:  # halo columns: zeroed once, never overwritten
-            halo_done.add(slot)
-            for c0 in (0, sp.pad + sp.w):
-                zero_views.append(View(("SM",), in_sm[slot] + c0 * sp.c, (in_rows(sp, cf.rows), sp.pad, sp.c),
-                                       (wp * sp.c, sp.c, 1)))
+
+        def region(r0: int, nrows: int, c0: int, ncols: int) -> View:
+            return View(("SM",), base + (r0 * icw + c0) * sp.c, (nrows, ncols, sp.c), (icw * sp.c, sp.c, 1))
+
+        # padding: tile rows / columns outside the image are zeros; with a single column tile the
+        # side columns of a buffer are never overwritten, so they are zeroed once per buffer
+        one_col_tile = min(cf.cols, sp.wo) >= sp.wo
+        if not (one_col_tile and slot in halo_done):
+            if one_col_tile:
+                halo_done.add(slot)
+            rows_all = in_rows(sp, cf.rows) if one_col_tile else hi - lo
+            r_first = 0 if one_col_tile else lo - ih0
+            if clo - iw0 > 0 and rows_all > 0:
+                zero_views.append(region(r_first, rows_all, 0, clo - iw0))
+            if iw0 + ic - chi > 0 and rows_all > 0:
+                zero_views.append(region(r_first, rows_all, chi - iw0, iw0 + ic - chi))
         if lo - ih0 > 0:
-            zero_views.append(View(("SM",), in_sm[slot] + sp.pad * sp.c, (lo - ih0, sp.w, sp.c), (wp * sp.c, sp.c, 1)))
+            zero_views.append(region(0, lo - ih0, 0, ic))
         if ih0 + ir - hi > 0:
-            zero_views.append(View(("SM",), in_sm[slot] + ((hi - ih0) * wp + sp.pad) * sp.c,
-                                   (ih0 + ir - hi, sp.w, sp.c), (wp * sp.c, sp.c, 1)))
+            zero_views.append(region(hi - ih0, ih0 + ir - hi, 0, ic))
         if zero_views:
             nz = sum(v.size for v in zero_views)
             # zeroing SM is scalar stores at the SM port width
             cyc = -(-nz * F32 // (m.sld_per_cycle * 8))
             f = (lambda mem, vs=tuple(zero_views): [mem.view(v).fill(0.0) for v in vs]) if fn else None
             ins.append(Op("fill", "vpu", cycles=cyc, writes=(sm_tag,), fn=f, label="zero padding"))
-        if hi > lo:
-            src = View(("DDR", self.names["data"]), ((n * sp.h + lo) * sp.w) * sp.c, (hi - lo, sp.w * sp.c),
+        if hi > lo and chi > clo:
+            src = View(("DDR", self.names["data"]), ((n * sp.h + lo) * sp.w + clo) * sp.c, (hi - lo, (chi - clo) * sp.c),
                        (sp.w * sp.c, 1))
-            dst = View(("SM",), in_sm[slot] + ((lo - ih0) * wp + sp.pad) * sp.c, (hi - lo, sp.w * sp.c), (wp * sp.c, 1))
+            dst = View(("SM",), base + ((lo - ih0) * icw + (clo - iw0)) * sp.c, (hi - lo, (chi - clo) * sp.c),
+                       (icw * sp.c, 1))
             ins.append(dma_op(m, src, dst, (), (sm_tag,), fn, "I DDR->SM"))
-        npix = nr * sp.wo
-        if npix not in self.pass_cache:
-            self.pass_cache[npix] = pass_cost(m, sp, cf, npix)
-        cost, calls = self.pass_cache[npix]
-        f = self._compute_fn(in_sm[slot], w_am, par_am, out_am[slot], nr) if fn else None
+        npix = nr * nc
+        if (npix, nc) not in self.pass_cache:
+            self.pass_cache[(npix, nc)] = pass_cost(m, sp, cf, npix, nc)
+        cost, calls = self.pass_cache[(npix, nc)]
+        f = self._compute_fn(base, w_am, par_am, out_am[slot], nr, nc, icw) if fn else None
         comp = [Op("vpu", "vpu", cycles=cost.cycles, reads=(sm_tag, "w"), writes=(am_tag,), cost=cost, nruns=calls,
                    fn=f, label=f"VPU pass {cf.order} {npix} px")]
-        o_src = View(("AM",), out_am[slot], (nr, sp.wo, ke), (sp.wo * kbp, kbp, 1))
-        o_dst = View(("DDR", self.names["out"]), ((n * sp.ho + oh0) * sp.wo) * sp.k + k0, (nr, sp.wo, ke),
+        o_src = View(("AM",), out_am[slot], (nr, nc, ke), (nc * kbp, kbp, 1))
+        o_dst = View(("DDR", self.names["out"]), ((n * sp.ho + oh0) * sp.wo + ow0) * sp.k + k0, (nr, nc, ke),
                      (sp.wo * sp.k, sp.k, 1))
         if cf.out_path == "gsm":
-            g = View(("GSM",), gsm_out + slot * cf.rows * sp.wo * kbp, (nr, sp.wo, ke), (sp.wo * ke, ke, 1))
+            g = View(("GSM",), gsm_out + slot * cf.rows * min(cf.cols, sp.wo) * kbp, (nr, nc, ke), (nc * ke, ke, 1))
             outs = [dma_op(m, o_src, g, (am_tag,), (f"gsmo{slot}",), fn, "O AM->GSM"),
                     dma_op(m, g, o_dst, (f"gsmo{slot}",), ("out",), fn, "O GSM->DDR")]
         else:
             outs = [dma_op(m, o_src, o_dst, (am_tag,), ("out",), fn, "O AM->DDR")]
         return ins, comp, outs
 
-    def _compute_fn(self, sm_off: int, w_off: int, par_am: dict[str, int], out_off: int, nr: int):
+    def _compute_fn(self, sm_off: int, w_off: int, par_am: dict[str, int], out_off: int, nr: int, nc: int,
+                    icw: int):
         sp, kbp = self.sp, self.kbp
-        wp = sp.w + 2 * sp.pad
-        ir = in_rows(sp, nr)
-        x_v = View(("SM",), sm_off, (ir, wp, sp.c), (wp * sp.c, sp.c, 1))
+        ir, ic = in_rows(sp, nr), in_cols(sp, nc)
+        x_v = View(("SM",), sm_off, (ir, ic, sp.c), (icw * sp.c, sp.c, 1))
         w_v = View(("AM",), w_off, (sp.r, sp.s, sp.c, kbp), (sp.s * sp.c * kbp, sp.c * kbp, kbp, 1))
-        o_v = View(("AM",), out_off, (nr, sp.wo, kbp), (sp.wo * kbp, kbp, 1))
+        o_v = View(("AM",), out_off, (nr, nc, kbp), (nc * kbp, kbp, 1))
         st, dl = sp.stride, sp.dil
         epi = sp.epi
 
         def run(mem) -> None:
             x, wt = mem.view(x_v), mem.view(w_v)
-            acc = np.zeros((nr, sp.wo, kbp), np.float32)
+            acc = np.zeros((nr, nc, kbp), np.float32)
             with np.errstate(invalid="ignore"):  # idle lanes hold garbage; they are never stored
                 for r in range(sp.r):
                     for s in range(sp.s):
-                        xs = x[r * dl: r * dl + (nr - 1) * st + 1: st, s * dl: s * dl + (sp.wo - 1) * st + 1: st, :]
+                        xs = x[r * dl: r * dl + (nr - 1) * st + 1: st, s * dl: s * dl + (nc - 1) * st + 1: st, :]
                         acc += xs @ wt[r, s]
                 for e in epi:
                     if e == "bias":

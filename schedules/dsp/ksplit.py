@@ -71,7 +71,7 @@ def core_ops(m: DspMachine, sp: ConvSpec, cf: DirectConfig, names: dict[str, str
                     from .direct import pass_cost
                     stage_cache[key] = pass_cost(m, part, cf, nr)
                 cost, calls = stage_cache[key]
-                fn = low._compute_fn(x_sm, w_am, {}, p_am, nr) if functional else None
+                fn = low._compute_fn(x_sm, w_am, {}, p_am, nr, 1, 1) if functional else None
                 ops.append(Op("vpu", "vpu", cycles=cost.cycles, reads=("sm0", "w"), writes=("p",), cost=cost,
                               nruns=calls, fn=fn, label="partial product"))
                 ops.append(dma_op(m, View(("AM",), p_am, (nr, ke), (kbp, 1)), g_mine, ("p",), ("g",), functional,

@@ -49,6 +49,7 @@ class DspFullyConnected(DirectTemplate):
             Knob("pw", tuple(v for v in (1, 2, 3, 4, 6, 8, 12, 16) if v <= sp.h) or (1,), "input rows per register block"),
             Knob("kv", tuple(range(1, kvmax + 1)), "vectors of 32 output features per register block"),
             Knob("rows", rows, "input rows per DMA stage"),
+            Knob("cols", (1,), "(one output column: the layer is a 1x1 convolution over rows)"),
             Knob("order", ("out",), "accumulate the reduction in registers (Algorithm 2)"),
             Knob("dbuf", (1, 0), "double-buffer SM/AM tiles"),
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
@@ -64,7 +65,7 @@ class DspFullyConnected(DirectTemplate):
         for kv in sorted(knobs["kv"], reverse=True):
             for rows in rows_ok:
                 for pw in (6, 4, 2, 1):
-                    cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": rows, "order": "out", "dbuf": 1,
+                    cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 1,
                            "w_path": "gsm", "out_path": "ddr", "split": "items"}
                     if self.check(wl, target, cfg) is None:
                         return cfg
@@ -81,7 +82,7 @@ class DspFullyConnected(DirectTemplate):
         rows_ok = sorted((r for r in knobs["rows"] if r <= per_core), reverse=True) or [1]
         for kv in sorted(knobs["kv"], reverse=True):
             for rows in rows_ok:
-                cfg = {"pw": 1, "kv": kv, "rows": rows, "order": "out", "dbuf": 0,
+                cfg = {"pw": 1, "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 0,
                        "w_path": "ddr", "out_path": "ddr", "split": "items"}
                 if check(m, sp, DirectConfig.of(cfg)) is None:
                     return cfg

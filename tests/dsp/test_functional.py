@@ -44,6 +44,8 @@ def test_minigo_fc(be, preset, config):
     ("n=2,c=5,h=7,w=6,k=33,r=3,s=3,stride=2,pad=1,layout=NCHW", None),                 # NCHW via DMA relayout
     ("n=9,c=4,h=6,w=6,k=8,r=1,s=1,pad=0,layout=NHWC", {"split": "batch", "out_path": "gsm", "w_path": "host_copies"}),
     ("n=2,c=6,h=5,w=5,k=40,r=3,s=3,pad=1,layout=NHWC", {"w_path": "ddr", "dbuf": 0, "pw": 3, "rows": 4}),
+    ("n=2,c=5,h=9,w=13,k=20,r=3,s=3,stride=2,pad=1,layout=NHWC", {"cols": 4, "rows": 2}),   # column tiles, edges
+    ("n=1,c=3,h=8,w=17,k=8,r=5,s=5,pad=2,layout=NCHW", {"cols": 8, "order": "ws", "rows": 3}),
 ])
 def test_conv_shapes(be, shape, config):
     _check(be, "conv2d", config, shape=shape)
