@@ -22,7 +22,7 @@ from ..ops import get_op
 from ..target import Target, load_target
 from .importer import _to_proto
 from .partition import Group
-from .plan import Plan, flops
+from .plan import Plan
 
 # End-to-end tolerance against onnxruntime (fp32 math): |out - ref| <= atol * max|ref| + rtol * |ref|.
 # fp32 kernels differ from onnxruntime only by summation order; fp16 graphs (Ascend) round every

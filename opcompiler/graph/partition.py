@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from functools import cache
 from typing import Any, Mapping, Sequence
 
-from ..ops import get_op, list_ops, workload
+from ..ops import list_ops, workload
 from .lower import Prim
 
 GENERIC_CHAIN = "ew_chain"
@@ -166,10 +166,3 @@ def _toposort(groups: list[Group]) -> list[Group]:
         order.append(ready)
     return [Group(name=f"k{i}", op=g.op, params=g.params, inputs=g.inputs, outputs=g.outputs, prims=g.prims)
             for i, g in enumerate(order)]
-
-
-def check_registered(groups: Sequence[Group]) -> None:
-    """Every compiled group names a catalogue op (raises OpcError otherwise)."""
-    for g in groups:
-        if g.op not in ("view", "host"):
-            get_op(g.op)

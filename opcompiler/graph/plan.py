@@ -2,7 +2,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
@@ -99,4 +99,4 @@ def flops(plan: Plan, g: Group) -> int:
     return get_op(wl.op).flops(wl) if wl is not None else 0
 
 
-__all__ = ["Plan", "make_plan", "format_plan", "describe", "FAMILY_DTYPE", "Any"]
+__all__ = ["Plan", "make_plan", "format_plan", "describe", "flops", "FAMILY_DTYPE"]

@@ -9,7 +9,6 @@ import pytest
 from onnx import TensorProto, helper
 
 from opcompiler.graph import GRAPH_TOLERANCE, compare, load, make_plan, run_plan
-from opcompiler.graph.executor import reference
 
 
 def test_resnet_block_cpu_bytes_by_hand(models):
