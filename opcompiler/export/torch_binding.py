@@ -100,8 +100,25 @@ def register(kernel: ExportedKernel | str):
 
     op = torch.library.custom_op(f"opcompiler::{name}", impl, mutates_args=(), schema=schema)
     op.register_fake(fake)
+    _register_onnx(kernel, out_shape, out_dtype)
     _REGISTRY[name] = (ident, op)
     return op
+
+
+def _register_onnx(kernel: ExportedKernel, out_shape: tuple[int, ...], out_dtype: torch.dtype) -> None:
+    """`torch.onnx.export(..., dynamo=False, custom_opsets={"opcompiler": 1})` of a model using the op
+    emits the same `opcompiler::<op>` node as the folder's model.onnx (run it with opc_onnx.Runner)."""
+    register = getattr(torch.onnx, "register_custom_op_symbolic", None)
+    if register is None:  # a torch without the TorchScript exporter
+        return
+    m = kernel.manifest
+
+    def symbolic(g, *args):
+        out = g.op(f"opcompiler::{m['op']}", *args, kernel_s=kernel.name, target_s=m["target"]["name"])
+        out.setType(args[0].type().with_dtype(out_dtype).with_sizes(list(out_shape)))
+        return out
+
+    register(f"opcompiler::{kernel.name}", symbolic, 1)
 
 
 class OpcModule(nn.Module):

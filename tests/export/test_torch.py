@@ -167,3 +167,29 @@ def test_nhwc_export_takes_channels_last_tensors(tmp_path):
         torch.testing.assert_close(y, ref(x), rtol=1e-4, atol=1e-5)
         with pytest.raises(KernelInputError, match="expected a channels_last tensor"):
             block(x.contiguous())
+
+
+def test_torch_onnx_export_emits_opcompiler_node(pkg, cpu_conv_folder):
+    """A torch model using the op exports to ONNX with the fused node in the opcompiler domain, and
+    our runner executes that graph with the exported kernel (the rest on onnx.reference)."""
+    import io
+    import warnings
+
+    import onnx
+
+    from opcompiler.export.onnx_runner import Runner
+    net = torch.nn.Sequential(pkg.OpcConvBnReLU(pkg.kernel), torch.nn.Conv2d(16, 4, 1)).eval()
+    with torch.no_grad():
+        net[0].bn.running_mean.uniform_(-1, 1)
+    x = torch.randn(2, 8, 10, 10)
+    f = io.BytesIO()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the TorchScript exporter's deprecation notice
+        torch.onnx.export(net, (x,), f, dynamo=False, input_names=["x"], output_names=["y"],
+                          custom_opsets={"opcompiler": 1}, opset_version=17)
+    model = onnx.load_from_string(f.getvalue())
+    assert [(n.domain, n.op_type) for n in model.graph.node] == [("opcompiler", "conv2d_bn_relu"), ("", "Conv")]
+    y = Runner(model, [cpu_conv_folder]).run({"x": x.numpy()})[0]
+    with torch.no_grad():
+        np_ref = net(x).numpy()
+    assert abs(y - np_ref).max() <= 1e-5 * max(abs(np_ref).max(), 1.0)
