@@ -113,6 +113,8 @@ class ExportedKernel:
             self._sim = _SimulatorProgram(self.folder, self.manifest)
         else:
             raise _Base(f"{self.folder}: unknown artifact kind {kind!r}")
+        fam = self.manifest["target"]["family"]
+        self._dev = getattr(_tvm(), fam)(0) if kind == "tvm-library" and fam != "cpu" else None
         self.last_run: dict[str, Any] = {}  # simulator runs: seconds, cycles, metrics of the last call
         self._want = [(tuple(s["shape"]), np.dtype(s["dtype"])) for s in self.inputs]  # fast path of check()
 
@@ -135,12 +137,26 @@ class ExportedKernel:
             res = self._sim.run([np.asarray(a) for a in arrays])
             self.last_run = res
             return res["output"]
+        if self._dev is not None:  # a device kernel (cuda): copy in, run, copy back
+            return self._run_on_device(arrays, out)
         if out is None:
             out = aligned_empty(self.output["shape"], self.output["dtype"])
         else:
             check_arg("out", self.output, out.shape, str(out.dtype), self.name)
         self._fn(*[_tvm_view(np.asarray(a)) for a in arrays], _tvm_view(out, writable=True))
         return out
+
+
+    def _run_on_device(self, arrays: Sequence[np.ndarray], out: np.ndarray | None) -> np.ndarray:
+        tvm = _tvm()
+        args = [tvm.runtime.tensor(np.ascontiguousarray(a), self._dev) for a in arrays]
+        dout = tvm.runtime.tensor(np.zeros(self.output["shape"], self.output["dtype"]), self._dev)
+        self._fn(*args, dout)
+        res = dout.numpy()
+        if out is not None:
+            out[...] = res
+            return out
+        return res
 
 
 def load(folder: str | os.PathLike) -> ExportedKernel:

@@ -52,8 +52,15 @@ def _check(kernel: ExportedKernel, args: tuple[torch.Tensor, ...], strides: bool
             got = ("a channels_last (NHWC-strided) tensor" if t.dim() == 4 and
                    t.is_contiguous(memory_format=torch.channels_last) else f"a strided tensor (strides {t.stride()})")
             raise layout_error(spec["name"], spec, kernel.name, got)
-        if strides and t.device.type != "cpu":
-            raise KernelInputError(f"{kernel.name}: input {spec['name']!r}: expected a cpu tensor, got {t.device}")
+        if strides and t.device.type != _device(kernel):
+            raise KernelInputError(f"{kernel.name}: input {spec['name']!r}: expected a {_device(kernel)} tensor, "
+                                   f"got {t.device}")
+
+
+def _device(kernel: ExportedKernel) -> str:
+    """Where the kernel's tensors live: cpu for cpu and simulator exports, else the target family (cuda)."""
+    fam = kernel.manifest["target"]["family"]
+    return "cpu" if fam == "cpu" or kernel._sim is not None else fam
 
 
 def _to_tvm(t: torch.Tensor):
@@ -83,14 +90,15 @@ def register(kernel: ExportedKernel | str):
     schema = "(" + ", ".join(f"Tensor {s['name']}" for s in kernel.inputs) + ") -> Tensor"
 
     want = [(torch.Size(s["shape"]), _TORCH_DTYPES[s["dtype"]]) for s in kernel.inputs]
+    dev = _device(kernel)
 
     def impl(*args: torch.Tensor) -> torch.Tensor:
-        if not all(a.shape == shp and a.dtype == dt and a.device.type == "cpu" and a.is_contiguous()
+        if not all(a.shape == shp and a.dtype == dt and a.device.type == dev and a.is_contiguous()
                    for a, (shp, dt) in zip(args, want)):
             _check(kernel, args, strides=True)  # the slow path names what is wrong
         if kernel._fn is None:  # simulator program: runs on numpy through the simulator backend
             return torch.from_numpy(np.ascontiguousarray(kernel(*[a.detach().numpy() for a in args])))
-        out = torch.empty(out_shape, dtype=out_dtype)
+        out = torch.empty(out_shape, dtype=out_dtype, device=args[0].device)
         kernel._fn(*[_to_tvm(a) for a in args], _to_tvm(out))
         return out
 
