@@ -23,7 +23,7 @@ import numpy as np
 
 from opcompiler.backend.dsp.core import MkCost, mk_ew, mk_out, mk_ws, EPI_REGS
 from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, contiguous, dma_op
+from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, compress, contiguous, dma_op
 from opcompiler.errors import CapacityError, OpcError
 
 
@@ -153,6 +153,23 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: i
     return _sum(parts), calls
 
 
+def stage_order(stage: list[tuple], dbuf: bool, functional: bool, period: int = 1) -> list:
+    """Program order of the stages' (DMA-in, VPU, DMA-out) ops. With two buffers the next tile's
+    DMA-in is issued before this tile's VPU pass (software pipelining), so the DMA engine
+    fetches while the VPU computes. Timing programs run-length encode repeated stages; `period`
+    is the stages per image (their pattern repeats image after image, buffers alternating)."""
+    if not stage:
+        return []
+    if dbuf:
+        blocks = [tuple(stage[0][0])] + [tuple((stage[i + 1][0] if i + 1 < len(stage) else []) + comp + outs)
+                                        for i, (_, comp, outs) in enumerate(stage)]
+    else:
+        blocks = [tuple(ins + comp + outs) for ins, comp, outs in stage]
+    if functional:
+        return [op for b in blocks for op in b]
+    return compress(blocks, tuple(dict.fromkeys((2 * period, period, 2, 1))))
+
+
 class _Lowering:
     """Builds one core's op list. Views address the flat memories in fp32 elements."""
 
@@ -209,15 +226,8 @@ class _Lowering:
                      for i, it in enumerate(items)]
             # software-pipelined issue order: with two buffers the next tile's DMA-in is issued
             # before this tile's VPU pass, so the DMA engine fetches while the VPU computes
-            if cf.dbuf and stage:
-                ops += stage[0][0]
-                for i, (_, comp, outs) in enumerate(stage):
-                    if i + 1 < len(stage):
-                        ops += stage[i + 1][0]
-                    ops += comp + outs
-            else:
-                for ins, comp, outs in stage:
-                    ops += ins + comp + outs
+            per_image = -(-sp.ho // cf.rows) * -(-sp.wo // min(cf.cols, sp.wo))
+            ops += stage_order(stage, bool(cf.dbuf), self.fn, per_image)
         return ops
 
     def _stage(self, i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done):

@@ -21,6 +21,7 @@ from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
 from .conv2d import require_fp32
+from .direct import stage_order
 
 # op -> (data inputs, per-channel parameter inputs, FMAC ops, vector-ALU ops) per vector
 OPS = {
@@ -167,16 +168,7 @@ class DspElemwise(Template):
                 out = [dma_op(m, View(("AM",), outs[slot], (ne,), (1,)), View(("DDR", "out"), e0, (ne,), (1,)),
                               (f"y{slot}",), ("out",), functional, "y AM->DDR")]
                 stages.append((ins, comp, out))
-            if nbuf > 1 and stages:
-                ops += stages[0][0]
-                for i, (_, comp, out) in enumerate(stages):
-                    if i + 1 < len(stages):
-                        ops += stages[i + 1][0]
-                    ops += comp + out
-            else:
-                for ins, comp, out in stages:
-                    ops += ins + comp + out
-            return ops
+            return ops + stage_order(stages, nbuf > 1, functional)
 
         out_shape = tuple(int(v) for v in op.output_spec(wl)[0])
         ddr = {nm: s for nm, s, _ in in_specs}

@@ -1,4 +1,6 @@
 """The VPU micro-kernel scheduler and the DMA / shared-channel timing, against hand-computed cycles."""
+import math
+
 import pytest
 
 from opcompiler.backend.dsp.core import mk_out, mk_ws
@@ -58,12 +60,14 @@ def _one_dma(m, nbytes, mult=1):
 def test_dma_cost_and_shared_ddr(m):
     nb = 65536
     ddr_per_cycle = 42.7e9 / 1.8e9
-    # engine: 300 start-up + 200 DDR latency + 65536 / 64 + 1 run x 2; channel: start-up + bytes / DDR rate
+    # engine: 300 start-up + 200 DDR latency + 65536 / 64 + 1 run x 2; channel: start-up + the
+    # transfer's whole cycles at the DDR rate
+    chan = math.ceil(nb / ddr_per_cycle)
     t1 = timing(m, _one_dma(m, nb))
-    assert t1.dsp_cycles == max(300 + 200 + nb // 64 + 2, int(-(-(300 + nb / ddr_per_cycle) // 1)))
-    # eight cores loading at once queue on the shared DDR channel: about 8x the channel time
+    assert t1.dsp_cycles == max(300 + 200 + nb // 64 + 2, 300 + chan)
+    # eight cores loading at once queue on the shared DDR channel: 8x the channel time
     t8 = timing(m, _one_dma(m, nb, mult=8))
-    assert t8.dsp_cycles == int(-(-(300 + 8 * nb / ddr_per_cycle) // 1))
+    assert t8.dsp_cycles == 300 + 8 * chan
     assert t8.counters.bytes_by_level["DDR"] == 8 * nb
 
 
@@ -95,3 +99,25 @@ def test_steady_state_skip_is_exact(m, monkeypatch, kind, args):
     fast = fn(m, *args)
     monkeypatch.setattr(core, "SKIP_PERIODS", False)
     assert fn(m, *args) == fast
+
+
+@pytest.mark.parametrize("op,shape,config", [
+    ("conv2d", "n=16,c=8,h=9,w=9,k=32,r=3,s=3,pad=1,layout=NHWC", {"rows": 1, "dbuf": 1}),
+    ("conv2d", "n=16,c=8,h=9,w=9,k=32,r=3,s=3,pad=1,layout=NHWC", {"rows": 2, "dbuf": 0, "out_path": "gsm"}),
+    ("conv2d", "n=20,c=4,h=6,w=20,k=40,r=3,s=3,pad=1,stride=2,layout=NHWC", {"cols": 4, "rows": 1}),
+    ("bn_relu", "n=40,c=64,h=19,w=19,layout=NHWC", None),
+])
+def test_repeat_skip_is_exact(monkeypatch, op, shape, config):
+    """Skipping repetitions of identical stages once the state is a pure time shift gives the
+    same cycles, busy time and counters as issuing every stage."""
+    import opcompiler.backend.dsp.engine as engine
+    from opcompiler.backend import get_backend
+    from opcompiler.ops import workload
+    be = get_backend(load_target("dsp-sim"))
+    k = be.build(workload(op, shape=shape), config)
+    fast = be.measure(k)
+    monkeypatch.setattr(engine, "SKIP_REPEATS", False)
+    slow = be.measure(k)
+    assert fast.cycles == slow.cycles
+    assert fast.metrics["counters"] == slow.metrics["counters"]
+    assert fast.metrics["fmac_utilization"] == pytest.approx(slow.metrics["fmac_utilization"], rel=1e-9)

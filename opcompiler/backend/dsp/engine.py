@@ -20,7 +20,7 @@ import numpy as np
 
 from ...errors import OpcFailure
 from .machine import DspMachine
-from .program import F32, Op, Program, View
+from .program import F32, Op, Program, Repeat, View, expand
 
 
 @dataclass
@@ -63,47 +63,35 @@ class Timing:
     counters: Counters
 
 
-def _dma_cycles(m: DspMachine, op: Op) -> tuple[int, float, float]:
+def _dma_cycles(m: DspMachine, op: Op) -> tuple[int, int, int]:
     """(engine cycles, DDR channel cycles, GSM channel cycles) of one transfer by one core."""
     src, dst = op.path.split("->")
     ddr = op.nbytes / m.ddr_bytes_per_cycle * ((src == "DDR") + (dst == "DDR"))
     gsm = op.nbytes / m.gsm_bytes_per_cycle * ((src == "GSM") + (dst == "GSM"))
     lat = max(m.ddr_latency if "DDR" in (src, dst) else 0, m.gsm_latency if "GSM" in (src, dst) else 0)
     eng = m.dma_startup + lat + op.nbytes / m.dma_bytes_per_cycle + op.nruns * m.dma_row_cycles
-    return int(eng), ddr, gsm
+    return int(eng), int(np.ceil(ddr)), int(np.ceil(gsm))
 
 
-def _static(m: DspMachine, op: Op) -> tuple:
-    """Per-op figures the scheduler needs, computed once per Op object."""
-    if op.kind == "dma":
-        eng, ddr, gsm = _dma_cycles(m, op)
-        return (True, eng, ddr, gsm, 0.0)
-    fm = op.cost.fmas / m.fmac_units if op.cost is not None else 0.0
-    return (False, op.cycles, 0.0, 0.0, fm)
+SKIP_REPEATS = True  # tests turn the steady-state skip of repeated stages off to check it is exact
 
 
-def timing(m: DspMachine, prog: Program) -> Timing:
-    """Schedule every core's ops on its pipes and the shared channels; returns cycles and busy time."""
-    n = len(prog.cores)
-    mult = prog.multiplicity
-    pipe_free = [{"dma": 0, "vpu": 0, "sync": 0} for _ in range(n)]
-    ready: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last write completes
-    read_end: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last read completes
-    idx = [0] * n
-    busy: dict[str, float] = defaultdict(float)
-    chan = {"ddr": 0.0, "gsm": 0.0}
-    counters = Counters()
-    static: dict[int, tuple] = {}
-    per_op_counts: dict[int, list] = {}
-    heap: list[tuple[int, int]] = [(0, c) for c in range(n) if prog.cores[c]]
-    heapq.heapify(heap)
-    at_barrier: dict[int, int] = {}
-    total_mult = sum(mult[c] for c in range(n) if prog.cores[c])
-    startup = m.dma_startup
+class _Sched:
+    """Scoreboard state of the cores (or core groups) and the shared channels; integer cycles."""
 
-    def candidate(c: int, op: Op) -> int:
-        t = pipe_free[c][op.pipe]
-        r, w = ready[c], read_end[c]
+    def __init__(self, m: DspMachine, n: int, mult: list[int]):
+        self.m, self.mult = m, mult
+        self.pipe = [{"dma": 0, "vpu": 0, "sync": 0} for _ in range(n)]
+        self.ready: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last write completes
+        self.read_end: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last read completes
+        self.chan = {"ddr": 0, "gsm": 0}
+        self.busy: dict[str, float] = defaultdict(float)
+        self.static: dict[int, tuple] = {}
+        self.counts: dict[int, list] = {}
+
+    def candidate(self, c: int, op: Op) -> int:
+        t = self.pipe[c][op.pipe]
+        r, w = self.ready[c], self.read_end[c]
         for tag in op.reads:
             v = r.get(tag, 0)
             if v > t:
@@ -114,73 +102,173 @@ def timing(m: DspMachine, prog: Program) -> Timing:
                 t = v
         return t
 
-    while heap:
-        _, c = heapq.heappop(heap)
-        ops = prog.cores[c]
-        op = ops[idx[c]]
-        k = mult[c]
-        if op.kind == "barrier":
-            pf = pipe_free[c]
-            at_barrier[c] = max(pf["dma"], pf["vpu"], pf["sync"])
-            if sum(mult[j] for j in at_barrier) < total_mult:
-                continue
-            t = max(at_barrier.values())
-            for j in list(at_barrier):
-                pipe_free[j]["dma"] = pipe_free[j]["vpu"] = pipe_free[j]["sync"] = t
-                idx[j] += 1
-                if idx[j] < len(prog.cores[j]):
-                    heapq.heappush(heap, (candidate(j, prog.cores[j][idx[j]]), j))
-            at_barrier.clear()
-            continue
-        st = static.get(id(op))
+    def run(self, c: int, op: Op) -> None:
+        """Issue one non-barrier op of core (group) c at its earliest start."""
+        m, k = self.m, self.mult[c]
+        st = self.static.get(id(op))
         if st is None:
-            st = static[id(op)] = _static(m, op)
-        start = candidate(c, op)
+            if op.kind == "dma":
+                eng, ddr, gsm = _dma_cycles(m, op)
+                st = (True, eng, ddr, gsm, 0.0)
+            else:
+                st = (False, op.cycles, 0, 0, op.cost.fmas / m.fmac_units if op.cost is not None else 0.0)
+            self.static[id(op)] = st
+        start = self.candidate(c, op)
         is_dma, cyc, ddr, gsm, fm = st
         end = start + cyc
+        busy = self.busy
         if is_dma:
             # the shared channels carry this transfer for all k identical cores
-            if ddr:
-                s0 = chan["ddr"] if chan["ddr"] > start + startup else start + startup
-                chan["ddr"] = s0 + ddr * k
-                busy["ddr"] += ddr * k
-                e = -int(-chan["ddr"] // 1)
-                if e > end:
-                    end = e
-            if gsm:
-                s0 = chan["gsm"] if chan["gsm"] > start + startup else start + startup
-                chan["gsm"] = s0 + gsm * k
-                busy["gsm"] += gsm * k
-                e = -int(-chan["gsm"] // 1)
-                if e > end:
-                    end = e
+            for ch, ccyc in (("ddr", ddr), ("gsm", gsm)):
+                if ccyc:
+                    s0 = max(self.chan[ch], start + m.dma_startup)
+                    self.chan[ch] = s0 + ccyc * k
+                    busy[ch] += ccyc * k
+                    end = max(end, self.chan[ch])
             busy["dma"] += (end - start) * k
         else:
             busy["vpu"] += cyc * k
             busy["fmac"] += fm * k
-        pipe_free[c][op.pipe] = end
+        self.pipe[c][op.pipe] = end
+        rd = self.ready[c]
         for tag in op.writes:
-            ready[c][tag] = end
-        rc = read_end[c]
+            rd[tag] = end
+        rc = self.read_end[c]
         for tag in op.reads:
             if rc.get(tag, 0) < end:
                 rc[tag] = end
-        cnt = per_op_counts.get(id(op))
+        cnt = self.counts.get(id(op))
         if cnt is None:
-            per_op_counts[id(op)] = [op, k]
+            self.counts[id(op)] = [op, k]
         else:
             cnt[1] += k
-        idx[c] += 1
-        if idx[c] < len(ops):
-            heapq.heappush(heap, (candidate(c, ops[idx[c]]), c))
-    for op, k in per_op_counts.values():
+
+    def barrier(self, cores: list[int]) -> None:
+        t = max(max(self.pipe[c].values()) for c in cores)
+        for c in cores:
+            p = self.pipe[c]
+            p["dma"] = p["vpu"] = p["sync"] = t
+
+    # -- steady state of a repeated block (single core group) ------------------------------
+
+    def _vector(self) -> list:
+        p, ch = self.pipe[0], self.chan
+        return ([p["dma"], p["vpu"], p["sync"], ch["ddr"], ch["gsm"]] + [("r", t, v) for t, v in self.ready[0].items()]
+                + [("w", t, v) for t, v in self.read_end[0].items()])
+
+    def repeat(self, body: tuple, count: int) -> None:
+        """Run `body` `count` times; once three repetitions advanced every live timestamp by the
+        same amount, the state is periodic and the remaining repetitions are added exactly."""
+        deltas: list = []
+        done = 0
+        while done < count:
+            before = (self._vector(), dict(self.busy))
+            for op in body:
+                if op.kind == "barrier":
+                    self.barrier([0])
+                else:
+                    self.run(0, op)
+            done += 1
+            if not SKIP_REPEATS or count - done < 2:
+                continue
+            d = _shift(before[0], self._vector())
+            deltas.append(d)
+            if d is not None and len(deltas) >= 3 and deltas[-2] == d and deltas[-3] == d:
+                r = count - done
+                self._advance(r * d)
+                for key, v in self.busy.items():
+                    self.busy[key] = v + r * (v - before[1].get(key, 0.0))
+                for op in body:
+                    if op.kind != "barrier":
+                        self.counts[id(op)][1] += r * self.mult[0]
+                done = count
+
+    def _advance(self, dt: int) -> None:
+        p = self.pipe[0]
+        now = min(p["dma"], p["vpu"])
+        for key in p:
+            if p[key] >= now:
+                p[key] += dt
+        for ch in self.chan:
+            if self.chan[ch] >= now:
+                self.chan[ch] += dt
+        for d in (self.ready[0], self.read_end[0]):
+            for t, v in d.items():
+                if v >= now:
+                    d[t] = v + dt
+
+
+def _shift(a: list, b: list) -> int | None:
+    """The common advance of all timestamps from state a to state b, if the move is a pure time
+    shift (timestamps that did not move lie in the past and cannot bind again)."""
+    if len(a) != len(b):
+        return None
+    va = [x if not isinstance(x, tuple) else x[2] for x in a]
+    vb = [x if not isinstance(x, tuple) else x[2] for x in b]
+    if any(isinstance(x, tuple) and (x[:2] != y[:2]) for x, y in zip(a, b)):
+        return None
+    moved = {y - x for x, y in zip(va, vb) if y != x}
+    if len(moved) != 1:
+        return None
+    d = moved.pop()
+    floor = min(vb[0], vb[1])  # nothing starts before the pipes are free
+    if any(y == x and y > floor - d for x, y in zip(va, vb)):
+        return None  # a timestamp that did not move could still bind
+    return d
+
+
+def timing(m: DspMachine, prog: Program) -> Timing:
+    """Schedule every core's ops on its pipes and the shared channels; returns cycles and busy time."""
+    n = len(prog.cores)
+    sched = _Sched(m, n, prog.multiplicity)
+    if n == 1:
+        for op in prog.cores[0]:
+            if isinstance(op, Repeat):
+                sched.repeat(op.body, op.count)
+            elif op.kind == "barrier":
+                sched.barrier([0])
+            else:
+                sched.run(0, op)
+    else:
+        _timing_heap(sched, [expand(ops) for ops in prog.cores])
+    counters = Counters()
+    for op, k in sched.counts.values():
         counters.add_op(op, k)
-    dsp = max((max(p.values()) for p in pipe_free), default=0)
+    dsp = max((max(p.values()) for p in sched.pipe), default=0)
     host = sum(cyc for _, cyc, _ in prog.host_pre) + sum(cyc for _, cyc, _ in prog.host_post)
+    busy = sched.busy
     busy["host"] = host
     _host_bytes(prog, counters)
     return Timing(cycles=int(dsp + host), dsp_cycles=int(dsp), host_cycles=int(host), busy=dict(busy),
                   counters=counters)
+
+
+def _timing_heap(sched: _Sched, cores: list[list[Op]]) -> None:
+    """Several core groups: issue ops in the order of their earliest start across the groups."""
+    n = len(cores)
+    idx = [0] * n
+    heap: list[tuple[int, int]] = [(0, c) for c in range(n) if cores[c]]
+    heapq.heapify(heap)
+    at_barrier: set[int] = set()
+    total = sum(sched.mult[c] for c in range(n) if cores[c])
+    while heap:
+        _, c = heapq.heappop(heap)
+        op = cores[c][idx[c]]
+        if op.kind == "barrier":
+            at_barrier.add(c)
+            if sum(sched.mult[j] for j in at_barrier) < total:
+                continue
+            sched.barrier(sorted(at_barrier))
+            for j in sorted(at_barrier):
+                idx[j] += 1
+                if idx[j] < len(cores[j]):
+                    heapq.heappush(heap, (sched.candidate(j, cores[j][idx[j]]), j))
+            at_barrier.clear()
+            continue
+        sched.run(c, op)
+        idx[c] += 1
+        if idx[c] < len(cores[c]):
+            heapq.heappush(heap, (sched.candidate(c, cores[c][idx[c]]), c))
 
 
 class Memory:

@@ -71,6 +71,47 @@ class Op:
         self.nbytes, self.path, self.nruns, self.cost, self.fn, self.label = nbytes, path, nruns, cost, fn, label
 
 
+@dataclass(frozen=True)
+class Repeat:
+    """`body` issued `count` times in a row (timing programs only: identical stages)."""
+
+    body: tuple
+    count: int
+
+
+def expand(ops: list) -> list[Op]:
+    out: list[Op] = []
+    for op in ops:
+        if isinstance(op, Repeat):
+            out.extend(list(op.body) * op.count)
+        else:
+            out.append(op)
+    return out
+
+
+def compress(blocks: list[tuple], periods: tuple[int, ...] = (2, 1)) -> list:
+    """Run-length encode a sequence of op blocks (tuples of Op objects): at each position the
+    first period (in blocks) that repeats at least 3 times becomes one Repeat."""
+    out: list = []
+    i, n = 0, len(blocks)
+    ids = [tuple(map(id, b)) for b in blocks]
+    while i < n:
+        for p in periods:
+            if p < 1 or i + 3 * p > n:
+                continue
+            reps = 1
+            while i + (reps + 1) * p <= n and ids[i + reps * p:i + (reps + 1) * p] == ids[i:i + p]:
+                reps += 1
+            if reps >= 3:
+                out.append(Repeat(tuple(op for j in range(p) for op in blocks[i + j]), reps))
+                i += reps * p
+                break
+        else:
+            out.extend(blocks[i])
+            i += 1
+    return out
+
+
 @dataclass(kw_only=True)
 class Program:
     """A lowered kernel for the whole cluster."""
