@@ -1,0 +1,290 @@
+"""The schedule core shared by the CUDA matmul and conv2d templates.
+
+Both ops are first normalized to one GEMM, C[S, I, J] += A[S, I, K] * B[S, J, K] (a conv
+becomes an implicit GEMM: I = batch x output pixels, J = output channels, K = input channels x
+window; the im2col gather is never materialized, it happens in the global -> shared copy).
+Then one of two schedules tiles it:
+
+- `schedule_tensor_core` (fp16): thread blocks of `block_row_warps x block_col_warps` warps,
+  each warp owning `warp_row_tiles x warp_col_tiles` 16x16 accumulator fragments; A and B
+  staged through shared memory `chunk` 16-wide K slices at a time with vectorized loads;
+  fragments loaded, multiplied and stored with TVM's registered WMMA intrinsics
+  (`tvm.s_tir.tensor_intrin.cuda`, m16n16k16, fp16 in, fp32 accumulate), the same fractal
+  idea as the Ascend cube. The epilogue (cast, bias, bn, relu, add) is fused into the
+  shared -> global store.
+- `schedule_simt` (fp32): classic CUDA-core tiling: `threads_y x threads_x` threads each
+  computing a `micro_y x micro_x` register tile, A and B staged through shared memory
+  `micro_k` at a time, epilogue fused into the register -> global store.
+
+Resource figures (threads, shared bytes, registers) are computed here from the knobs so the
+templates' `check()` can reject a config before it is built; `measured_shared_bytes` reads
+the same figure back from the lowered kernel so tests can hold the two together.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+import tvm
+from tvm import s_tir, tirx
+
+from opcompiler.target import Target
+
+FRAG = 16  # WMMA fragment edge (m16n16k16)
+SMEM_PAD_HALF = 8  # storage_align offset on the fp16 operand tiles (bank-conflict padding, in elements)
+
+
+def cuda_limits(target: Target) -> dict[str, int]:
+    """The per-block / per-SM limits the templates check, from the target's [extra]."""
+    e = target.extra
+    return {
+        "warp_size": int(e.get("warp_size", 32)),
+        "max_threads_per_block": int(e.get("max_threads_per_block", 1024)),
+        "max_shared_memory_per_block": int(e.get("max_shared_memory_per_block", 48 * 1024)),
+        "registers_per_sm": int(e.get("registers_per_sm", 65536)),
+        "max_registers_per_thread": int(e.get("max_registers_per_thread", 255)),
+    }
+
+
+def _ceil(a: int, b: int) -> int:
+    return -(-a // b) * b
+
+
+# ------------------------------------------------------------------ tile geometry from knobs
+
+@dataclass(frozen=True, kw_only=True)
+class GemmTiles:
+    """Tile geometry of one config on one GEMM (M, N, K already normalized)."""
+
+    bm: int  # rows of C per thread block
+    bn: int  # columns of C per thread block
+    bk: int  # K slice staged in shared memory per step
+    threads: int  # threads per block
+    m_pad: int
+    n_pad: int
+    k_pad: int
+    shared_bytes: int  # shared memory per block (operand tiles + staging)
+    registers: int  # estimated registers per thread (accumulators + operands + addressing)
+
+    @property
+    def blocks(self) -> int:
+        return (self.m_pad // self.bm) * (self.n_pad // self.bn)
+
+
+def tensor_core_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTiles:
+    """Geometry of the fp16 tensor-core schedule for `cfg`."""
+    bm = FRAG * cfg["block_row_warps"] * cfg["warp_row_tiles"]
+    bn = FRAG * cfg["block_col_warps"] * cfg["warp_col_tiles"]
+    bk = FRAG * cfg["chunk"]
+    warps = cfg["block_row_warps"] * cfg["block_col_warps"]
+    a_sh = bm * (bk + SMEM_PAD_HALF) * 2
+    b_sh = bn * (bk + SMEM_PAD_HALF) * 2
+    c_sh = bm * bn * 4  # fp32 accumulators staged (static shared) for the fused epilogue
+    frags_c = cfg["warp_row_tiles"] * cfg["warp_col_tiles"]
+    # a 16x16 fragment spread over 32 lanes is 8 values per thread: fp32 acc 8 regs, fp16 operands 4
+    regs = 8 * frags_c + 4 * (cfg["warp_row_tiles"] + cfg["warp_col_tiles"]) + 40
+    return GemmTiles(bm=bm, bn=bn, bk=bk, threads=32 * warps, m_pad=_ceil(m, bm), n_pad=_ceil(n, bn),
+                     k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh + c_sh, registers=regs)
+
+
+def simt_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTiles:
+    """Geometry of the fp32 CUDA-core schedule for `cfg`."""
+    bm = cfg["threads_y"] * cfg["micro_y"]
+    bn = cfg["threads_x"] * cfg["micro_x"]
+    bk = cfg["micro_k"]
+    a_sh = bm * (bk + cfg["vec"]) * 4
+    b_sh = bn * (bk + cfg["vec"]) * 4
+    regs = cfg["micro_y"] * cfg["micro_x"] + cfg["micro_y"] + cfg["micro_x"] + 30
+    return GemmTiles(bm=bm, bn=bn, bk=bk, threads=cfg["threads_x"] * cfg["threads_y"], m_pad=_ceil(m, bm),
+                     n_pad=_ceil(n, bn), k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh, registers=regs)
+
+
+def check_tiles(t: GemmTiles, target: Target) -> str | None:
+    """Why these tiles cannot run on `target` (threads, shared memory, registers), or None."""
+    lim = cuda_limits(target)
+    if t.threads > lim["max_threads_per_block"]:
+        return f"{t.threads} threads per block exceed the target's {lim['max_threads_per_block']}"
+    if t.threads % lim["warp_size"]:
+        return f"{t.threads} threads per block is not a multiple of the warp size {lim['warp_size']}"
+    if t.shared_bytes > lim["max_shared_memory_per_block"]:
+        return (f"needs {t.shared_bytes} B of shared memory per block but {target.name} allows "
+                f"{lim['max_shared_memory_per_block']} B")
+    if t.registers > lim["max_registers_per_thread"]:
+        return f"needs about {t.registers} registers per thread but {target.name} allows {lim['max_registers_per_thread']}"
+    if t.registers * t.threads > lim["registers_per_sm"]:
+        return (f"{t.threads} threads x about {t.registers} registers exceed the SM's "
+                f"{lim['registers_per_sm']} registers")
+    return None
+
+
+# ------------------------------------------------------------------ normalization to one GEMM
+
+def _inline_producers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_producers
+    auto_inline_producers(sch, block)
+
+
+def _inline_consumers(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumer_chain
+    auto_inline_consumer_chain(sch, block)
+
+
+def gemm_dims(func: tirx.PrimFunc, block_name: str) -> tuple[int, int, int]:
+    """(M, N, K) of the reduction block once normalized (batch folded into M)."""
+    sch = s_tir.Schedule(func)
+    normalize_gemm(sch, sch.get_sblock(block_name))
+    ext = [int(iv.dom.extent) for iv in sch.get(sch.get_sblock(block_name)).iter_vars]
+    return ext[0] * ext[1], ext[2], ext[3]
+
+
+def normalize_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
+    """Rewrite the reduction block as C[S, I, J] += A[S, I, K] * B[S, J, K] (implicit GEMM)."""
+    from tvm.s_tir.dlight.gpu.matmul import get_index_map
+    ra = sch.reindex(block, ("read", 0))
+    rb = sch.reindex(block, ("read", 1))
+    rc = sch.reindex(block, ("write", 0))
+    maps = get_index_map(sch.get(block))
+    if maps is None:
+        raise ValueError(f"block {sch.get(block).name_hint} is not a GEMM-like reduction")
+    mm, am, bm, cm = maps
+    sch.transform_layout(ra, ("write", 0), am)
+    sch.transform_layout(rb, ("write", 0), bm)
+    sch.transform_layout(rc, ("read", 0), cm)
+    sch.transform_block_layout(block, mm)
+
+
+# ------------------------------------------------------------------ fp16 on tensor cores
+
+def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any]) -> None:
+    """Tile the normalized GEMM for WMMA fragments (see the module docstring)."""
+    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+    brw, bcw = cfg["block_row_warps"], cfg["block_col_warps"]
+    wr, wc, chunk, vec = cfg["warp_row_tiles"], cfg["warp_col_tiles"], cfg["chunk"], cfg["vec"]
+    warps = brw * bcw
+    # batch folded into I so small-batch convs still fill blocks
+    sch.pad_einsum(block, [1, FRAG * brw * wr, FRAG * bcw * wc, FRAG * chunk])
+    batch, i, j, k = sch.get_loops(block)
+    i, ii = sch.split(i, [None, FRAG])
+    j, ji = sch.split(j, [None, FRAG])
+    k, ki = sch.split(k, [None, FRAG])
+    sch.reorder(i, j, k, ii, ji, ki)
+    inner = block
+    outer = sch.blockize(ii)
+    i0, i1, i2 = sch.split(i, [None, brw, wr])
+    j0, j1, j2 = sch.split(j, [None, bcw, wc])
+    k0, k1 = sch.split(k, [None, chunk])
+    sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
+    bx = sch.fuse(i0, j0)
+    ty = sch.fuse(i1, j1)
+    sch.bind(batch, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+
+    def to_shared(idx: int) -> s_tir.schedule.SBlockRV:
+        cr = sch.cache_read(outer, idx, "shared.dyn")
+        sch.compute_at(cr, k0)
+        fused = sch.fuse(*sch.get_loops(cr)[-2:])
+        _, f1, f2, f3 = sch.split(fused, [None, warps, 32, vec])
+        sch.bind(f2, "threadIdx.x")
+        sch.bind(f1, "threadIdx.y")
+        sch.vectorize(f3)
+        sch.storage_align(cr, 0, axis=-2, factor=16, offset=SMEM_PAD_HALF)
+        return cr
+
+    a_sh, b_sh = to_shared(0), to_shared(1)
+    _inline_producers(sch, a_sh)  # the pad / im2col gather happens inside the copy
+    _inline_producers(sch, b_sh)
+    a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
+    b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
+    sch.compute_at(a_frag, k1)
+    sch.compute_at(b_frag, k1)
+    c_sh = sch.cache_write(outer, 0, "shared")
+    c_frag = sch.cache_write(outer, 0, "wmma.accumulator")
+    sch.reverse_compute_at(c_frag, ty)
+    sch.reverse_compute_at(c_sh, bx)
+    ci, cj = sch.get_loops(c_frag)[-2:]
+    ci0, ci1 = sch.split(ci, [None, FRAG])
+    cj0, cj1 = sch.split(cj, [None, FRAG])
+    sch.reorder(ci0, cj0, ci1, cj1)
+    init = sch.decompose_reduction(outer, k0)
+    init_inner = sch.get_child_blocks(init)[0]
+    g = get_wmma_intrin_group(load_scope="shared.dyn", store_scope="shared", in_dtype="float16",
+                              out_dtype="float32", trans_b=True)
+    for frag, key in ((a_frag, "load_a"), (b_frag, "load_b")):
+        fi, fj = sch.get_loops(frag)[-2:]
+        fi0, fi1 = sch.split(fi, [None, FRAG])
+        fj0, fj1 = sch.split(fj, [None, FRAG])
+        sch.reorder(fi0, fj0, fi1, fj1)
+        sch.unroll(fi0)
+        sch.unroll(fj0)
+        sch.tensorize(fi1, g[key])
+    sch.tensorize(sch.get_loops(init_inner)[-2], g["init"])
+    sch.tensorize(sch.get_loops(c_frag)[-2], g["store"])
+    sch.tensorize(sch.get_loops(inner)[-3], g["compute"])
+    _inline_consumers(sch, c_sh)  # cast, bias, bn, relu, add applied on the way out
+    fused = sch.fuse(*sch.get_loops(c_sh)[-2:])
+    _, f1, f2, f3 = sch.split(fused, [None, warps, 32, 4])
+    sch.bind(f1, "threadIdx.y")
+    sch.bind(f2, "threadIdx.x")
+    sch.vectorize(f3)
+
+
+# ------------------------------------------------------------------ fp32 on CUDA cores
+
+def schedule_simt(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any]) -> None:
+    """Shared-memory tiled GEMM on CUDA cores with per-thread register tiles."""
+    tx_n, ty_n, mx, my, mk, vec = (cfg["threads_x"], cfg["threads_y"], cfg["micro_x"], cfg["micro_y"],
+                                   cfg["micro_k"], cfg["vec"])
+    sch.pad_einsum(block, [1, ty_n * my, tx_n * mx, mk])
+    batch, i, j, k = sch.get_loops(block)
+    by, ty, yi = sch.split(i, [None, ty_n, my])
+    bx, tx, xi = sch.split(j, [None, tx_n, mx])
+    ko, ki = sch.split(k, [None, mk])
+    sch.reorder(by, bx, ty, tx, ko, ki, yi, xi)
+    sch.bind(batch, "blockIdx.z")
+    sch.bind(by, "blockIdx.y")
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(ty, "threadIdx.y")
+    sch.bind(tx, "threadIdx.x")
+    if cfg["unroll"]:
+        sch.annotate(tx, "pragma_auto_unroll_max_step", cfg["unroll"])
+        sch.annotate(tx, "pragma_unroll_explicit", 1)
+    acc = sch.cache_write(block, 0, "local")
+    sch.reverse_compute_at(acc, tx, preserve_unit_loops=True)
+
+    def to_shared(idx: int) -> s_tir.schedule.SBlockRV:
+        cr = sch.cache_read(block, idx, "shared")
+        n = len(sch.get_loops(cr))
+        sch.compute_at(cr, ko, preserve_unit_loops=True)
+        loops = sch.get_loops(cr)[-n:]
+        fty, ftx, _, fv = sch.split(sch.fuse(*loops), [ty_n, tx_n, None, vec])
+        sch.vectorize(fv)
+        sch.bind(fty, "threadIdx.y")
+        sch.bind(ftx, "threadIdx.x")
+        sch.storage_align(cr, 0, axis=1, factor=8, offset=vec)
+        return cr
+
+    a_sh, b_sh = to_shared(0), to_shared(1)
+    _inline_producers(sch, a_sh)
+    _inline_producers(sch, b_sh)
+    _inline_consumers(sch, acc)
+    sch.decompose_reduction(block, ko)
+
+
+# ------------------------------------------------------------------ reading figures back
+
+def measured_shared_bytes(mod: tvm.IRModule, target: tvm.target.Target) -> int:
+    """Shared memory per block of the lowered kernel: its static shared allocations plus the
+    merged dynamic buffer the launch asks for, read from TVM's own lowering pipeline."""
+    from tvm.tirx.build import split_host_device_mods
+    lower = tvm.tirx.get_default_tir_pipeline(target)[0]  # (lowering, host finalize, device finalize)
+    bound = tvm.tirx.transform.BindTarget(target.with_host(tvm.target.Target("llvm")))(mod)
+    with target:
+        _, device_mods = split_host_device_mods(lower(bound))
+    from tvm.s_tir.analysis import calculate_allocated_bytes
+    total = 0
+    for dev_mod in device_mods.values():
+        for per_scope in calculate_allocated_bytes(dev_mod).values():
+            total += sum(int(v) for scope, v in per_scope.items() if str(scope).startswith("shared"))
+    return total

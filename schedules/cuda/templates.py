@@ -1,0 +1,138 @@
+"""CUDA templates for the matmul and conv2d families (fused epilogues included).
+
+fp16 runs on the tensor cores (WMMA 16x16x16, fp32 accumulate), fp32 on the CUDA cores; both
+through one implicit-GEMM normalization (`gemm.py`). Knobs are declared here next to the
+schedule that reads them; `check()` states validity from the target description (threads per
+block, shared memory per block, registers per thread and per SM, from `targets/cuda-*.toml`).
+"""
+from __future__ import annotations
+
+from functools import lru_cache
+from typing import Any, Mapping
+
+import tvm
+from tvm import te
+
+from opcompiler.errors import OpcError
+from opcompiler.ops import get_op
+from opcompiler.target import Target
+from opcompiler.template import Knob, Template, register_template
+from opcompiler.workload import Workload
+
+from . import gemm
+
+TC_KNOBS = (  # fp16 tensor-core schedule
+    Knob("block_row_warps", (1, 2, 4), "warps per block along M"),
+    Knob("block_col_warps", (1, 2, 4), "warps per block along N"),
+    Knob("warp_row_tiles", (1, 2, 4), "16x16 accumulator fragments per warp along M"),
+    Knob("warp_col_tiles", (1, 2, 4), "16x16 accumulator fragments per warp along N"),
+    Knob("chunk", (1, 2, 4), "16-wide K slices staged in shared memory per step"),
+    Knob("vec", (2, 4, 8), "fp16 elements per vectorized global -> shared load"),
+)
+SIMT_KNOBS = (  # fp32 CUDA-core schedule
+    Knob("threads_x", (8, 16, 32), "threads per block along N"),
+    Knob("threads_y", (4, 8, 16), "threads per block along M"),
+    Knob("micro_x", (1, 2, 4, 8), "outputs per thread along N (register tile)"),
+    Knob("micro_y", (1, 2, 4, 8), "outputs per thread along M (register tile)"),
+    Knob("micro_k", (4, 8, 16, 32), "K slice staged in shared memory per step"),
+    Knob("vec", (1, 2, 4), "fp32 elements per vectorized global -> shared load"),
+    Knob("unroll", (0, 64, 256), "auto-unroll limit of the inner loops"),
+)
+
+
+@lru_cache(maxsize=256)
+def _dims(wl: Workload, block: str) -> tuple[int, int, int]:
+    """(M, N, K) of the workload's implicit GEMM (batch and output pixels folded into M)."""
+    ins, out = get_op(wl.op).compute(wl)
+    return gemm.gemm_dims(te.create_prim_func([*ins, out]), block)
+
+
+def _pick(pairs: list[tuple[int, int]], limit: int) -> tuple[int, int]:
+    """The largest (warps, tiles) pair whose 16 * warps * tiles fits `limit` (balanced first)."""
+    fitting = [p for p in pairs if gemm.FRAG * p[0] * p[1] <= max(limit, gemm.FRAG)]
+    return max(fitting, key=lambda p: (p[0] * p[1], -abs(p[0] - p[1]), p[0]))
+
+
+class CudaGemmTemplate(Template):
+    """Common part of the CUDA templates: knobs by dtype, validity, schedule dispatch."""
+
+    target_family = "cuda"
+    version = 1
+    block = ""  # name of the reduction block in the DSL compute
+
+    def _check_dtype(self, wl: Workload) -> None:
+        if wl.dtype not in ("float16", "float32"):
+            raise OpcError(f"{self.name} has no {wl.dtype} schedule", arg="--dtype", value=wl.dtype,
+                           expected="float16 (tensor cores) or float32 (CUDA cores)")
+
+    def space(self, wl: Workload, target: Target) -> list[Knob]:
+        self._check_dtype(wl)
+        return list(TC_KNOBS if wl.dtype == "float16" else SIMT_KNOBS)
+
+    def default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        self._check_dtype(wl)
+        m, n, k = _dims(wl, self.block)
+        if wl.dtype == "float16":
+            pairs = [(w, t) for w in (1, 2, 4) for t in (1, 2, 4) if w * t <= 4]
+            brw, wr = _pick(pairs, m)
+            bcw, wc = _pick(pairs, n)
+            chunk = 2 if k > 16 else 1
+            return {"block_row_warps": brw, "block_col_warps": bcw, "warp_row_tiles": wr,
+                    "warp_col_tiles": wc, "chunk": chunk, "vec": 8}
+        return {"threads_x": 16 if n >= 64 else 8, "threads_y": 8 if m >= 32 else 4, "micro_x": 4 if n >= 64 else 1,
+                "micro_y": 4 if m >= 32 else 1, "micro_k": 16, "vec": 2, "unroll": 256}
+
+    def tiles(self, wl: Workload, config: Mapping[str, Any]) -> gemm.GemmTiles:
+        m, n, k = _dims(wl, self.block)
+        return (gemm.tensor_core_tiles if wl.dtype == "float16" else gemm.simt_tiles)(m, n, k, config)
+
+    def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
+        if wl.dtype == "float16" and "float16" not in target.units.get("tensor_core", {}).get("dtypes", ()):
+            return f"{target.name} declares no fp16 tensor core"
+        return gemm.check_tiles(self.tiles(wl, config), target)
+
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> tvm.s_tir.Schedule:
+        ins, out = get_op(wl.op).compute(wl)
+        func = te.create_prim_func([*ins, out]).with_attr("global_symbol", "main")
+        sch = tvm.s_tir.Schedule(func)
+        main = sch.get_sblock(self.block)
+        gemm.normalize_gemm(sch, main)
+        if wl.dtype == "float16":
+            gemm.schedule_tensor_core(sch, main, config)
+        else:
+            gemm.schedule_simt(sch, main, config)
+        return sch
+
+    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        m, n, k = _dims(wl, self.block)
+        t = self.tiles(wl, config)
+        elt = 2 if wl.dtype == "float16" else 4
+        sms = max(target.cores, 1)
+        return {
+            "gemm_m": m, "gemm_n": n, "gemm_k": k, "tile_m": t.bm, "tile_n": t.bn, "tile_k": t.bk,
+            "threads_per_block": t.threads, "shared_bytes": t.shared_bytes, "registers_est": t.registers,
+            "blocks": t.blocks, "waves": t.blocks / sms,
+            "pad_waste": t.m_pad * t.n_pad * t.k_pad / (m * n * k) - 1.0,
+            # FLOPs per byte staged into shared memory per K step
+            "block_intensity": 2 * t.bm * t.bn * t.bk / ((t.bm + t.bn) * t.bk * elt),
+            "global_bytes": elt * (t.m_pad * t.k_pad * (t.n_pad // t.bn) + t.n_pad * t.k_pad * (t.m_pad // t.bm)),
+        }
+
+
+@register_template
+class CudaMatmul(CudaGemmTemplate):
+    """matmul (+ bias + relu): tensor cores for fp16, CUDA cores for fp32."""
+
+    name = "cuda.matmul.gemm"
+    op_families = ("matmul",)
+    block = "matmul"
+
+
+@register_template
+class CudaConv2d(CudaGemmTemplate):
+    """conv2d (+ bias / bn + relu) as an implicit GEMM (NCHW or NHWC): the im2col gather is done
+    by the global -> shared copy, never materialized."""
+
+    name = "cuda.conv2d.implicit_gemm"
+    op_families = ("conv2d",)
+    block = "conv2d"
