@@ -62,3 +62,16 @@ def test_cli_bad_input_exits_2_with_one_line(capsys, args, needle):
     rc = main(["run", "conv2d", "--target", "ascend-sim", "--preset", "resnet50.res2_3x3", *args])
     err = capsys.readouterr().err
     assert rc == 2 and needle in err and len(err.strip().splitlines()) == 1
+
+
+def test_gm_overflow_is_rejected_with_a_clear_message(backend, published):
+    """Seed 000's conv grid: the chip failed to allocate part of it; the largest point here needs
+    more than the 32 GB of HBM and is rejected naming the tensor, the level and the bytes."""
+    grid = next(r for r in published.values() if r["what"].startswith("conv parameter grid"))
+    n, hw, c, k, f = (max(grid[key]) for key in ("batch", "input_size", "in_channels", "out_channels", "filter"))
+    wl = workload("conv2d", f"n={n},c={c},h={hw},w={hw},k={k},r={f},s={f},pad={f // 2}", dtype="float16")
+    with pytest.raises(CapacityError) as e:
+        backend.build(wl)
+    assert e.value.level == "HBM" and e.value.need_bytes > 32 * 2**30 and "smaller batch" in str(e.value)
+    small = workload("conv2d", f"n={min(grid['batch'])},c=32,h=112,w=112,k=64,r=1,s=1,pad=0", dtype="float16")
+    assert backend.build(small).info["block_dim"] == 32

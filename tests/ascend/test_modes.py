@@ -32,3 +32,20 @@ def test_report_keys(backend):
                                                "mte3_ratio"}
     assert all(0 <= v <= 1 for v in res.metrics["pipe_ratios"].values())
     assert res.seconds == pytest.approx(res.cycles / 1e9)
+
+
+@pytest.mark.parametrize("op,shape,dtype", KERNELS + [("pool2d", "n=1,c=16,h=9,w=9,kernel=3,stride=2,pad=1", "float16"),
+                                                      ("softmax", "m=8,n=100", "float16")])
+def test_features_for_the_tuner(op, shape, dtype):
+    """Every template states its derived quantities; tiles fall as tiles grow."""
+    import math
+
+    from opcompiler.target import load_target
+    from opcompiler.template import get_template
+
+    wl = workload(op, shape, dtype=dtype)
+    tgt = load_target("ascend-sim")
+    tmpl = get_template(get_op(op).family, "ascend")
+    feats = tmpl.features(wl, tgt, None)
+    assert feats and all(isinstance(v, (int, float)) and math.isfinite(v) for v in feats.values())
+    assert feats["active_cores"] >= 1 and any(k.startswith("occupancy") for k in feats)

@@ -14,7 +14,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ...errors import OpcError
+from ...errors import CapacityError, OpcError
 from ...ops import get_op
 from ...template import get_template
 from ...workload import Workload
@@ -51,6 +51,7 @@ class AscendSimBackend(Backend):
         op = get_op(wl.op)
         tmpl = get_template(op.family, "ascend")
         cfg = tmpl.config(wl, self.target, config)
+        self._check_gm(wl)
         plan: Plan = tmpl.apply(wl, self.target, cfg)
         prog = plan.make_program(0)
         info = {"layout_handling": LAYOUT_NOTE, "block_dim": plan.active_cores, "peak_unit": plan.unit,
@@ -58,6 +59,20 @@ class AscendSimBackend(Backend):
                 "buffer_high_water": {k: v for k, v in prog.high_water.items() if v}, **plan.info}
         return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,
                       config=cfg, artifact=Compiled(plan, prog), info=info)
+
+    def _check_gm(self, wl: Workload) -> None:
+        """The kernel's inputs and output must fit off-chip memory (checked before emitting code)."""
+        m = self.machine
+        op = get_op(wl.op)
+        sizes = [(name, int(np.prod(shape)) * np.dtype(dt).itemsize) for name, shape, dt in op.inputs(wl)]
+        shape, dt = op.output_spec(wl)
+        sizes.append(("output", int(np.prod(shape)) * np.dtype(dt).itemsize))
+        total = sum(b for _, b in sizes)
+        if m.offchip_bytes and total > m.offchip_bytes:
+            name = max(sizes, key=lambda x: x[1])[0]
+            raise CapacityError(name, m.offchip_name, total, m.offchip_bytes,
+                                f"the kernel's tensors ({', '.join(n for n, _ in sizes)}) do not fit; "
+                                f"use a smaller batch")
 
     def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:
         comp: Compiled = kernel.artifact

@@ -62,6 +62,7 @@ class Machine:
     offchip_name: str
     offchip_gbps: float
     offchip_latency: int
+    offchip_bytes: int
     l2_bytes: int
     l2_gbps: float
     c0: Mapping[str, int] = field(default_factory=dict)
@@ -143,6 +144,7 @@ def _build_machine(target: Target) -> Machine:
         issue_cycles=_int(sc_u["issue_cycles"]), loop_cycles=_int(sc_u["loop_cycles"]),
         sync_cycles=_int(sc_u["sync_cycles"]), launch_cycles=_int(sc_u["kernel_launch_cycles"]),
         offchip_name=off[0].name, offchip_gbps=off[0].bandwidth_gbps, offchip_latency=off[0].latency_cycles,
+        offchip_bytes=off[0].capacity_bytes,
         l2_bytes=l2[0].capacity_bytes, l2_gbps=l2[0].bandwidth_gbps,
         c0=MappingProxyType(dict(target.extra.get("c0", {}))),
         peak_flops_per_cycle=target.peak_flops_per_cycle,
