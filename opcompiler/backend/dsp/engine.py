@@ -230,7 +230,7 @@ def timing(m: DspMachine, prog: Program) -> Timing:
             else:
                 sched.run(0, op)
     else:
-        _timing_heap(sched, [expand(ops) for ops in prog.cores])
+        _timing_groups(sched, prog.cores)
     counters = Counters()
     for op, k in sched.counts.values():
         counters.add_op(op, k)
@@ -241,6 +241,46 @@ def timing(m: DspMachine, prog: Program) -> Timing:
     _host_bytes(prog, counters)
     return Timing(cycles=int(dsp + host), dsp_cycles=int(dsp), host_cycles=int(host), busy=dict(busy),
                   counters=counters)
+
+
+def _op_sig(o: Op) -> tuple:
+    return (o.kind, o.pipe, o.cycles, o.reads, o.writes, o.nbytes, o.path, o.nruns, o.cost)
+
+
+def _sig(ops: list) -> tuple:
+    """What the timing of an op list depends on (not addresses, not object identity)."""
+    return tuple(_op_sig(o) if not isinstance(o, Repeat) else (tuple(map(_op_sig, o.body)), o.count) for o in ops)
+
+
+def _timing_groups(sched: _Sched, cores: list[list]) -> None:
+    """Several core groups. When they differ only before a common barrier (e.g. the slice of W
+    each core brings into GSM), run that part interleaved, then merge them into one group."""
+    cut = []
+    for ops in cores:
+        b = next((i for i, o in enumerate(ops) if not isinstance(o, Repeat) and o.kind == "barrier"), None)
+        cut.append(b)
+    if all(b is not None for b in cut) and len({_sig(ops[b + 1:]) for ops, b in zip(cores, cut)}) == 1:
+        _timing_heap(sched, [expand(ops[:b + 1]) for ops, b in zip(cores, cut)])
+        n = len(cores)
+        merged = _Sched(sched.m, 1, [sum(sched.mult)])
+        merged.pipe[0] = {k: max(sched.pipe[c][k] for c in range(n)) for k in sched.pipe[0]}
+        for attr in ("ready", "read_end"):
+            d: dict = {}
+            for c in range(n):
+                for t, v in getattr(sched, attr)[c].items():
+                    d[t] = max(d.get(t, 0), v)
+            getattr(merged, attr)[0] = d
+        merged.chan, merged.busy, merged.static, merged.counts = sched.chan, sched.busy, sched.static, sched.counts
+        for op in cores[0][cut[0] + 1:]:
+            if isinstance(op, Repeat):
+                merged.repeat(op.body, op.count)
+            elif op.kind == "barrier":
+                merged.barrier([0])
+            else:
+                merged.run(0, op)
+        sched.pipe = [dict(merged.pipe[0]) for _ in range(n)]
+        return
+    _timing_heap(sched, [expand(ops) for ops in cores])
 
 
 def _timing_heap(sched: _Sched, cores: list[list[Op]]) -> None:
