@@ -77,6 +77,14 @@ def _fmt(v) -> str:
     return str(v)
 
 
+def _table(rows: list[dict], cols: list[str]) -> None:
+    table = [[_fmt(r.get(c)) for c in cols] for r in rows]
+    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
+    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
+    for t in table:
+        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+
+
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--repeat", type=int, default=5, help="timing repeats (median)")
@@ -90,23 +98,21 @@ def main(argv: list[str] | None = None) -> int:
                "goal_candidate_ms": GOAL_CANDIDATE_MS, "goal_functional_s": GOAL_FUNCTIONAL_S}
     summary["candidate_ratio_to_goal"] = summary["ascend_candidate_ms_max_b1"] / GOAL_CANDIDATE_MS
     summary["functional_ratio_to_goal"] = summary["ascend_functional_s_max_b1"] / GOAL_FUNCTIONAL_S
-    rows += dsp_rows()
+    dsp = dsp_rows()
     if args.json:
-        json.dump({"rows": rows, "summary": summary}, sys.stdout, indent=1)
+        json.dump({"rows": rows, "dsp_rows": dsp, "summary": summary}, sys.stdout, indent=1)
         print()
         return 0
-    cols = ["sim", "kernel", "instructions", "build_ms", "timing_ms", "candidate_ms", "functional_s", "sim_cycles",
+    cols = ["kernel", "instructions", "build_ms", "timing_ms", "candidate_ms", "functional_s", "sim_cycles",
             "percent_of_peak"]
-    extra = sorted({k for r in rows for k in r} - set(cols) - {"same_cycles"})
-    cols += extra
-    table = [[_fmt(r.get(c)) for c in cols] for r in rows]
-    widths = [max(len(c), *(len(t[i]) for t in table)) for i, c in enumerate(cols)]
-    print("  ".join(c.ljust(w) for c, w in zip(cols, widths)))
-    for t in table:
-        print("  ".join(v.ljust(w) for v, w in zip(t, widths)))
+    print("ascend-sim (median of --repeat runs; functional mode once)")
+    _table(rows, cols)
     print()
     for k, v in summary.items():
         print(f"{k}: {_fmt(v)}")
+    if dsp:
+        print("\ndsp-sim (rows from benchmarks/sim_speed_dsp.py)")
+        _table(dsp, list(dict.fromkeys(k for r in dsp for k in r)))
     return 0
 
 
