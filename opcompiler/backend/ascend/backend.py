@@ -113,7 +113,7 @@ class AscendSimBackend(Backend):
         intensity = flops / hbm_bytes if hbm_bytes else float("inf")
         attainable = min(peak, intensity * bw)
         ratios = {PIPE_RATIO[p]: round(t.busy[p] / t.cycles, 4) if t.cycles else 0.0 for p in PIPE_RATIO}
-        busiest = max(PIPE_RATIO, key=lambda p: t.busy[p] if p != "S" else t.busy[p] * 0.999)
+        busiest = max(PIPE_RATIO, key=lambda p: t.busy[p])
         bound = PIPE_RESOURCE[busiest] if t.busy[busiest] >= 0.5 * t.cycles else "latency (pipes wait on each other)"
         by_level = {"GM_read": t.gm_read_bytes * n, "GM_write": t.gm_write_bytes * n,
                     m.offchip_name: int(hbm_bytes), "L2_hit": int(t.gm_read_bytes * (1 - t.hbm_read_fraction) * n)}

@@ -171,16 +171,19 @@ class KernelBuilder:
 
     def vec_raw(self, op: str, dst: VOp, srcs: tuple[VOp, ...], repeat: int, mask: int | None = None,
                 scalar: float = 0.0) -> None:
-        """One vector instruction with explicit strides (e.g. block stride 0 to broadcast a block)."""
+        """Vector instructions with explicit strides (e.g. block stride 0 to broadcast a block);
+        more than 255 repeats continue in further instructions at the advanced addresses."""
         width = max([dst.buf.itemsize] + [s.buf.itemsize for s in srcs])
         lanes = self.m.lanes(width)
+
+        def advance(o: VOp, reps: int) -> VOp:
+            return VOp(o.buf, o.offset + reps * o.rep_stride * (32 // o.buf.itemsize), o.blk_stride, o.rep_stride)
+
         while repeat > 0:
             rep = min(repeat, self.m.vec_max_repeat)
             self._vec(op, dst, srcs, rep, mask or lanes, lanes, scalar, 0, False)
             repeat -= rep
-            epb = lambda o: 32 // o.buf.itemsize  # noqa: E731
-            dst = VOp(dst.buf, dst.offset + rep * dst.rep_stride * epb(dst), dst.blk_stride, dst.rep_stride)
-            srcs = tuple(VOp(s.buf, s.offset + rep * s.rep_stride * epb(s), s.blk_stride, s.rep_stride) for s in srcs)
+            dst, srcs = advance(dst, rep), tuple(advance(s, rep) for s in srcs)
 
     def loop(self, iterations: int = 1) -> None:
         """Scalar cost of loop control for one iteration (counter, addresses, branch)."""
