@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
+import numpy as np
+
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import Allocator, Program
 from opcompiler.errors import OpcError
@@ -86,6 +88,24 @@ class DirectTemplate(Template):
         prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)
                      if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4)}
         return prog
+
+    def tir_check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        """Build the TVM schedule of this config (`tir.py`) and check that the tiles TVM stages in
+        local.SM / local.AM are the ones the program allocates; None when there is no TIR form."""
+        from .tir import tile_buffers, tir_schedule
+        sch = tir_schedule(wl, target, config)
+        if sch is None:
+            return None
+        m = machine(target)
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        kb = min(cf.kv * m.lanes, sp.k)
+        rows, cols = min(cf.rows, sp.ho), min(cf.cols, sp.wo)
+        ours = {"local.SM": sorted([min(in_rows(sp, rows), sp.h + 2 * sp.pad) * min(in_cols(sp, cols), sp.w + 2 * sp.pad)
+                                    * sp.c]),
+                "local.AM": sorted([sp.taps * sp.c * kb, rows * cols * kb])}
+        tvm_tiles = {sc: sorted(int(np.prod(sh)) for _, sh in bufs) for sc, bufs in tile_buffers(sch).items()}
+        return {"program": ours, "tir": tvm_tiles, "match": ours == tvm_tiles}
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)

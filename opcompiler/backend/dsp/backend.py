@@ -5,7 +5,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from ...errors import OpcError
+from ...errors import OpcError, OpcFailure
 from ...ops import get_op
 from ...template import get_template
 from ...workload import Workload
@@ -63,6 +63,13 @@ class DspSimBackend(Backend):
         t = timing(m, kernel.artifact["program"])
         res = self._result(kernel, t, [out])
         res.metrics["functional_counters"] = counters.as_dict()
+        if hasattr(tmpl, "tir_check"):
+            tiles = tmpl.tir_check(kernel.workload, self.target, kernel.config)
+            if tiles is not None:
+                if not tiles["match"]:
+                    raise OpcFailure(f"the DSP program's tiles {tiles['program']} differ from the TVM schedule's "
+                                     f"{tiles['tir']} for config {kernel.config}")
+                res.metrics["tir_tiles"] = tiles["tir"]
         return res
 
     def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:
