@@ -83,7 +83,7 @@ def tensor_core_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTil
     c_sh = bm * bn * 4  # fp32 accumulators staged (static shared) for the fused epilogue
     frags_c = cfg["warp_row_tiles"] * cfg["warp_col_tiles"]
     # a 16x16 fragment spread over 32 lanes is 8 values per thread: fp32 acc 8 regs, fp16 operands 4
-    regs = 8 * frags_c + 4 * (cfg["warp_row_tiles"] + cfg["warp_col_tiles"]) + 40
+    regs = 8 * frags_c + 4 * (cfg["warp_row_tiles"] + cfg["warp_col_tiles"]) + 48
     return GemmTiles(bm=bm, bn=bn, bk=bk, threads=32 * warps, m_pad=_ceil(m, bm), n_pad=_ceil(n, bn),
                      k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh + c_sh, registers=regs)
 
