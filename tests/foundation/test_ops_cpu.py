@@ -35,7 +35,7 @@ def cases():
 def test_op_matches_reference_on_cpu(op, dtype, shape):
     rep = run_op(op, "cpu", shape=shape, dtype=dtype)
     assert rep["correct"], rep
-    assert rep["seconds"] > 0 and rep["flops"] > 0
+    assert rep["seconds"] > 0 and rep["flops"] >= 0  # data movement ops (concat) count no FLOPs
 
 
 @pytest.mark.parametrize("op,shape", [
