@@ -64,10 +64,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     from ..tune import tune
     target = load_target(args.target)
     _default_args(args)
-    if target.family == "cuda" and not args.rpc:
-        from ..backend.cuda import require_device_or_rpc
-        require_device_or_rpc(args.rpc)
-    elif args.rpc and target.family != "cuda":
+    if target.family == "cuda":
+        _require_cuda(args.rpc, args.target)
+    elif args.rpc:
         raise OpcError("only measures on remote devices (cuda targets)", arg="--rpc", value=args.rpc,
                        expected="--target cuda")
     if args.workers is not None and args.workers < 0:
@@ -88,6 +87,16 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if res.best is None:
         raise OpcFailure(f"no candidate passed verification against the reference (see {res.log})")
     return 0
+
+
+def _require_cuda(rpc: str | None, name: str) -> None:
+    """A GPU here or an RPC tracker that owns one; otherwise the cuda backend's one-line OpcError."""
+    try:
+        from ..backend.cuda import require_device_or_rpc
+    except ModuleNotFoundError:
+        raise OpcError("the cuda backend is not available in this build", arg="--target", value=name,
+                       expected="ascend-sim, dsp-sim or cpu") from None
+    require_device_or_rpc(rpc)
 
 
 def no_valid_message(res: Any) -> str:

@@ -232,10 +232,22 @@ def best_record(wl: Workload, target: Target, log: str | os.PathLike | None = No
     key = record_key(wl, target, tmpl.name, tmpl.version)
     paths = [Path(log)] if log is not None else _search_paths(target, wl.op)
     for p in paths:
-        best = best_of(RecordLog(p).for_key(key))
-        if best is not None:
-            return best
+        states = fold(RecordLog(p).for_key(key))
+        ranked = sorted((s.record for s in states.values() if s.verified), key=lambda r: r.cost)
+        for rec in ranked:
+            if _still_valid(tmpl, wl, target, rec.config):
+                return rec
     return None
+
+
+def _still_valid(tmpl: Any, wl: Workload, target: Target, config: Mapping[str, Any]) -> bool:
+    """A template edited without a version bump may have dropped a knob value: skip such records."""
+    from ..errors import OpcError
+    try:
+        full = tmpl.config(wl, target, config)
+    except OpcError:
+        return False
+    return tmpl.check(wl, target, full) is None
 
 
 def iter_logs(root: str | os.PathLike) -> Iterator[Path]:

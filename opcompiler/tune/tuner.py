@@ -144,10 +144,10 @@ class Tuner:
         with Measurer(spec, workers=opt.workers, timeout=opt.timeout) as measurer:
             while done < opt.trials:
                 want = min(opt.batch_size, opt.trials - done)
-                if config_id(default_cfg) not in strategy.measured:  # the baseline every speedup is against
-                    batch = [default_cfg] + strategy.next_batch(want - 1)
-                else:
-                    batch = strategy.next_batch(want)
+                need_default = config_id(default_cfg) not in strategy.measured  # every speedup's baseline
+                batch = strategy.next_batch(want - need_default) if want > need_default else []
+                if need_default:
+                    batch = _unique([default_cfg] + batch)
                 if not batch:
                     stop = "every valid config of the space is measured"
                     break
@@ -231,6 +231,11 @@ class Tuner:
                     continue
                 out.append(Sample(wl=wl, config=r.config, cost=r.cost))
         return out
+
+
+def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    seen: set[str] = set()
+    return [c for c in configs if not (config_id(c) in seen or seen.add(config_id(c)))]
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
