@@ -11,6 +11,8 @@
 GM layouts (host-side preprocessing): data NC1HWC0 (C0 = 16 for fp16, 32 for int8; channels
 zero-padded, so 3 or 13 input channels pay for a whole C0 block), weights FRACTAL_Z
 (C1*R*S, K1, 16, C0), output NC1HWC0 with H*W flattened; per-channel parameters (K1, 16).
+Grouped convolution runs each (image, group) pair as its own GEMM over that group's channels
+(each group padded to C0: depthwise convolution pays 16x on the cube, as on the chip).
 """
 from __future__ import annotations
 
@@ -20,7 +22,7 @@ import numpy as np
 
 from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
 from opcompiler.backend.ascend.isa import ConvGeom, VOp
-from opcompiler.errors import CapacityError, OpcError
+from opcompiler.errors import CapacityError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
@@ -28,7 +30,7 @@ from opcompiler.template import Knob, register_template
 from opcompiler.workload import Workload
 
 from .common import (AscendTemplate, CubeTiles, EpStep, core_values, cube_dtype, cube_k_step, epilogue,
-                     epilogue_group, from_5hd, l0_chunks, machine, per_channel, to_5hd, tile_values)
+                     epilogue_group, from_5hd, l0_chunks, machine, to_5hd, tile_values)
 
 ACC = {"float16": "float32", "int8": "int32"}
 OUT = {"float16": "float16", "int8": "int32"}
@@ -39,13 +41,14 @@ class _Geo:
 
     def __init__(self, wl: Workload, target: Target):
         p = wl.p
-        if p["groups"] != 1:
-            raise OpcError("grouped convolution has no ascend template yet", arg="groups", value=p["groups"],
-                           expected="groups=1")
         m0, k0, n0 = cube_dtype(wl, target)
         self.m0, self.k0, self.n0 = m0, k0, n0
         self.c0 = k0
-        self.n, self.c, self.h, self.w, self.k = p["n"], p["c"], p["h"], p["w"], p["k"]
+        self.groups = p["groups"]
+        self.n, self.h, self.w = p["n"], p["h"], p["w"]
+        self.c_all, self.k_all = p["c"], p["k"]
+        self.c, self.k = p["c"] // self.groups, p["k"] // self.groups  # per group
+        self.nb = self.n * self.groups  # (image, group) pairs: each an independent GEMM
         self.r, self.s, self.st, self.pad, self.dil = p["r"], p["s"], p["stride"], p["pad"], p["dilation"]
         self.ho, self.wo = conv_out_hw(wl)
         self.c1 = ceil_div(self.c, self.c0)
@@ -111,11 +114,11 @@ class AscendConv2d(AscendTemplate):
         osz = np.dtype(OUT[wl.dtype]).itemsize
         bufs = []
         if wl.op == "conv2d_bias_relu":
-            bufs.append(("UB", "bias_ub", g.n1 * 16 * (2 if cast else 4)))
+            bufs.append(("UB", "bias_ub", g.groups * g.n1 * 16 * (2 if cast else 4)))
             if cast:
-                bufs.append(("UB", "bias32_ub", g.n1 * 16 * 4))
+                bufs.append(("UB", "bias32_ub", g.groups * g.n1 * 16 * 4))
         if wl.op in ("conv2d_bn_relu", "conv2d_bn"):
-            bufs += [("UB", "scale_ub", g.n1 * 16 * osz), ("UB", "shift_ub", g.n1 * 16 * osz)]
+            bufs += [("UB", "scale_ub", g.groups * g.n1 * 16 * osz), ("UB", "shift_ub", g.groups * g.n1 * 16 * osz)]
         rows = t.mt1 * 16
         grp = epilogue_group(m, t.nt1, rows, 4, osz if cast else 0, t.slots, m.level("UB").capacity // 2)
         for s in range(t.slots):
@@ -153,7 +156,7 @@ class AscendConv2d(AscendTemplate):
         bdt = "int32" if dt == "int8" else dt
         mtiles = ceil_div(g.mp1, t.mt1)
         ntiles = ceil_div(g.n1, t.nt1)
-        tiles = [(b, mi, ni) for b in range(g.n) for mi in range(mtiles) for ni in range(ntiles)]
+        tiles = [(b, mi, ni) for b in range(g.nb) for mi in range(mtiles) for ni in range(ntiles)]
         active = min(cfg["block_dim"], len(tiles))
         cslots = self._cslots(target, t)
         _, grp = self._ub(wl, target, t, g)
@@ -161,9 +164,10 @@ class AscendConv2d(AscendTemplate):
 
         def program(core: int):
             kb = KernelBuilder(m, core, active)
-            X = kb.gm("data", (g.n, g.c1, g.h, g.w, g.c0), dt)
-            W = kb.gm("weight", (g.q, g.n1, 16, g.k0), dt)
-            Y = kb.gm("out", (g.n, g.n1, g.hw, 16), odt)
+            X = kb.gm("data", (g.nb, g.c1, g.h, g.w, g.c0), dt)
+            W = kb.gm("weight", (g.groups * g.q, g.n1, 16, g.k0), dt)
+            Y = kb.gm("out", (g.nb, g.n1, g.hw, 16), odt)
+            pn1 = g.groups * g.n1  # per-channel parameters of every group
             fm = [kb.alloc("L1", f"fmap_L1_{s}", (g.c1, rows_max, g.w, g.c0), dt) for s in range(t.slots)]
             wl1 = [kb.alloc("L1", f"W_L1_{s}", (t.kt1, t.nt1, 16, g.k0), dt) for s in range(t.slots)]
             l0a = [kb.alloc("L0A", f"A_L0A_{s}", (t.mt1, t.k0c, 16, g.k0), dt) for s in range(t.slots)]
@@ -171,26 +175,29 @@ class AscendConv2d(AscendTemplate):
             l0c = [kb.alloc("L0C", f"C_L0C_{s}", (t.nt1, t.mt1 * 16, 16), acc) for s in range(cslots)]
             acc_steps, out_steps = [], []
             if bias:
-                bg = kb.gm("bias", (g.n1, 16), bdt)
-                bub = kb.alloc("UB", "bias_ub", (g.n1, 16), bdt)
+                bg = kb.gm("bias", (pn1, 16), bdt)
+                bub = kb.alloc("UB", "bias_ub", (pn1, 16), bdt)
                 kb.data_move(bub, (slice(None),), bg, (slice(None),))
                 if cast:
-                    b32 = kb.alloc("UB", "bias32_ub", (g.n1, 16), acc)
-                    kb.vec("conv", VOp(b32), (VOp(bub),), g.n1 * 16)
+                    b32 = kb.alloc("UB", "bias32_ub", (pn1, 16), acc)
+                    kb.vec("conv", VOp(b32), (VOp(bub),), pn1 * 16)
                 else:
                     b32 = bub
                 acc_steps.append(EpStep("add", b32))
                 (out_steps if cast else acc_steps).append(EpStep("relu"))
             if bn:
-                sg, hg = kb.gm("scale", (g.n1, 16), dt), kb.gm("shift", (g.n1, 16), dt)
-                sub, hub = kb.alloc("UB", "scale_ub", (g.n1, 16), odt), kb.alloc("UB", "shift_ub", (g.n1, 16), odt)
+                sg, hg = kb.gm("scale", (pn1, 16), dt), kb.gm("shift", (pn1, 16), dt)
+                sub, hub = kb.alloc("UB", "scale_ub", (pn1, 16), odt), kb.alloc("UB", "shift_ub", (pn1, 16), odt)
                 kb.data_move(sub, (slice(None),), sg, (slice(None),))
                 kb.data_move(hub, (slice(None),), hg, (slice(None),))
-                out_steps += [EpStep("mul", sub), EpStep("add", hub)] + ([EpStep("relu")] if wl.op == "conv2d_bn_relu" else [])
+                out_steps += [EpStep("mul", sub), EpStep("add", hub)]
+                if wl.op == "conv2d_bn_relu":
+                    out_steps.append(EpStep("relu"))
             acc_relu = [s for s in acc_steps if s.op == "relu"]
             acc_steps = [s for s in acc_steps if s.op != "relu"]
             acc_ub = [kb.alloc("UB", f"acc_ub_{s}", (grp, t.mt1 * 16, 16), acc) for s in range(t.slots)]
-            out_ub = [kb.alloc("UB", f"out_ub_{s}", (grp, t.mt1 * 16, 16), odt) for s in range(t.slots)] if cast else None
+            out_ub = ([kb.alloc("UB", f"out_ub_{s}", (grp, t.mt1 * 16, 16), odt) for s in range(t.slots)]
+                      if cast else None)
             if not cast:
                 out_steps = acc_relu
             lo_t, hi_t = split_even(len(tiles), active, core)
@@ -207,11 +214,13 @@ class AscendConv2d(AscendTemplate):
                     kb.data_move(f, (slice(None), slice(0, hi - lo + 1)), X, (b, slice(None), slice(lo, hi + 1)))
                     cur = (b, mi)
                 c = l0c[ti % cslots]
+                wq = (b % g.groups) * g.q  # this group's weight fractals
                 for qs in range(0, g.q, t.kt1):
                     kt = min(t.kt1, g.q - qs)
                     wb = wl1[l1i % t.slots]
                     l1i += 1
-                    kb.data_move(wb, (slice(0, kt), slice(0, nt)), W, (slice(qs, qs + kt), slice(n1s, n1s + nt)))
+                    kb.data_move(wb, (slice(0, kt), slice(0, nt)), W,
+                                 (slice(wq + qs, wq + qs + kt), slice(n1s, n1s + nt)))
 
                     def load_a(a, kc, kn, f=f, lo=lo, p0=p0, mt=mt, qs=qs):
                         kb.load3d(a, f, g.geom, h0=lo, c1_0=0, p0=p0, mt=mt * 16, q0=qs + kc, kt1=kn)
@@ -225,7 +234,8 @@ class AscendConv2d(AscendTemplate):
                                  ub, (slice(0, gn), slice(0, valid)))
 
                 steps_acc = [EpStep(s.op, s.param) for s in acc_steps]
-                epilogue(kb, c, nt, mt * 16, acc_ub, out_ub, grp, ecount, steps_acc, out_steps, write, param_n1=n1s)
+                epilogue(kb, c, nt, mt * 16, acc_ub, out_ub, grp, ecount, steps_acc, out_steps, write,
+                         param_n1=(b % g.groups) * g.n1 + n1s)
                 kb.loop()
             return kb.finish(gm_inputs=("data", "weight", "bias", "scale", "shift"))
 
@@ -234,28 +244,38 @@ class AscendConv2d(AscendTemplate):
         def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
             x, w = inputs[0], inputs[1]
             if layout == "NHWC":
-                w = w.transpose(3, 2, 0, 1)  # HWIO -> OIHW
-            x5 = to_5hd(x, layout, g.c0).reshape(g.n, g.c1, g.h, g.w, g.c0)
-            wp = np.zeros((g.n1 * 16, g.c1 * g.c0, g.r, g.s), w.dtype)
-            wp[:g.k, :g.c] = w
-            wz = wp.reshape(g.n1, 16, g.c1, g.c0, g.r, g.s).transpose(2, 4, 5, 0, 1, 3)
-            gm = {"data": np.ascontiguousarray(x5), "weight": np.ascontiguousarray(wz.reshape(g.q, g.n1, 16, g.c0))}
+                x, w = x.transpose(0, 3, 1, 2), w.transpose(3, 2, 0, 1)  # -> NCHW, HWIO -> OIHW
+            G = g.groups
+            xg = x.reshape(g.n * G, g.c, g.h, g.w)  # (image, group) pairs
+            x5 = to_5hd(xg, "NCHW", g.c0).reshape(g.nb, g.c1, g.h, g.w, g.c0)
+            wp = np.zeros((G, g.n1 * 16, g.c1 * g.c0, g.r, g.s), w.dtype)
+            wp[:, :g.k, :g.c] = w.reshape(G, g.k, g.c, g.r, g.s)
+            wz = wp.reshape(G, g.n1, 16, g.c1, g.c0, g.r, g.s).transpose(0, 3, 5, 6, 1, 2, 4)
+            gm = {"data": np.ascontiguousarray(x5),
+                  "weight": np.ascontiguousarray(wz.reshape(G * g.q, g.n1, 16, g.c0))}
+
+            def params(v: np.ndarray, dtype: str) -> np.ndarray:
+                out = np.zeros((G, g.n1 * 16), dtype)
+                out[:, :g.k] = v.reshape(G, g.k)
+                return out.reshape(G * g.n1, 16)
+
             if bias:
-                gm["bias"] = per_channel(inputs[2].astype(bdt), g.n1, 16)
+                gm["bias"] = params(inputs[2], bdt)
             if bn:
-                gm["scale"] = per_channel(inputs[2].astype(dt), g.n1, 16)
-                gm["shift"] = per_channel(inputs[3].astype(dt), g.n1, 16)
+                gm["scale"], gm["shift"] = params(inputs[2], dt), params(inputs[3], dt)
             return gm
 
         def unpack(y: np.ndarray) -> np.ndarray:
-            return from_5hd(y, g.k, g.ho, g.wo, layout)
+            out = from_5hd(y, g.k, g.ho, g.wo, "NCHW").reshape(g.n, g.k_all, g.ho, g.wo)
+            return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if layout == "NHWC" else out
 
         cin_waste = 1 - g.c / (g.c1 * g.c0)
         return Plan(active_cores=active, make_program=program, pack=pack, out_name="out",
-                    out_shape=(g.n, g.n1, g.hw, 16), out_dtype=odt, unpack=unpack, flops=get_op(wl.op).flops(wl),
+                    out_shape=(g.nb, g.n1, g.hw, 16), out_dtype=odt, unpack=unpack, flops=get_op(wl.op).flops(wl),
                     unit="cube",
-                    info={"gm_layouts": {"data": "NC1HWC0", "weight": "FRACTAL_Z (C1*R*S,K1,16,C0)",
-                                         "out": "NC1HWC0 (N,K1,Ho*Wo,16)"},
+                    info={"gm_layouts": {"data": "NC1HWC0 per group (N*G,C1,H,W,C0)",
+                                         "weight": "FRACTAL_Z per group (G*C1*R*S,K1,16,C0)",
+                                         "out": "NC1HWC0 per group (N*G,K1,Ho*Wo,16)"},
                           "channel_padding_waste": round(cin_waste, 4),
                           "padding_waste": round(1 - (g.c * g.k * g.hw) / (g.c1 * g.c0 * g.n1 * 16 * g.mp1 * 16), 4)})
 
@@ -265,12 +285,12 @@ class AscendConv2d(AscendTemplate):
         isz = np.dtype(wl.dtype).itemsize
         mt1, kt1, nt1 = cfg["m_tile"] // 16, cfg["k_tile"] // g.c0, cfg["n_tile"] // 16
         mtiles, ntiles = ceil_div(g.mp1, mt1), ceil_div(g.n1, nt1)
-        tiles = g.n * mtiles * ntiles
+        tiles = g.nb * mtiles * ntiles
         rows = g.max_rows(mt1 * 16)
-        fmap = g.n * mtiles * g.c1 * rows * g.w * g.c0 * isz
+        fmap = g.nb * mtiles * g.c1 * rows * g.w * g.c0 * isz
         wts = tiles * g.q * nt1 * 16 * g.c0 * isz
-        out_b = g.n * g.n1 * g.hw * 16 * 2
-        flops = 2 * g.n * g.mp1 * 16 * g.q * g.c0 * g.n1 * 16
+        out_b = g.nb * g.n1 * g.hw * 16 * 2
+        flops = 2 * g.nb * g.mp1 * 16 * g.q * g.c0 * g.n1 * 16
         cores = min(cfg["block_dim"], tiles)
         m = machine(target)
         occ: dict[str, int] = {}
@@ -280,5 +300,6 @@ class AscendConv2d(AscendTemplate):
                 "tiles": tiles, "k_steps": ceil_div(g.q, kt1), "active_cores": cores,
                 "tiles_per_core": ceil_div(tiles, cores), "alignment_waste": 1 - g.c / (g.c1 * g.c0),
                 "pixel_waste": 1 - g.hw / (mtiles * mt1 * 16), "halo_rows": rows,
-                **{f"occupancy_{lv}": occ.get(lv, 0) / m.level(lv).capacity for lv in ("L1", "L0A", "L0B", "L0C", "UB")},
+                **{f"occupancy_{lv}": occ.get(lv, 0) / m.level(lv).capacity
+                   for lv in ("L1", "L0A", "L0B", "L0C", "UB")},
                 "mmad_flops_per_core": flops / cores}

@@ -191,7 +191,8 @@ class AscendElemwise(AscendTemplate):
                     emit_steps(kb, steps, ub[0], ub[1:], params, cnt * C0, cnt, (plane % c1) * C0)
                     kb.data_move(y, (plane, slice(start, start + cnt)), ub[0], (slice(0, cnt * C0),))
                 kb.loop()
-            return kb.finish(gm_inputs=tuple(f"x{i}" for i in range(2 + n_full)) + tuple(f"p{i}" for i in range(n_chan)))
+            inputs = tuple(f"x{i}" for i in range(2 + n_full)) + tuple(f"p{i}" for i in range(n_chan))
+            return kb.finish(gm_inputs=inputs)
 
         layout = wl.layout
 
@@ -231,11 +232,13 @@ class AscendElemwise(AscendTemplate):
         isz = np.dtype(wl.dtype).itemsize
         n, c, h, w = _shape(wl)
         kind = _kind(wl)
-        elems = {"flat": n * c * h * w, "channel": n * ceil_div(c, C0) * C0 * h * w}.get(kind, n * (c + wl.p.get("c1", 0)) * h * w)
+        elems = {"flat": n * c * h * w, "channel": n * ceil_div(c, C0) * C0 * h * w}.get(
+            kind, n * (c + wl.p.get("c1", 0)) * h * w)
         tiles = ceil_div(elems, cfg["ub_tile"])
         cores = min(cfg["block_dim"], tiles)
         gm = elems * isz * (_n_full(wl) + 2)
         occ = sum(b for _, _, b in self.buffers(wl, target, cfg)) / machine(target).level("UB").capacity
         return {"gm_bytes": gm, "arith_intensity": get_op(wl.op).flops(wl) / gm, "tiles": tiles,
                 "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ,
-                "alignment_waste": 1 - n * c * h * w / elems if kind == "channel" else 0.0, "lanes": machine(target).lanes(isz)}
+                "alignment_waste": 1 - n * c * h * w / elems if kind == "channel" else 0.0,
+                "lanes": machine(target).lanes(isz)}

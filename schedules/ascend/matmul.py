@@ -238,7 +238,8 @@ class AscendMatmul(AscendTemplate):
                 "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores),
                 "alignment_waste": 1 - (wl["m"] * wl["k"] * wl["n"]) / (M1 * m0 * K1 * k0 * N1 * n0),
                 "edge_waste": 1 - (M1 * N1) / (tm * mt1 * tn * nt1),
-                **{f"occupancy_{lv}": occ.get(lv, 0) / m.level(lv).capacity for lv in ("L1", "L0A", "L0B", "L0C", "UB")},
+                **{f"occupancy_{lv}": occ.get(lv, 0) / m.level(lv).capacity
+                   for lv in ("L1", "L0A", "L0B", "L0C", "UB")},
                 "dma_count": tiles * tk * 2, "mmad_flops_per_core": flops / cores}
 
 

@@ -51,7 +51,8 @@ def test_int8_cube_is_exact(op, shape):
     ("add_relu", "n=1,c=13,h=7,w=7,bcast=1"), ("bias_add", "n=2,c=13,h=7,w=9"),
     ("batch_norm", "n=1,c=64,h=14,w=14"), ("bn_relu", "n=1,c=20,h=9,w=9,layout=NHWC"),
     ("ew_chain", "n=1,c=13,h=7,w=9,chain=sigmoid"), ("ew_chain", "n=1,c=13,h=7,w=9,chain=mul;clip:0:6"),
-    ("ew_chain", "n=2,c=20,h=5,w=5,chain=bn;relu;add"), ("ew_chain", "n=1,c=8,h=5,w=5,chain=scale;bias;sigmoid,layout=NHWC"),
+    ("ew_chain", "n=2,c=20,h=5,w=5,chain=bn;relu;add"),
+    ("ew_chain", "n=1,c=8,h=5,w=5,chain=scale;bias;sigmoid,layout=NHWC"),
     ("concat", "n=2,c=13,c1=20,h=5,w=7")])
 def test_elemwise_family(op, shape, dtype):
     rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype)
@@ -93,7 +94,8 @@ def test_a_wrong_schedule_gives_a_wrong_result(monkeypatch):
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
 @pytest.mark.parametrize("mode", ["max", "avg"])
-@pytest.mark.parametrize("shape", ["n=1,c=13,h=9,w=9,kernel=3,stride=2,pad=1", "n=1,c=16,h=8,w=10,kernel=2,stride=2,pad=0",
+@pytest.mark.parametrize("shape", ["n=1,c=13,h=9,w=9,kernel=3,stride=2,pad=1",
+                                   "n=1,c=16,h=8,w=10,kernel=2,stride=2,pad=0",
                                    "n=2,c=20,h=11,w=11,kernel=3,stride=1,pad=1,layout=NHWC"])
 def test_pool(shape, mode, dtype):
     rep = run_op("pool2d", "ascend-sim", shape=f"{shape},mode={mode}", dtype=dtype)
@@ -115,3 +117,12 @@ def test_matmul_nd_operand_converted_on_chip(op, shape, dtype):
     rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype, config={"a_layout": "ND"})
     assert rep["correct"], rep["max_abs_err"]
     assert rep["gm_layouts"]["A"].startswith("ND")
+
+
+@pytest.mark.parametrize("op", ["conv2d", "conv2d_bn_relu"])
+@pytest.mark.parametrize("shape", ["n=2,c=32,h=8,w=8,k=32,r=3,s=3,pad=1,groups=32",
+                                   "n=1,c=12,h=9,w=9,k=18,r=3,s=3,pad=1,stride=2,groups=3",
+                                   "n=1,c=16,h=9,w=9,k=32,r=3,s=3,pad=1,groups=2,layout=NHWC"])
+def test_grouped_and_depthwise_conv(op, shape):
+    rep = run_op(op, "ascend-sim", shape=shape, dtype="float16")
+    assert rep["correct"], rep["max_abs_err"]

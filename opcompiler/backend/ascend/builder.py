@@ -110,7 +110,8 @@ class KernelBuilder:
             hi = (last // g.wo) * g.stride - g.pad_top + max(ry_all) * g.dilation
             lo, hi = max(lo, 0), min(hi, g.h - 1)
             if lo < h0 or hi >= h0 + src.shape[1]:
-                raise OpcFailure(f"load3d needs input rows {lo}..{hi} but {src.name} holds {h0}..{h0 + src.shape[1] - 1}")
+                last_row = h0 + src.shape[1] - 1
+                raise OpcFailure(f"load3d needs input rows {lo}..{hi} but {src.name} holds {h0}..{last_row}")
         path = self.m.path("L1", dst.level)
         ins = Load3D(dst=dst, src=src, geom=geom, h0=h0, c1_0=c1_0, p0=p0, mt=mt, q0=q0, kt1=kt1,
                      nbytes=mt * kt1 * dst.shape[3] * dst.itemsize)

@@ -13,7 +13,6 @@ Layouts on chip (fp16; int8 uses K0 = C0 = 32):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 import numpy as np
 
