@@ -68,7 +68,8 @@ def test_best_record_matches_full_key(tmp_path: Path) -> None:
     other_target = record_key(wl, fakes.fake_target(capacity=999), "fake.matmul", 1)
     old_template = record_key(wl, t, "fake.matmul", 0)
     RecordLog(log).append([_rec(1, 10, verified=True, key=other_target), _rec(1, 20, verified=True, key=old_template),
-                           _rec(5, 70, verified=True)])
+                           _rec(8, 70, verified=True),
+                           _rec(5, 50, verified=True)])  # tile_m=5 is no longer in the template's space
     assert best_record(wl, t, log).cycles == 70
 
 
