@@ -315,23 +315,54 @@ class _Lowering:
         w_v = View(("AM",), w_off, (sp.r, sp.s, sp.c, kbp), (sp.s * sp.c * kbp, sp.c * kbp, kbp, 1))
         o_v = View(("AM",), out_off, (nr, nc, kbp), (nc * kbp, kbp, 1))
         st, dl = sp.stride, sp.dil
-        epi = sp.epi
+        epi, pw, npix = sp.epi, self.cf.pw, nr * nc
+        pix_r, pix_c = np.divmod(np.arange(npix), nc)
 
-        def run(mem) -> None:
-            x, wt = mem.view(x_v), mem.view(w_v)
-            acc = np.zeros((nr, nc, kbp), np.float32)
+        def epilogue(mem, acc: np.ndarray) -> None:
+            for e in epi:
+                if e == "bias":
+                    acc += mem.view(View(("AM",), par_am["bias"], (kbp,), (1,)))
+                elif e == "bn":
+                    acc *= mem.view(View(("AM",), par_am["bn"], (kbp,), (1,)))
+                    acc += mem.view(View(("AM",), par_am["bn"] + kbp, (kbp,), (1,)))
+                elif e == "relu":
+                    np.maximum(acc, 0, out=acc)
+
+        def run_out(mem) -> int:
+            """Register blocks of pw output pixels (the last one the tail), each accumulating over
+            R x S x C from the SM tile and the AM weights, epilogue in registers, stored to AM."""
+            x, wt, out = mem.view(x_v), mem.view(w_v), mem.view(o_v)
+            calls = 0
             with np.errstate(invalid="ignore"):  # idle lanes hold garbage; they are never stored
-                for r in range(sp.r):
-                    for s in range(sp.s):
-                        xs = x[r * dl: r * dl + (nr - 1) * st + 1: st, s * dl: s * dl + (nc - 1) * st + 1: st, :]
-                        acc += xs @ wt[r, s]
-                for e in epi:
-                    if e == "bias":
-                        acc += mem.view(View(("AM",), par_am["bias"], (kbp,), (1,)))
-                    elif e == "bn":
-                        acc *= mem.view(View(("AM",), par_am["bn"], (kbp,), (1,)))
-                        acc += mem.view(View(("AM",), par_am["bn"] + kbp, (kbp,), (1,)))
-                    elif e == "relu":
-                        np.maximum(acc, 0, out=acc)
-            mem.view(o_v)[...] = acc
-        return run
+                for b0 in range(0, npix, pw):
+                    rr, cc = pix_r[b0:b0 + pw], pix_c[b0:b0 + pw]
+                    acc = np.zeros((len(rr), kbp), np.float32)
+                    for r in range(sp.r):
+                        for s in range(sp.s):
+                            acc += x[rr * st + r * dl, cc * st + s * dl, :] @ wt[r, s]
+                    epilogue(mem, acc)
+                    out[rr, cc] = acc
+                    calls += 1
+            return calls
+
+        def run_ws(mem) -> int:
+            """The paper's pass: per input channel, every pixel's partial sums are read from AM
+            (zero for the first channel), updated with the R x S taps, written back."""
+            x, wt, out = mem.view(x_v), mem.view(w_v), mem.view(o_v)
+            calls = 0
+            with np.errstate(invalid="ignore"):
+                for c in range(sp.c):
+                    part = np.zeros((npix, kbp), np.float32) if c == 0 else out[pix_r, pix_c]
+                    for r in range(sp.r):
+                        for s in range(sp.s):
+                            part += x[pix_r * st + r * dl, pix_c * st + s * dl, c][:, None] * wt[r, s, c][None, :]
+                    out[pix_r, pix_c] = part
+                    calls += 1
+                if epi:
+                    acc = out[pix_r, pix_c]
+                    epilogue(mem, acc)
+                    out[pix_r, pix_c] = acc
+                    calls += 1
+            return calls
+
+        return run_out if self.cf.order == "out" else run_ws

@@ -35,7 +35,7 @@ class Counters:
     valu: int = 0
     mk_calls: int = 0
 
-    def add_op(self, op: Op, mult: int = 1) -> None:
+    def add_op(self, op: Op, mult: int = 1, calls: int | None = None) -> None:
         if op.kind == "dma":
             src, dst = op.path.split("->")
             self.bytes_by_level[src] += op.nbytes * mult
@@ -47,7 +47,7 @@ class Counters:
             self.vldst += op.cost.vldst * mult
             self.slds += op.cost.slds * mult
             self.valu += op.cost.valu * mult
-            self.mk_calls += int(op.nruns) * mult
+            self.mk_calls += int(op.nruns if calls is None else calls) * mult
 
     def as_dict(self) -> dict:
         return {"bytes_by_level": dict(self.bytes_by_level), "dma_transfers": self.dma_transfers, "fmas": self.fmas,
@@ -358,8 +358,8 @@ def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray]) -> tuple
                     break
                 if op.fn is None:
                     raise OpcFailure(f"op {op.kind} {op.label} has no functional body (built for timing only)")
-                op.fn(mem)
-                counters.add_op(op)
+                done = op.fn(mem)  # a VPU pass returns the micro-kernel calls it executed
+                counters.add_op(op, 1, done if isinstance(done, int) else None)
     _host_bytes(prog, counters)
     return ddr[prog.output].reshape(prog.out_shape).copy(), counters
 
