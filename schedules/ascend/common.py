@@ -143,9 +143,10 @@ def l0_chunks(m: Machine, dtype: str, mt1: int, kt1: int, nt1: int, slots: int) 
 
 def cube_k_step(kb: KernelBuilder, t: CubeTiles, a_l1: Buf | None, b_l1: Buf, l0a: list[Buf], l0b: list[Buf],
                 l0c: Buf, kt1: int, mt1: int, nt1: int, first: bool, counter: list[int],
-                load_a: Callable[[Buf, int, int], None] | None = None) -> None:
+                load_a: Callable[[Buf, int, int], None] | None = None, b_k_off: int = 0) -> None:
     """One k step on the cube: L1 tiles to L0 chunks (Load2D, or Load3D via `load_a`) and MMADs.
-    `counter` alternates the L0 ping-pong slots across calls."""
+    `counter` alternates the L0 ping-pong slots across calls; the step's K fractals start at
+    `b_k_off` in `b_l1` (non-zero when a resident weight slice holds every k step)."""
     for kc in range(0, kt1, t.k0c):
         kn = min(t.k0c, kt1 - kc)
         a = l0a[counter[0] % len(l0a)]
@@ -158,7 +159,8 @@ def cube_k_step(kb: KernelBuilder, t: CubeTiles, a_l1: Buf | None, b_l1: Buf, l0
             nn = min(t.n0c, nt1 - nc)
             b = l0b[counter[1] % len(l0b)]
             counter[1] += 1
-            kb.data_move(b, (slice(0, kn), slice(0, nn)), b_l1, (slice(kc, kc + kn), slice(nc, nc + nn)))
+            kb.data_move(b, (slice(0, kn), slice(0, nn)), b_l1,
+                         (slice(b_k_off + kc, b_k_off + kc + kn), slice(nc, nc + nn)))
             kb.mmad(l0c, a, b, mt1, kn, nn, c_n1_off=nc, init=first and kc == 0)
             kb.loop()
 

@@ -3,7 +3,8 @@
     FOR image b, pixel tile m, output-channel tile n   (tiles split over `block_dim` cores)
       input rows of the tile, all C1 blocks: GM (NC1HWC0) -> L1        (MTE2, once per (b, m))
       FOR k step (K fractals in FRACTAL_Z order (c1, ry, rx)):
-        weights GM (FRACTAL_Z) -> L1                                   (MTE2)
+        weights GM (FRACTAL_Z) -> L1 (MTE2; with w_resident the n tile's whole slice is loaded
+        once and the loops run n tile outermost)
         Load3D img2col L1 -> L0A (stride, padding, dilation);
         Load2D L1 -> L0B; MMAD into L0C                                (MTE1, M)
       L0C -> UB, bias (fp32) / cast / BN (fp16) / ReLU in UB, UB -> GM  (V, MTE3)
@@ -86,6 +87,7 @@ class AscendConv2d(AscendTemplate):
             Knob("n_tile", tile_values(g.n1 * 16, 16), "output channels per tile (multiple of 16)"),
             Knob("double_buffer", (1, 0), "ping-pong buffers in L1, L0 and UB"),
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over"),
+            Knob("w_resident", (0, 1), "keep the n tile's whole weight slice in L1, loaded once per n tile"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -95,7 +97,7 @@ class AscendConv2d(AscendTemplate):
             for nt in sorted(sp["n_tile"], key=lambda v: -v if v <= 256 else v):
                 for kt in sorted(sp["k_tile"], key=lambda v: abs(v - 128)):
                     out.append({"m_tile": mt, "k_tile": kt, "n_tile": nt, "double_buffer": 1,
-                                "block_dim": target.cores})
+                                "block_dim": target.cores, "w_resident": 0})
         return out
 
     def _tiles(self, g: _Geo, wl: Workload, target: Target, cfg: Mapping) -> CubeTiles | None:
@@ -138,8 +140,12 @@ class AscendConv2d(AscendTemplate):
         rows = g.max_rows(t.mt1 * 16)
         out = []
         for s in range(slots):
-            out += [("L1", f"fmap_L1_{s}", g.c1 * rows * g.w * g.c0 * isz), ("L1", f"W_L1_{s}", t.kt1 * t.nt1 * frac)]
+            out.append(("L1", f"fmap_L1_{s}", g.c1 * rows * g.w * g.c0 * isz))
+            if not cfg["w_resident"]:
+                out.append(("L1", f"W_L1_{s}", t.kt1 * t.nt1 * frac))
             out += [("L0A", f"A_L0A_{s}", t.mt1 * t.k0c * frac), ("L0B", f"B_L0B_{s}", t.k0c * t.n0c * frac)]
+        if cfg["w_resident"]:
+            out.append(("L1", "W_res_L1", g.q * t.nt1 * frac))
         out += [("L0C", f"C_L0C_{s}", t.nt1 * t.mt1 * 16 * 16 * 4) for s in range(self._cslots(target, t))]
         return out + self._ub(wl, target, t, g)[0]
 
@@ -156,7 +162,11 @@ class AscendConv2d(AscendTemplate):
         bdt = "int32" if dt == "int8" else dt
         mtiles = ceil_div(g.mp1, t.mt1)
         ntiles = ceil_div(g.n1, t.nt1)
-        tiles = [(b, mi, ni) for b in range(g.nb) for mi in range(mtiles) for ni in range(ntiles)]
+        resident = bool(cfg["w_resident"])
+        if resident:  # n tiles outermost: each core loads a weight slice once and sweeps pixels
+            tiles = [(b, mi, ni) for ni in range(ntiles) for b in range(g.nb) for mi in range(mtiles)]
+        else:  # pixel tiles outermost: the feature map stays in L1 across n tiles
+            tiles = [(b, mi, ni) for b in range(g.nb) for mi in range(mtiles) for ni in range(ntiles)]
         active = min(cfg["block_dim"], len(tiles))
         cslots = self._cslots(target, t)
         _, grp = self._ub(wl, target, t, g)
@@ -169,7 +179,10 @@ class AscendConv2d(AscendTemplate):
             Y = kb.gm("out", (g.nb, g.n1, g.hw, 16), odt)
             pn1 = g.groups * g.n1  # per-channel parameters of every group
             fm = [kb.alloc("L1", f"fmap_L1_{s}", (g.c1, rows_max, g.w, g.c0), dt) for s in range(t.slots)]
-            wl1 = [kb.alloc("L1", f"W_L1_{s}", (t.kt1, t.nt1, 16, g.k0), dt) for s in range(t.slots)]
+            if resident:
+                wres = kb.alloc("L1", "W_res_L1", (g.q, t.nt1, 16, g.k0), dt)
+            else:
+                wl1 = [kb.alloc("L1", f"W_L1_{s}", (t.kt1, t.nt1, 16, g.k0), dt) for s in range(t.slots)]
             l0a = [kb.alloc("L0A", f"A_L0A_{s}", (t.mt1, t.k0c, 16, g.k0), dt) for s in range(t.slots)]
             l0b = [kb.alloc("L0B", f"B_L0B_{s}", (t.k0c, t.n0c, 16, g.k0), dt) for s in range(t.slots)]
             l0c = [kb.alloc("L0C", f"C_L0C_{s}", (t.nt1, t.mt1 * 16, 16), acc) for s in range(cslots)]
@@ -201,7 +214,7 @@ class AscendConv2d(AscendTemplate):
             if not cast:
                 out_steps = acc_relu
             lo_t, hi_t = split_even(len(tiles), active, core)
-            fcount, l1i, counter, ecount, cur = 0, 0, [0, 0], [0], None
+            fcount, l1i, counter, ecount, cur, cur_w = 0, 0, [0, 0], [0], None, None
             for ti, (b, mi, ni) in enumerate(tiles[lo_t:hi_t]):
                 p0 = mi * t.mt1 * 16
                 mt = min(t.mt1, g.mp1 - mi * t.mt1)
@@ -215,17 +228,23 @@ class AscendConv2d(AscendTemplate):
                     cur = (b, mi)
                 c = l0c[ti % cslots]
                 wq = (b % g.groups) * g.q  # this group's weight fractals
+                if resident and cur_w != (wq, ni):
+                    kb.data_move(wres, (slice(None), slice(0, nt)), W, (slice(wq, wq + g.q), slice(n1s, n1s + nt)))
+                    cur_w = (wq, ni)
                 for qs in range(0, g.q, t.kt1):
                     kt = min(t.kt1, g.q - qs)
-                    wb = wl1[l1i % t.slots]
-                    l1i += 1
-                    kb.data_move(wb, (slice(0, kt), slice(0, nt)), W,
-                                 (slice(wq + qs, wq + qs + kt), slice(n1s, n1s + nt)))
+                    if resident:
+                        wb, koff = wres, qs
+                    else:
+                        wb, koff = wl1[l1i % t.slots], 0
+                        l1i += 1
+                        kb.data_move(wb, (slice(0, kt), slice(0, nt)), W,
+                                     (slice(wq + qs, wq + qs + kt), slice(n1s, n1s + nt)))
 
                     def load_a(a, kc, kn, f=f, lo=lo, p0=p0, mt=mt, qs=qs):
                         kb.load3d(a, f, g.geom, h0=lo, c1_0=0, p0=p0, mt=mt * 16, q0=qs + kc, kt1=kn)
 
-                    cube_k_step(kb, t, None, wb, l0a, l0b, c, kt, mt, nt, qs == 0, counter, load_a)
+                    cube_k_step(kb, t, None, wb, l0a, l0b, c, kt, mt, nt, qs == 0, counter, load_a, b_k_off=koff)
                     kb.loop()
                 valid = min(mt * 16, g.hw - p0)
 
@@ -288,7 +307,7 @@ class AscendConv2d(AscendTemplate):
         tiles = g.nb * mtiles * ntiles
         rows = g.max_rows(mt1 * 16)
         fmap = g.nb * mtiles * g.c1 * rows * g.w * g.c0 * isz
-        wts = tiles * g.q * nt1 * 16 * g.c0 * isz
+        wts = (g.groups * ntiles if cfg["w_resident"] else tiles) * g.q * nt1 * 16 * g.c0 * isz
         out_b = g.nb * g.n1 * g.hw * 16 * 2
         flops = 2 * g.nb * g.mp1 * 16 * g.q * g.c0 * g.n1 * 16
         cores = min(cfg["block_dim"], tiles)

@@ -65,12 +65,16 @@ def test_resnet_presets(preset):
     assert rep["correct"], rep["max_abs_err"]
 
 
-@pytest.mark.parametrize("config", [{"m_tile": 16, "k_tile": 16, "n_tile": 16, "double_buffer": 0, "block_dim": 1},
-                                    {"m_tile": 32, "k_tile": 64, "n_tile": 32, "double_buffer": 1, "block_dim": 4}])
+@pytest.mark.parametrize("config", [{"m_tile": 16, "k_tile": 16, "n_tile": 16, "double_buffer": 0, "block_dim": 1,
+                                     "w_resident": 0},
+                                    {"m_tile": 32, "k_tile": 64, "n_tile": 32, "double_buffer": 1, "block_dim": 4,
+                                     "w_resident": 0},
+                                    {"m_tile": 16, "k_tile": 32, "n_tile": 16, "double_buffer": 1, "block_dim": 2,
+                                     "w_resident": 1}])
 def test_small_tiles_and_single_buffer(config):
     rep = run_op("conv2d_bias_relu", "ascend-sim", shape="n=2,c=13,h=8,w=8,k=40,r=3,s=3,stride=1,pad=1",
                  dtype="float16", config=config)
-    assert rep["correct"] and rep["config"] == config
+    assert rep["correct"] and rep["config"] == config, rep["max_abs_err"]
 
 
 def test_a_wrong_schedule_gives_a_wrong_result(monkeypatch):
