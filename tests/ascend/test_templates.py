@@ -130,3 +130,13 @@ def test_matmul_nd_operand_converted_on_chip(op, shape, dtype):
 def test_grouped_and_depthwise_conv(op, shape):
     rep = run_op(op, "ascend-sim", shape=shape, dtype="float16")
     assert rep["correct"], rep["max_abs_err"]
+
+
+def test_ascend310_is_the_same_code_on_other_figures():
+    """The 310 file changes cores, clock and DDR; nothing in the simulator names a chip."""
+    a = run_op("conv2d_bn_relu", "ascend310-sim", shape="n=1,c=13,h=9,w=9,k=20,r=3,s=3,stride=2,pad=1",
+               dtype="float16")
+    b = run_op("conv2d_bn_relu", "ascend-sim", shape="n=1,c=13,h=9,w=9,k=20,r=3,s=3,stride=2,pad=1",
+               dtype="float16")
+    assert a["correct"] and a["target"] == "ascend310-sim" and a["cycles"] != b["cycles"]
+    assert a["seconds"] == pytest.approx(a["cycles"] / 0.488e9)
