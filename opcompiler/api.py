@@ -56,12 +56,13 @@ def build(wl: Workload, target: Target, config: Any = None) -> Kernel:
 
 def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, Any] | None = None,
            preset: str | None = None, batch: int | None = None, dtype: str | None = None,
-           config: Any = None, seed: int = 0) -> dict[str, Any]:
-    """Build `op` for `target`, run it on random inputs, check against numpy, and report."""
+           config: Any = None, seed: int = 0, backend: Any = None) -> dict[str, Any]:
+    """Build `op` for `target`, run it on random inputs, check against numpy, and report.
+    `backend` overrides the target's own (e.g. an `opcompiler.rpc.RpcBackend`)."""
     tgt = target if isinstance(target, Target) else load_target(target)
     wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype)
     d = get_op(op)
-    backend = get_backend(tgt)
+    backend = backend or get_backend(tgt)
     cfg_in = resolve_config(wl, tgt, parse_config(config) if isinstance(config, str) else config)
     kernel = backend.build(wl, cfg_in)
     inputs = d.make_inputs(wl, seed)

@@ -11,6 +11,7 @@ records have the same form as local ones.
 from __future__ import annotations
 
 import hashlib
+import socket
 import statistics
 import tempfile
 import time
@@ -70,7 +71,7 @@ class RpcBackend(Backend):
     def __init__(self, target: Target, spec: RpcSpec | str, *, local: Backend | None = None,
                  session_timeout: float = 600.0, priority: int = 1):
         if target.family not in REMOTE_FAMILIES:
-            raise OpcError(f"{target.name} is a {target.family} target; remote measurement serves "
+            raise OpcError(f"{target.name} (family {target.family}) runs here; remote measurement serves "
                            f"{' and '.join(REMOTE_FAMILIES)} targets", arg="--rpc", value=str(spec))
         self.family = target.family  # the family of the backend it wraps
         super().__init__(target)
@@ -81,6 +82,17 @@ class RpcBackend(Backend):
         self._session: Any = None
         self._uploaded: dict[str, str] = {}
         self._tmp = tempfile.TemporaryDirectory(prefix="opc_rpc_")
+        self._probe()
+
+    def _probe(self, timeout: float = 5.0) -> None:
+        """Fail in one line, before any build, when nothing listens at the tracker's address
+        (TVM's own client would retry for a minute)."""
+        try:
+            socket.create_connection((self.spec.host, self.spec.port), timeout=timeout).close()
+        except OSError as e:
+            raise OpcError(f"cannot reach the RPC tracker ({e.strerror or e})", arg="--rpc", value=str(self.spec),
+                           expected="a running tracker: python -m tvm.exec.rpc_tracker "
+                           f"--host {self.spec.host} --port {self.spec.port}") from None
 
     # -- the remote session -------------------------------------------------------------------
 
@@ -170,3 +182,15 @@ def rpc_backend(target: Target, spec: str | RpcSpec) -> Backend:
     """The backend the tuner and `opcompiler run --rpc` measure through: builds for `target`
     locally, runs on the device the tracker at `spec` (HOST:PORT:KEY) hands out."""
     return RpcBackend(target, spec)
+
+
+def backend_for_run(target: Target, spec: str | None) -> Backend | None:
+    """The backend `opcompiler run` uses: remote with `--rpc`; for a cuda target with neither a
+    local GPU nor `--rpc`, the one-line error (before any build time is spent); else None (the
+    target's own backend)."""
+    if spec:
+        return rpc_backend(target, spec)
+    if target.family == "cuda":
+        from .backend.cuda import require_device_or_rpc
+        require_device_or_rpc(spec)
+    return None

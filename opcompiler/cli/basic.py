@@ -21,6 +21,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     add_workload_args(p)
     p.add_argument("--dsp-mode", choices=("shared", "copy"), default=None,
                    help="dsp-sim only: operands already in DSP-visible DDR (shared, default) or copied (copy)")
+    p.add_argument("--rpc", help="HOST:PORT:KEY of a TVM RPC tracker: run on the device it hands out (cpu, cuda)")
     p.set_defaults(func=cmd_run)
 
 
@@ -63,8 +64,9 @@ def cmd_run(args: argparse.Namespace) -> int:
             from ..errors import OpcError
             raise OpcError("only applies to dsp targets", arg="--dsp-mode", value=args.dsp_mode)
         target = replace(target, extra=MappingProxyType({**target.extra, "data_mode": args.dsp_mode}))
+    from ..rpc import backend_for_run
     rep = run_op(args.op, target, shape=args.shape, preset=args.preset, batch=args.batch, dtype=args.dtype,
-                 config=args.config)
+                 config=args.config, backend=backend_for_run(target, args.rpc))
     if args.json:
         emit_json(rep)
     else:
