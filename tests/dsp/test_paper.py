@@ -109,5 +109,8 @@ def test_shared_ddr_limits_multicore_speedup(t8):
     limited, blind = speedup(t8), speedup(wide)
     assert limited < 6.0 and blind > 7.0
     r = _measure(t8, "conv2d", "minigo.conv3_init", 768)
-    # the DDR channel is busy for most of the DSP part of the call
-    assert r.metrics["busy_ratios"]["DDR bandwidth"] * r.cycles / r.metrics["dsp_cycles"] > 0.8
+    # the DDR channel is the busiest resource of the DSP part (the paper schedule does not overlap
+    # DMA with compute, so it is about half the time)
+    ratios = r.metrics["busy_ratios"]
+    assert ratios["DDR bandwidth"] == max(v for k, v in ratios.items() if k != "host (launch + copies)")
+    assert ratios["DDR bandwidth"] * r.cycles / r.metrics["dsp_cycles"] > 0.45
