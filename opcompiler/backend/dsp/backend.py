@@ -91,11 +91,16 @@ class DspSimBackend(Backend):
             "DMA engines": t.busy.get("dma", 0.0) / (m.cores * cyc),
         }
         bound = max(share, key=share.get)
+        if bound == "VPU issue" and share["FMAC"] >= 0.9 * share["VPU issue"]:
+            bound = "FMAC"  # the VPU is busy and almost every cycle issues its 3 FMAs
+        elif bound == "VPU issue":
+            bound = "VPU issue (FMAC latency / loads)"
         metrics = {
             "percent_of_peak": 100.0 * gflops * 1e9 / peak if peak else 0.0,
             "gflops": gflops,
             "bound": bound,
             "busy_ratios": {k: round(v, 4) for k, v in share.items()},
+            "pipe_ratios": {k: round(v, 4) for k, v in share.items()},  # printed by `opcompiler run`
             "fmac_utilization": t.busy.get("fmac", 0.0) / (m.cores * cyc),
             "bytes_by_level": dict(t.counters.bytes_by_level),
             "counters": t.counters.as_dict(),
