@@ -18,6 +18,7 @@ from typing import Mapping
 import numpy as np
 
 from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template import Knob, register_template
@@ -52,6 +53,8 @@ class AscendMatmul(AscendTemplate):
             Knob("double_buffer", (1, 0), "ping-pong buffers in L1, L0 and UB"),
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the output tiles are split over"),
             Knob("a_layout", ("zZ", "ND"), "A in GM as zZ fractals (host-side) or ND, converted by Load2D on chip"),
+            Knob("lowering", ("tik", "tir"), "emit the program directly (tik) or lower a TVM schedule whose "
+                 "tensorized blocks are the instructions (tir: plain fp16 matmul, tiles dividing the shape)"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -61,7 +64,7 @@ class AscendMatmul(AscendTemplate):
             for nt in sorted(sp["n_tile"], key=lambda v: abs(v - 256)):
                 for kt in sorted(sp["k_tile"], key=lambda v: abs(v - 128)):
                     out.append({"m_tile": mt, "k_tile": kt, "n_tile": nt, "double_buffer": 1,
-                                "block_dim": target.cores, "a_layout": "zZ"})
+                                "block_dim": target.cores, "a_layout": "zZ", "lowering": "tik"})
         return out
 
     def _tiles(self, wl: Workload, target: Target, cfg: Mapping) -> CubeTiles | None:
@@ -77,8 +80,25 @@ class AscendMatmul(AscendTemplate):
         one = t.nt1 * t.mt1 * 16 * 16 * 4
         return 2 if t.slots == 2 and 2 * one <= machine(target).level("L0C").capacity else 1
 
+    def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
+        if config.get("lowering") == "tir":
+            m0, k0, n0 = cube_dtype(wl, target)
+            if wl.op != "matmul" or wl.dtype != "float16":
+                return "lowering=tir covers plain fp16 matmul only"
+            for knob, dim in (("m_tile", "m"), ("k_tile", "k"), ("n_tile", "n")):
+                if ceil_div(wl[dim], 16) * 16 % config[knob]:
+                    return f"lowering=tir needs {knob}={config[knob]} to divide {dim} padded to 16"
+        return super().check(wl, target, config)
+
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         m0, k0, n0 = cube_dtype(wl, target)
+        if cfg.get("lowering") == "tir":
+            mt, kt, nt, sl = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"], 2 if cfg["double_buffer"] else 1
+            return ([("L1", f"A_L1_{s}", mt * kt * 2) for s in range(sl)]
+                    + [("L1", f"B_L1_{s}", kt * nt * 2) for s in range(sl)]
+                    + [("L0A", f"A_L0A_{s}", mt * kt * 2) for s in range(sl)]
+                    + [("L0B", f"B_L0B_{s}", kt * nt * 2) for s in range(sl)]
+                    + [("L0C", "C_L0C", mt * nt * 4), ("UB", "C_UB", mt * nt * 4), ("UB", "C_UB16", mt * nt * 2)])
         isz = np.dtype(wl.dtype).itemsize
         frac = m0 * k0 * isz
         t = self._tiles(wl, target, cfg)
@@ -113,6 +133,13 @@ class AscendMatmul(AscendTemplate):
         return bufs, g
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
+        if cfg["lowering"] == "tir":
+            why = self.check(wl, target, cfg)
+            if why is not None and "lowering=tir" in why:
+                raise OpcError(why, arg="--config", value=dict(cfg),
+                               expected="lowering=tik, or tiles dividing the shape")
+            from .matmul_tir import tir_plan
+            return tir_plan(wl, target, cfg)
         m = machine(target)
         M1, K1, N1, m0, k0, n0 = _dims(wl, target)
         t = self._tiles(wl, target, cfg)

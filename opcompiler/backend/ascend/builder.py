@@ -86,10 +86,15 @@ class KernelBuilder:
         if elems == 0:
             return
         nbytes = elems * src.itemsize
-        if transform == "nd2zz":
-            if dst.level != "L0A" or len(dst.shape) != 4:
-                raise OpcFailure(f"nd2zz converts into L0A fractals, not {dst.level} {dst.shape}")
+        if transform in ("nd2zz", "nd2fz"):
+            want = "L0A" if transform == "nd2zz" else "L0B"
+            if dst.level != want or len(dst.shape) != 4:
+                raise OpcFailure(f"{transform} converts into {want} fractals, not {dst.level} {dst.shape}")
             src_runs = max(src_runs, elems // (dst.shape[3]))  # one 32 B row of K0 per fractal row
+        elif transform == "nz2nd":
+            if src.level != "L0C":
+                raise OpcFailure(f"nz2nd reads L0C, not {src.level}")
+            src_runs = max(src_runs, elems // 16)
         elif transform:
             raise OpcFailure(f"unknown data_move transform {transform!r}")
         ins = DataMove(dst=dst, dst_idx=dst_idx, src=src, src_idx=src_idx, path=(path.src, path.dst),

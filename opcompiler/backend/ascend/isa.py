@@ -108,7 +108,10 @@ class DataMove(Instr):
     path: tuple[str, str]
     nbytes: int = 0
     bursts: int = 0
-    transform: str = ""  # "nd2zz": an ND (rows, cols) region becomes (rows/16, cols/K0, 16, K0) fractals
+    # "nd2zz": an ND (rows, cols) region becomes zZ fractals (rows/16, cols/K0, 16, K0) for L0A;
+    # "nd2fz": an ND (K, N) region becomes FRACTAL_Z (K/K0, N/16, 16, K0) for L0B;
+    # "nz2nd": an L0C (N1, M, 16) region becomes row-major (M, N1*16)
+    transform: str = ""
 
     def execute(self, mem: Memory) -> None:
         d = mem.view(self.dst)
@@ -117,6 +120,11 @@ class DataMove(Instr):
         if self.transform == "nd2zz":
             k0 = tgt.shape[-1]
             s = s.reshape(s.shape[0] // 16, 16, s.shape[1] // k0, k0).transpose(0, 2, 1, 3)
+        elif self.transform == "nd2fz":
+            k0 = tgt.shape[-1]
+            s = s.reshape(s.shape[0] // k0, k0, s.shape[1] // 16, 16).transpose(0, 2, 3, 1)
+        elif self.transform == "nz2nd":
+            s = s.transpose(1, 0, 2).reshape(s.shape[1], s.shape[0] * s.shape[2])
         if s.size != tgt.size:
             raise OpcFailure(f"data_move {self.src.name}{self.src_idx} -> {self.dst.name}{self.dst_idx}: "
                              f"{s.size} elements into {tgt.size}")
