@@ -16,7 +16,17 @@ from opcompiler.template import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .assemble import Relayout, assemble, host_ops, nbytes
-from .direct import ConvSpec, DirectConfig, _items, _Lowering, check, footprint, in_cols, in_rows, pass_cost
+from .direct import (
+    ConvSpec,
+    DirectConfig,
+    _items,
+    _Lowering,
+    check,
+    footprint,
+    in_cols,
+    in_rows,
+    pass_cost,
+)
 
 EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu")}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)

@@ -21,10 +21,9 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.dsp.core import MkCost, mk_ew, mk_out, mk_ws, EPI_REGS
+from opcompiler.backend.dsp.core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws
 from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, compress, contiguous, dma_op
-from opcompiler.errors import CapacityError, OpcError
+from opcompiler.backend.dsp.program import F32, Allocator, Op, View, compress, dma_op
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -12,7 +12,7 @@ import numpy as np
 
 from opcompiler.backend.dsp.core import mk_ew
 from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, contiguous, dma_op
+from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dma_op
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target

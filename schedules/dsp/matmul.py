@@ -7,19 +7,18 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from opcompiler.backend.dsp.machine import machine
+from opcompiler.backend.dsp.program import Allocator, Program
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template import Knob, register_template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.program import Allocator, Program
-
 from .assemble import Relayout, assemble, host_ops, nbytes
-from .ksplit import chunks, footprint_k
-from .ksplit import core_ops as ksplit_ops
 from .conv2d import DirectTemplate, require_fp32
 from .direct import ConvSpec, DirectConfig, check
+from .ksplit import chunks, footprint_k
+from .ksplit import core_ops as ksplit_ops
 
 EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu")}
 

@@ -42,7 +42,8 @@ def test_bad_config(be, config, match):
 
 
 def test_cli_exit_code_and_one_line():
-    p = subprocess.run([sys.executable, "-c", "import sys; from opcompiler.cli import main; sys.exit(main())", "run", "conv2d", "--target", "dsp-sim", "--preset",
-                        "minigo.conv3_res", "--dtype", "int8"], capture_output=True, text=True)
+    cmd = [sys.executable, "-c", "import sys; from opcompiler.cli import main; sys.exit(main())",
+           "run", "conv2d", "--target", "dsp-sim", "--preset", "minigo.conv3_res", "--dtype", "int8"]
+    p = subprocess.run(cmd, capture_output=True, text=True)
     assert p.returncode == 2, p.stderr
     assert "Traceback" not in p.stderr and p.stderr.strip().count("\n") == 0

@@ -26,8 +26,8 @@ def test_program_tiles_are_the_tir_schedule_tiles(op, shape, config):
 def test_tir_schedule_computes_the_convolution():
     """The schedule's loop nest, built for the host, matches numpy (fp32 tolerance of verify)."""
     import tvm
-
     from opcompiler.schedules.dsp.tir import tir_schedule
+
     from opcompiler.verify import compare
     t = load_target("dsp-sim")
     wl = workload("conv2d", shape="n=2,c=5,h=9,w=13,k=20,r=3,s=3,stride=2,pad=1,layout=NHWC")
