@@ -49,3 +49,41 @@ def test_features_for_the_tuner(op, shape, dtype):
     feats = tmpl.features(wl, tgt, None)
     assert feats and all(isinstance(v, (int, float)) and math.isfinite(v) for v in feats.values())
     assert feats["active_cores"] >= 1 and any(k.startswith("occupancy") for k in feats)
+
+
+@pytest.mark.parametrize("op,shape,dtype", [
+    ("matmul_bias_relu", "m=64,k=256,n=96", "int8"),
+    ("conv2d_bn_relu", "n=2,c=13,h=10,w=10,k=20,r=3,s=3,stride=2,pad=1", "float16"),
+    ("conv2d", "n=1,c=32,h=8,w=8,k=32,r=3,s=3,pad=1,groups=4", "float16"),
+    ("bn_relu", "n=2,c=20,h=9,w=9", "float32"),
+    ("pool2d", "n=1,c=16,h=9,w=9,kernel=3,stride=2,pad=1,mode=avg", "float16"),
+    ("ew_chain", "n=1,c=13,h=7,w=9,chain=bn;sigmoid", "float16")])
+def test_random_configs_check_build_and_compute_agree(backend, op, shape, dtype):
+    """What the tuner relies on: `check` accepts exactly the configs that build, and every
+    config that builds computes the reference with the same cycles in both modes."""
+    import random
+
+    from opcompiler.errors import OpcError
+    from opcompiler.target import load_target
+    from opcompiler.template import get_template
+    from opcompiler.verify import compare
+
+    wl = workload(op, shape, dtype=dtype)
+    tgt = load_target("ascend-sim")
+    tmpl = get_template(get_op(op).family, "ascend")
+    rng = random.Random(7)
+    inputs = get_op(op).make_inputs(wl)
+    ref = get_op(op).reference(wl, inputs)
+    for _ in range(5):
+        cfg = tmpl.random_config(wl, tgt, rng)
+        cfg["lowering"] = "tik" if "lowering" in cfg else None
+        cfg = {k: v for k, v in cfg.items() if v is not None}
+        why = tmpl.check(wl, tgt, tmpl.config(wl, tgt, cfg))
+        if why is not None:
+            with pytest.raises(OpcError):
+                backend.build(wl, cfg)
+            continue
+        kern = backend.build(wl, cfg)
+        res = backend.run(kern, inputs)
+        assert compare(res.outputs[0], ref)[0], cfg
+        assert res.cycles == backend.measure(kern).cycles
