@@ -131,6 +131,23 @@ class DspFullyConnected(DirectTemplate):
                      "reduction": f"split over {m.cores} cores, partials reduced through GSM"}
         return prog
 
+    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        if config.get("split") != "k":
+            return super().features(wl, target, config)
+        m = machine(target)
+        sp = self.spec(wl, target)
+        cf = DirectConfig.of(config)
+        fp = footprint_k(m, sp, cf)
+        kbp = cf.kv * m.lanes
+        nk = -(-sp.k // kbp)
+        blocks = nk * -(-sp.h // cf.rows)
+        ddr = (sp.c * sp.k + nk * sp.h * sp.c + sp.h * sp.k) * 4  # W once, I per channel block, C out
+        return {"ddr_bytes": float(ddr), "gsm_bytes": float(2 * blocks * m.cores * cf.rows * kbp * 4),
+                "arith_intensity": 2 * sp.h * sp.c * sp.k / ddr, "am_occupancy": fp["AM"] / m.cap("AM"),
+                "sm_occupancy": fp["SM"] / m.cap("SM"), "gsm_occupancy": fp["GSM"] / m.cap("GSM"),
+                "reg_occupancy": fp["REG"] / m.registers, "lane_use": sp.k / (nk * kbp), "stages": float(blocks),
+                "work_per_core": float(blocks), "cores_busy": float(min(m.cores, sp.c)), "barriers": 2.0 * blocks}
+
     def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
         m_, k_, n_ = wl["m"], wl["k"], wl["n"]
         names = {"data": "tensor_a", "weight": "tensor_b", "out": "out", "bias": "bias"}
