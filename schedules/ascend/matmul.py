@@ -54,7 +54,7 @@ class AscendMatmul(AscendTemplate):
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the output tiles are split over"),
             Knob("a_layout", ("zZ", "ND"), "A in GM as zZ fractals (host-side) or ND, converted by Load2D on chip"),
             Knob("lowering", ("tik", "tir"), "emit the program directly (tik) or lower a TVM schedule whose "
-                 "tensorized blocks are the instructions (tir: plain fp16 matmul, tiles dividing the shape)"),
+                 "tensorized blocks are the instructions (tir: fp16, tiles dividing the shape)"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -83,8 +83,8 @@ class AscendMatmul(AscendTemplate):
     def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
         if config.get("lowering") == "tir":
             m0, k0, n0 = cube_dtype(wl, target)
-            if wl.op != "matmul" or wl.dtype != "float16":
-                return "lowering=tir covers plain fp16 matmul only"
+            if wl.dtype != "float16":
+                return "lowering=tir covers fp16 matmul, matmul_bias and matmul_bias_relu only"
             for knob, dim in (("m_tile", "m"), ("k_tile", "k"), ("n_tile", "n")):
                 if ceil_div(wl[dim], 16) * 16 % config[knob]:
                     return f"lowering=tir needs {knob}={config[knob]} to divide {dim} padded to 16"

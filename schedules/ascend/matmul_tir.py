@@ -3,7 +3,8 @@ placed in the target's scopes, every inner block tensorized into an AI Core inst
 
     matmul (fp32 reduce)  -> computed in local.L0C (cache_write), copied to local.UB
     A, B                  -> cache_read into local.L1, then into local.L0A / local.L0B
-    matmul_out (cast)     -> reverse_compute_at the output tile: UB fp32 -> fp16 -> GM
+    matmul_bias, matmul_out (cast), vrelu
+                          -> reverse_compute_at the output tile, in UB; the last block writes GM
     reduction init        -> decompose_reduction: the first MMAD of a tile overwrites L0C
 
 Each tensorized block is a `T.call_packed("opc.ascend.tir.<instr>", ...)` carrying the GM
@@ -11,8 +12,8 @@ offsets and strides TVM computed. `tvm.compile(..., "llvm")` builds the loop nes
 once records the instruction trace, grouped by output tile; each core's program is its share
 of the groups, emitted through `KernelBuilder` and run by the same simulator as the TIK-style
 templates (ND -> fractal conversion by Load2D, NZ -> ND on the way from L0C to UB).
-This path is `lowering="tir"` of the matmul template (plain matmul, fp16, tiles dividing the
-16-padded shape); the TIK-style path stays the default.
+This path is `lowering="tir"` of the matmul template (matmul, matmul_bias, matmul_bias_relu in
+fp16, tiles dividing the 16-padded shape); the TIK-style path stays the default.
 """
 from __future__ import annotations
 
@@ -56,7 +57,8 @@ def _intrinsics(mt: int, kt: int, nt: int) -> dict[str, str]:
     from tvm.script import tirx as T
 
     key = f"{mt}x{kt}x{nt}"
-    names = {k: f"opc_ascend_{k}_{key}" for k in ("dma_a", "dma_b", "ld_a", "ld_b", "mmad", "init", "l0c", "out")}
+    names = {k: f"opc_ascend_{k}_{key}" for k in ("dma_a", "dma_b", "ld_a", "ld_b", "mmad", "init", "l0c", "out",
+                                                  "bias", "cast", "relu_out")}
     if key in _REGISTERED:
         return names
 
@@ -149,7 +151,74 @@ def _intrinsics(mt: int, kt: int, nt: int) -> dict[str, str]:
             T.writes(D[0:mt, 0:nt])
             T.evaluate(T.call_packed("opc.ascend.tir.event", "out", D.elem_offset, s0))
 
+    @T.prim_func(s_tir=True)
+    def bias_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
+        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
+        V = T.match_buffer(b, (nt,), "float16", offset_factor=1)
+        D = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.UB")
+        with T.sblock("root"):
+            T.reads(S[0:mt, 0:nt], V[0:nt])
+            T.writes(D[0:mt, 0:nt])
+            for i, j in T.grid(mt, nt):
+                with T.sblock("bias"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[vi, vj] = S[vi, vj] + T.Cast("float32", V[vj])
+
+    @T.prim_func(s_tir=True)
+    def bias_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
+        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
+        V = T.match_buffer(b, (nt,), "float16", offset_factor=1)
+        D = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.UB")
+        with T.sblock("root"):
+            T.reads(S[0:mt, 0:nt], V[0:nt])
+            T.writes(D[0:mt, 0:nt])
+            T.evaluate(T.call_packed("opc.ascend.tir.event", "bias", V.elem_offset, 0))
+
+    @T.prim_func(s_tir=True)
+    def cast_desc(a: T.handle, b: T.handle) -> None:
+        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
+        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1, scope="local.UB")
+        with T.sblock("root"):
+            T.reads(S[0:mt, 0:nt])
+            T.writes(D[0:mt, 0:nt])
+            for i, j in T.grid(mt, nt):
+                with T.sblock("cast"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[vi, vj] = T.Cast("float16", S[vi, vj])
+
+    @T.prim_func(s_tir=True)
+    def cast_impl(a: T.handle, b: T.handle) -> None:
+        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
+        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1, scope="local.UB")
+        with T.sblock("root"):
+            T.reads(S[0:mt, 0:nt])
+            T.writes(D[0:mt, 0:nt])
+            T.evaluate(T.call_packed("opc.ascend.tir.event", "cast", 0, 0))
+
+    @T.prim_func(s_tir=True)
+    def relu_desc(a: T.handle, b: T.handle) -> None:
+        S = T.match_buffer(a, (mt, nt), "float16", offset_factor=1, scope="local.UB")
+        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1)
+        with T.sblock("root"):
+            T.reads(S[0:mt, 0:nt])
+            T.writes(D[0:mt, 0:nt])
+            for i, j in T.grid(mt, nt):
+                with T.sblock("relu"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[vi, vj] = T.max(S[vi, vj], T.float16(0))
+
+    @T.prim_func(s_tir=True)
+    def relu_impl(a: T.handle, b: T.handle) -> None:
+        s0 = T.int32()
+        S = T.match_buffer(a, (mt, nt), "float16", offset_factor=1, scope="local.UB")
+        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1, strides=[s0, 1])
+        with T.sblock("root"):
+            T.reads(S[0:mt, 0:nt])
+            T.writes(D[0:mt, 0:nt])
+            T.evaluate(T.call_packed("opc.ascend.tir.event", "relu_out", D.elem_offset, s0))
+
     reg = {
+        "bias": (bias_desc, bias_impl), "cast": (cast_desc, cast_impl), "relu_out": (relu_desc, relu_impl),
         "dma_a": copy(mt, kt, "float16", "global", "local.L1", "dma_a", True),
         "dma_b": copy(kt, nt, "float16", "global", "local.L1", "dma_b", True),
         "ld_a": copy(mt, kt, "float16", "local.L1", "local.L0A", "ld_a", False),
@@ -175,7 +244,12 @@ def trace(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int) -
     ins, out = get_op(wl.op).compute(padded)
     sch = tvm.s_tir.Schedule(te.create_prim_func([*ins, out]))
     mm, cast = sch.get_sblock("matmul"), sch.get_sblock("matmul_out")
-    sch.set_scope(mm, 0, "local.UB")
+    bias = sch.get_sblock("matmul_bias") if wl.op in ("matmul_bias", "matmul_bias_relu") else None
+    relu = sch.get_sblock(out.op.name) if wl.op == "matmul_bias_relu" else None
+    # the epilogue stays in UB until the last block writes GM
+    for blk in (mm, bias, cast if relu is not None else None):
+        if blk is not None:
+            sch.set_scope(blk, 0, "local.UB")
     i, j, k = sch.get_loops(mm)
     i0, i1 = sch.split(i, [None, mt])
     j0, j1 = sch.split(j, [None, nt])
@@ -183,7 +257,9 @@ def trace(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int) -
     sch.reorder(i0, j0, k0, i1, j1, k1)
     l0c = sch.cache_write(mm, 0, "local.L0C")
     sch.reverse_compute_at(l0c, j0)
-    sch.reverse_compute_at(cast, j0)
+    for blk in (bias, cast, relu):  # producers first
+        if blk is not None:
+            sch.reverse_compute_at(blk, j0)
     a1 = sch.cache_read(mm, 0, "local.L1")
     b1 = sch.cache_read(mm, 1, "local.L1")
     a0 = sch.cache_read(mm, 0, "local.L0A")
@@ -191,8 +267,10 @@ def trace(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int) -
     for blk in (a0, b0, a1, b1):  # consumers first: L0 loads, then the DMAs feeding them
         sch.compute_at(blk, k0)
     init = sch.decompose_reduction(mm, k0)
-    for blk, name in ((a1, "dma_a"), (b1, "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c"), (cast, "out"),
-                      (init, "init")):
+    blocks = [(a1, "dma_a"), (b1, "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c"), (init, "init")]
+    blocks += [(bias, "bias")] if bias is not None else []
+    blocks += [(cast, "cast"), (relu, "relu_out")] if relu is not None else [(cast, "out")]
+    for blk, name in blocks:
         sch.tensorize(sch.get_loops(blk)[-2], names[name])
     sch.tensorize(i1, names["mmad"])
     ex = tvm.compile(sch.mod, target="llvm")
@@ -212,6 +290,7 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
     if key not in _TRACES:
         _TRACES[key] = trace(wl, mp, kp, np_, mt, kt, nt)
     groups = _TRACES[key]
+    has_bias = wl.op in ("matmul_bias", "matmul_bias_relu")
     active = min(cfg["block_dim"], len(groups))
     slots = 2 if cfg["double_buffer"] else 1
 
@@ -226,6 +305,10 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
         c0 = kb.alloc("L0C", "C_L0C", (nt // 16, mt, 16), "float32")
         ub = kb.alloc("UB", "C_UB", (mt, nt), "float32")
         ub16 = kb.alloc("UB", "C_UB16", (mt, nt), "float16")
+        if has_bias:
+            bias_gm = kb.gm("bias", (np_,), "float16")
+            b16 = kb.alloc("UB", "bias_UB", (nt,), "float16")
+            b32 = kb.alloc("UB", "bias32_UB", (nt,), "float32")
         lo, hi = split_even(len(groups), active, core)
         n = {"dma_a": 0, "dma_b": 0, "ld_a": 0, "ld_b": 0}
         for group in groups[lo:hi]:
@@ -253,20 +336,33 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
                     kb.loop()
                 elif tag == "l0c":
                     kb.data_move(ub, (slice(None),), c0, (slice(None),), transform="nz2nd")
-                elif tag == "out":
-                    r, c = divmod(off, stride)
+                elif tag == "bias":  # bias row to UB, to fp32, added to every row of the tile
+                    kb.data_move(b16, (slice(None),), bias_gm, (slice(off, off + nt),))
+                    kb.vec("conv", VOp(b32), (VOp(b16),), nt)
+                    for row in range(mt):
+                        kb.vec("add", VOp(ub, row * nt), (VOp(ub, row * nt), VOp(b32)), nt)
+                elif tag == "cast":
                     kb.vec("conv", VOp(ub16), (VOp(ub),), mt * nt)
+                elif tag in ("out", "relu_out"):
+                    r, c = divmod(off, stride)
+                    if tag == "out":
+                        kb.vec("conv", VOp(ub16), (VOp(ub),), mt * nt)
+                    else:
+                        kb.vec("relu", VOp(ub16), (VOp(ub16),), mt * nt)
                     kb.data_move(C, (slice(r, r + mt), slice(c, c + nt)), ub16, (slice(None),))
                     kb.loop()
-        return kb.finish(gm_inputs=("A", "B"))
+        return kb.finish(gm_inputs=("A", "B", "bias"))
 
     trans_a, trans_b = bool(wl.p.get("trans_a")), bool(wl.p.get("trans_b"))
 
     def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
         a = inputs[0].T if trans_a else inputs[0]
         b = inputs[1].T if trans_b else inputs[1]
-        return {"A": np.ascontiguousarray(pad_to(pad_to(a, 0, mp), 1, kp)),
-                "B": np.ascontiguousarray(pad_to(pad_to(b, 0, kp), 1, np_))}
+        gm = {"A": np.ascontiguousarray(pad_to(pad_to(a, 0, mp), 1, kp)),
+              "B": np.ascontiguousarray(pad_to(pad_to(b, 0, kp), 1, np_))}
+        if has_bias:
+            gm["bias"] = pad_to(inputs[2].astype("float16"), 0, np_)
+        return gm
 
     return Plan(active_cores=active, make_program=program, pack=pack, out_name="C", out_shape=(mp, np_),
                 out_dtype="float16", unpack=lambda c: np.ascontiguousarray(c[:M, :N]), flops=get_op(wl.op).flops(wl),

@@ -11,10 +11,12 @@ from opcompiler.ops import get_op, workload
 TIR = {"lowering": "tir", "double_buffer": 1, "block_dim": 4}
 
 
+@pytest.mark.parametrize("op", ["matmul", "matmul_bias", "matmul_bias_relu"])
 @pytest.mark.parametrize("shape,tiles", [("m=40,k=100,n=70", (16, 16, 16)), ("m=64,k=128,n=96", (32, 64, 32))])
-def test_tir_matmul_matches_numpy(shape, tiles):
+def test_tir_matmul_matches_numpy(op, shape, tiles):
+    """The bias, cast and ReLU blocks are scheduled into UB and tensorized too (fused epilogue)."""
     cfg = {**TIR, "m_tile": tiles[0], "k_tile": tiles[1], "n_tile": tiles[2]}
-    rep = run_op("matmul", "ascend-sim", shape=shape, dtype="float16", config=cfg)
+    rep = run_op(op, "ascend-sim", shape=shape, dtype="float16", config=cfg)
     assert rep["correct"], rep["max_abs_err"]
     assert rep["lowering"].startswith("TVM s_tir")
 
