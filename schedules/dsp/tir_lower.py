@@ -1,0 +1,601 @@
+"""Turn the lowered TIR of `tir_sched.conv_schedule` into the DSP program the simulator runs.
+
+The function is walked as TVM left it (loops, compacted allocations, block predicates). Loops
+above the annotated nests are iterated in Python; every index, predicate and value expression
+is compiled once to a Python/numpy function and evaluated over the nest's iteration grid:
+
+* `opc.dsp.op = "dma"`: the nest is one copy. Its store/load indices give the destination and
+  source addresses (buffers placed in DDR / SM / AM at the offsets this module allocates, the
+  layout TVM compacted them to); the block predicate and the `if_then_else` of the padding
+  split the grid into the box DMA'd and the boxes zero-filled. A box that is not rectangular
+  or an index that is not affine in the loop variables is an OpcFailure.
+* `opc.dsp.op = "mk"`: each iteration is one micro-kernel call (a register block). Functional
+  mode executes its blocks statement by statement over the whole iteration grid (reductions
+  summed, predicates masked, `local.REG` buffers private per enclosing iteration); timing uses
+  the micro-kernel model of `core.mk_out` with the pixels, vectors and reduction steps of the
+  nest.
+* `opc.dsp.stage`: each iteration is a stage (DMA-in, VPU, DMA-out) in the software-pipelined
+  order of `direct.stage_order`, its SM/AM tiles double-buffered when `dbuf`.
+* `opc.dsp.cores`: iterations split in contiguous ranges across the cores.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Mapping
+
+import numpy as np
+
+from opcompiler.backend.dsp.core import MkCost, mk_out
+from opcompiler.backend.dsp.machine import DspMachine
+from opcompiler.backend.dsp.program import F32, Allocator, Op, View, dma_op
+from opcompiler.errors import OpcFailure
+
+from .direct import _sum, stage_order
+from .tir_sched import EPI_BLOCKS
+
+
+def _key(v) -> int:
+    return v.__chandle__()
+
+
+def _bkey(x) -> int:
+    """The identity of the buffer a load, store or allocation refers to."""
+    if type(x).__name__ in ("BufferLoad", "TensorLoad"):
+        return _key(x.source if hasattr(x, "source") else x.buffer)
+    if type(x).__name__ == "BufferStore":
+        return _key(x.buffer)
+    return _key(x)  # in TVM 0.27 a buffer is itself the variable its accesses name
+
+
+class _Compiler:
+    """PrimExpr -> Python source over `E` (loop variables by handle) and `L` (buffer loads)."""
+
+    _BIN = {"Add": "+", "Sub": "-", "Mul": "*", "FloorDiv": "//", "FloorMod": "%", "Div": "//", "Mod": "%",
+            "LT": "<", "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!=", "And": "&", "Or": "|"}
+
+    def __init__(self, strides: Callable[[int], tuple[int, ...]]):
+        self.strides = strides
+
+    def flat(self, bk: int, indices) -> str:
+        st = self.strides(bk)
+        return "(" + " + ".join(f"({self.src(i)})*{s}" for i, s in zip(indices, st)) + ")" if st else "0"
+
+    def src(self, e) -> str:
+        name = type(e).__name__
+        if name == "IntImm":
+            return str(int(e.value))
+        if name == "FloatImm":
+            return repr(float(e.value))
+        if name == "Var":
+            return f"E[{_key(e)}]"
+        if name in self._BIN:
+            return f"({self.src(e.a)} {self._BIN[name]} {self.src(e.b)})"
+        if name == "Min":
+            return f"np.minimum({self.src(e.a)}, {self.src(e.b)})"
+        if name == "Max":
+            return f"np.maximum({self.src(e.a)}, {self.src(e.b)})"
+        if name == "Not":
+            return f"(~np.asarray({self.src(e.a)}))"
+        if name == "Select":
+            return f"np.where({self.src(e.condition)}, {self.src(e.true_value)}, {self.src(e.false_value)})"
+        if name == "Cast":
+            return self.src(e.value)
+        if name == "Call" and e.op.name.endswith("if_then_else"):
+            a = e.args
+            return f"np.where({self.src(a[0])}, {self.src(a[1])}, {self.src(a[2])})"
+        if name in ("BufferLoad", "TensorLoad"):
+            bk = _bkey(e)
+            return f"L({bk}, {self.flat(bk, e.indices)})"
+        raise OpcFailure(f"tir lowering: no rule for {name} ({e})")
+
+    def flat_fn(self, bk: int, indices) -> Callable:
+        return eval(f"lambda E, L: {self.flat(bk, indices)}", {"np": np})  # noqa: S307
+
+    def fn(self, e) -> Callable:
+        return eval(f"lambda E, L: {self.src(e)}", {"np": np})  # noqa: S307 (our own generated source)
+
+
+def _grid(loops: list[tuple[Any, int]], E: dict) -> dict:
+    """Loop variables as broadcastable index arrays, one axis per loop."""
+    g = dict(E)
+    n = len(loops)
+    for d, (v, ext) in enumerate(loops):
+        shape = [1] * n
+        shape[d] = ext
+        g[_key(v)] = np.arange(ext).reshape(shape)
+    return g
+
+
+def _full(x, shape) -> np.ndarray:
+    return np.broadcast_to(np.asarray(x), shape)
+
+
+def _boxes(mask: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+    """Split a boolean grid into rectangular boxes ((lo, hi) per axis)."""
+    if not mask.any():
+        return []
+    if mask.ndim == 1:
+        idx = np.flatnonzero(mask)
+        cuts = np.flatnonzero(np.diff(idx) != 1)
+        starts = np.r_[idx[0], idx[cuts + 1]]
+        ends = np.r_[idx[cuts], idx[-1]] + 1
+        return [((int(a), int(b)),) for a, b in zip(starts, ends)]
+    out = []
+    i = 0
+    while i < mask.shape[0]:
+        j = i + 1
+        while j < mask.shape[0] and np.array_equal(mask[j], mask[i]):
+            j += 1
+        out += [((i, j),) + b for b in _boxes(mask[i])]
+        i = j
+    return out
+
+
+class Lowerer:
+    """Walks the lowered function once per core and returns that core's op list."""
+
+    def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
+                 kv: int, dbuf: bool,
+                 functional: bool, tamper: Callable[[str, View], View] | None = None):
+        self.m, self.func, self.kv, self.dbuf, self.fn = m, func, kv, dbuf, functional
+        self.tamper = tamper
+        self.nbuf = 2 if dbuf else 1
+        self.space: dict[int, tuple] = {}  # buffer -> (level, base offsets per slot | DDR name)
+        self.shapes: dict[int, tuple[int, ...]] = {}
+        # parameters are handles; their buffers are met in the body's loads and stores
+        self.names: dict[int, str] = {}
+        for p in func.params:
+            dn = ddr_names.get(p.name, p.name)
+            self.space[_key(p)] = ("DDR", dn, _key(p) == _key(func.params[-1]))
+            self.shapes[_key(p)] = tuple(ddr_shapes[dn])
+            self.names[_key(p)] = p.name
+        self.comp = _Compiler(lambda b: self._strides(b))
+        self._cache: dict[int, Any] = {}  # per nest: compiled pieces
+        self.interned: dict[tuple, Op] = {}
+        self._allocate()
+
+    # ---- buffers -----------------------------------------------------------------------
+    def _sp(self, bk: int) -> tuple:
+        if bk not in self.space:
+            raise OpcFailure("tir lowering: a buffer is neither a parameter nor allocated")
+        return self.space[bk]
+
+    def _strides(self, bk: int) -> tuple[int, ...]:
+        sh = self.shapes[self._sp(bk) and bk]
+        st, acc = [], 1
+        for d in reversed(sh):
+            st.append(acc)
+            acc *= d
+        return tuple(reversed(st))
+
+    def _allocate(self) -> None:
+        """SM/AM buffers at fixed offsets (the tiles of a stage twice when double-buffered)."""
+        am, sm = Allocator("AM", self.m.cap("AM"), 128), Allocator("SM", self.m.cap("SM"), 8)
+        found: list[tuple[Any, bool]] = []
+
+        def visit(st, in_stage: bool) -> None:
+            name = type(st).__name__
+            if name == "SBlockRealize":
+                for b in st.block.alloc_buffers:
+                    found.append((b, in_stage))
+                visit(st.block.body, in_stage)
+            elif name == "For":
+                visit(st.body, in_stage or "opc.dsp.stage" in st.annotations)
+            elif name == "SeqStmt":
+                for x in st.seq:
+                    visit(x, in_stage)
+            elif name == "IfThenElse":
+                visit(st.then_case, in_stage)
+        visit(self.func.body, False)
+        for b, in_stage in found:
+            shape = tuple(int(x) for x in b.shape)
+            bk = _bkey(b)
+            self.shapes[bk] = shape
+            self.names[bk] = b.name
+            size = int(np.prod(shape))
+            scope = b.scope()
+            if scope == "local.REG":
+                self.space[bk] = ("REG", size)
+                continue
+            alloc = {"local.AM": am, "local.SM": sm}.get(scope)
+            if alloc is None:
+                raise OpcFailure(f"tir lowering: buffer {b.name} in scope {scope!r} has no place on the DSP")
+            n = self.nbuf if in_stage else 1
+            offs = tuple(alloc.alloc(f"{b.name}[{i}]", size) for i in range(n))
+            self.space[bk] = (scope.split(".")[1], offs, in_stage)
+
+    def _tag(self, bk: int, slot: int) -> str:
+        sp = self._sp(bk)
+        if sp[0] == "DDR":
+            return "out" if sp[2] else ""
+        if sp[0] == "SM":
+            return f"sm{slot}"
+        return f"amo{slot}" if sp[2] else "w"
+
+    def _base(self, bk: int, slot: int) -> tuple[tuple, int]:
+        sp = self._sp(bk)
+        if sp[0] == "DDR":
+            return ("DDR", sp[1]), 0
+        if len(sp) < 3:
+            raise OpcFailure(f"tir lowering: {self.names.get(bk)} is not in SM or AM: {sp}")
+        return (sp[0],), sp[1][slot if sp[2] else 0]
+
+    # ---- walking ------------------------------------------------------------------------
+    def core_ops(self, core: int, cores: int, per_image: int) -> list:
+        self.core, self.cores, self.per_image = core, cores, per_image
+        self.ops: list = []
+        self.pending: list[tuple[list, list, list]] = []
+        self._walk(self.func.body, {})
+        self._flush()
+        return self.ops
+
+    def _flush(self) -> None:
+        if self.pending:
+            self.ops += stage_order(self.pending, self.dbuf, self.fn, self.per_image)
+            self.pending = []
+
+    def _fn(self, e) -> Callable:
+        k = _key(e)
+        if k not in self._cache:
+            self._cache[k] = self.comp.fn(e)
+        return self._cache[k]
+
+    def _ev(self, e, E: dict) -> int:
+        return int(self._fn(e)(E, None))
+
+    def _walk(self, st, E: dict, stage: list | None = None) -> None:
+        name = type(st).__name__
+        if name == "SBlockRealize":
+            if self._ev(st.predicate, E):
+                self._walk(st.block.body, E, stage)
+        elif name == "SeqStmt":
+            for x in st.seq:
+                self._walk(x, E, stage)
+        elif name == "For":
+            ann = st.annotations
+            lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
+            if ann.get("opc.dsp.op") == "dma":
+                return self._dma(st, E, stage)
+            if ann.get("opc.dsp.op") == "mk":
+                return self._mk(st, E, stage)
+            rng = range(lo, lo + ext)
+            if "opc.dsp.cores" in ann:
+                rng = range(lo + self.core * ext // self.cores, lo + (self.core + 1) * ext // self.cores)
+            for i in rng:
+                E2 = {**E, _key(st.loop_var): i}
+                if "opc.dsp.stage" in ann:
+                    slot = len(self.pending) % self.nbuf
+                    E2["slot"] = slot
+                    stg: list = [[], [], []]
+                    self._walk(st.body, E2, stg)
+                    if stg[1]:  # the VPU ops of a stage: one pass of all its micro-kernel calls
+                        stg[1] = [self._merge_vpu(stg[1], slot)]
+                    self.pending.append(tuple(stg))
+                else:
+                    self._walk(st.body, E2, stage)
+        elif name == "IfThenElse":
+            if self._ev(st.condition, E):
+                self._walk(st.then_case, E, stage)
+            elif st.else_case is not None:
+                self._walk(st.else_case, E, stage)
+        else:
+            raise OpcFailure(f"tir lowering: unexpected {name} outside an annotated nest")
+
+    def _emit(self, op: Op, stage: list | None, where: int) -> None:
+        if stage is None:
+            self._flush()
+            self.ops.append(op)
+        else:
+            stage[where].append(op)
+
+    def _intern(self, op: Op) -> Op:
+        """Timing mode: equal ops are one object, so repeated stages run-length encode."""
+        if self.fn:
+            return op
+        key = (op.kind, op.pipe, op.cycles, op.reads, op.writes, op.nbytes, op.path, op.nruns, op.cost, op.label)
+        return self.interned.setdefault(key, op)
+
+    # ---- copies ------------------------------------------------------------------------
+    def _nest(self, st) -> tuple[list, Any, Any]:
+        """(loops, predicate, store) of a perfect copy nest."""
+        loops, pred = [], None
+        while True:
+            name = type(st).__name__
+            if name == "For":
+                loops.append(st)
+                st = st.body
+            elif name == "SBlockRealize":
+                pred = st.predicate
+                st = st.block.body
+            elif name == "BufferStore":
+                return loops, pred, st
+            else:
+                raise OpcFailure(f"tir lowering: a dma nest must be loops over one store, found {name}")
+
+    def _dma(self, st, E: dict, stage: list | None) -> None:
+        k = _key(st)
+        if k not in self._cache:
+            loops, pred, store = self._nest(st)
+            val = store.value
+            cond, load = None, val
+            if type(val).__name__ == "Call" and val.op.name.endswith("if_then_else"):
+                cond, load = val.args[0], val.args[1]
+            if type(load).__name__ not in ("BufferLoad", "TensorLoad"):
+                raise OpcFailure(f"tir lowering: a dma nest must copy a buffer, found {val}")
+            c = self.comp
+            self._cache[k] = (loops, c.fn(pred), None if cond is None else c.fn(cond),
+                              c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(load), load.indices),
+                              _bkey(store), _bkey(load))
+        loops, fpred, fcond, fdst, fsrc, bdst, bsrc = self._cache[k]
+        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
+        shape = tuple(e for _, e in ext)
+        g = _grid(ext, E)
+        valid = _full(fpred(g, None), shape).astype(bool)
+        copy = valid & _full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
+        zero = valid & ~copy
+        dst, src = _full(fdst(g, None), shape), _full(fsrc(g, None), shape)
+        slot = E.get("slot", 0)
+        dspace, dbase = self._base(bdst, slot)
+        sspace, sbase = self._base(bsrc, slot)
+        dtag, stag = self._tag(bdst, slot), self._tag(bsrc, slot)
+        where = 0 if dspace[0] == "SM" else 2
+        zviews = [self._view(dspace, dbase, dst, b) for b in _boxes(zero)]
+        if zviews:
+            nz = sum(v.size for v in zviews)
+            cyc = -(-nz * F32 // (self.m.sld_per_cycle * 8))  # zeroing is scalar stores at the SM port width
+            f = (lambda mem, vs=tuple(zviews): [mem.view(v).fill(0.0) for v in vs]) if self.fn else None
+            self._emit(self._intern(Op("fill", "vpu", cycles=cyc, writes=(dtag,), fn=f, label="zero padding")),
+                       stage, where)
+        boxes = _boxes(copy)
+        if len(boxes) > 1:
+            raise OpcFailure(f"tir lowering: the copied region of {self.names[bsrc]} -> {self.names[bdst]} "
+                             "is not one box")
+        for b in boxes:
+            sv, dv = self._view(sspace, sbase, src, b), self._view(dspace, dbase, dst, b)
+            if self.tamper is not None:
+                dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
+            op = dma_op(self.m, sv, dv, (stag,) if stag else (), (dtag,), self.fn,
+                        f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
+            self._emit(self._intern(op), stage, where)
+
+    def _view(self, space: tuple, base: int, flat: np.ndarray, box) -> View:
+        """The strided window of `flat` over `box`; checks that the index is affine there."""
+        lo = tuple(a for a, _ in box)
+        shape = tuple(b - a for a, b in box)
+        off = int(flat[lo])
+        strides = []
+        for d, n in enumerate(shape):
+            if n > 1:
+                nxt = list(lo)
+                nxt[d] += 1
+                strides.append(int(flat[tuple(nxt)]) - off)
+            else:
+                strides.append(0)
+        sub = flat[tuple(slice(a, b) for a, b in box)]
+        rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(len(shape))]) * s
+                            for d, (n, s) in enumerate(zip(shape, strides)))
+        if not np.array_equal(sub, _full(rebuilt, sub.shape)):
+            raise OpcFailure(f"tir lowering: a {space[0]} index is not affine over its copy box")
+        keep = [d for d, n in enumerate(shape) if n > 1] or [len(shape) - 1]
+        return View(space, base + off, tuple(shape[d] for d in keep), tuple(strides[d] or 1 for d in keep))
+
+    # ---- micro-kernels -------------------------------------------------------------------
+    def _mk_static(self, st) -> dict:
+        """Per mk nest: the pixel loop, reduction steps, epilogue and the statement programs."""
+        k = _key(st)
+        if k in self._cache:
+            return self._cache[k]
+        body, pix = st.body, None
+        while type(body).__name__ in ("For", "SBlockRealize") and pix is None:
+            if type(body).__name__ == "For":
+                pix = body
+            else:
+                body = body.block.body
+        names, steps, red_pred = [], 1, None
+
+        def scan(s, depth_loops):
+            nonlocal steps, red_pred
+            name = type(s).__name__
+            if name == "For":
+                scan(s.body, depth_loops + [s])
+            elif name == "SBlockRealize":
+                names.append(s.block.name_hint)
+                if s.block.name_hint == "conv2d":
+                    red_pred = s.predicate
+                    inner = [lp for lp in depth_loops if not lp.same_as(pix)]
+                    steps = int(np.prod([int(lp.extent) for lp in inner[1:]]))  # loops under the lane loop
+                scan(s.block.body, depth_loops)
+            elif name == "SeqStmt":
+                for x in s.seq:
+                    scan(x, depth_loops)
+            elif name == "IfThenElse":
+                scan(s.then_case, depth_loops)
+        scan(st.body, [])
+        epi = tuple(EPI_BLOCKS[n] for n in names if n in EPI_BLOCKS)
+        info = {"pix": pix, "steps": steps, "epi": epi, "pred": self.comp.fn(red_pred), "costs": {}}
+        self._cache[k] = info
+        return info
+
+    def _mk(self, st, E: dict, stage: list | None) -> None:
+        info = self._mk_static(st)
+        lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
+        pix = info["pix"]
+        pe = int(pix.extent)
+        for i in range(lo, lo + ext):
+            E2 = {**E, _key(st.loop_var): i}
+            # pixels of this register block: pixel-loop values whose reduction predicate holds
+            g = {**E2, _key(pix.loop_var): np.arange(pe)}
+            npix = int(np.count_nonzero(_full(self._pred_at(info, g), (pe,)).astype(bool)))
+            if npix == 0:
+                continue
+            if npix not in info["costs"]:
+                info["costs"][npix] = mk_out(self.m, npix, self.kv, info["steps"], info["epi"])
+            stage[1].append((info["costs"][npix], (st.body, E2) if self.fn else None))
+
+    def _pred_at(self, info, g: dict):
+        """The reduction block's predicate with the inner loops other than the pixel loop at 0."""
+        class Zero(dict):
+            def __missing__(self, k):
+                return 0
+        return info["pred"](Zero(g), None)
+
+    def _merge_vpu(self, calls: list, slot: int) -> Op:
+        cost = _sum([(c, 1) for c, _ in calls])
+        f = None
+        if self.fn:
+            bodies = [b for _, b in calls]
+
+            def f(mem, bodies=bodies, slot=slot) -> int:
+                for body, E in bodies:
+                    _Exec(self, mem, slot).run(body, E)
+                return len(bodies)
+        op = Op("vpu", "vpu", cycles=cost.cycles, reads=(f"sm{slot}", "w"), writes=(f"amo{slot}",), cost=cost,
+                nruns=len(calls), fn=f, label=f"VPU pass out {len(calls)} blocks")
+        return self._intern(op)
+
+
+class _Exec:
+    """Functional execution of one micro-kernel call: statement by statement over the grid of
+    its enclosing loops (valid here: different pixels and lanes are independent, and a
+    reduction's init precedes its updates at every index)."""
+
+    def __init__(self, low: Lowerer, mem, slot: int):
+        self.low, self.mem, self.slot = low, mem, slot
+        self.reg: dict[int, tuple[np.ndarray, list]] = {}
+
+    def _arr(self, b: int) -> tuple[np.ndarray, int]:
+        sp = self.low._sp(b)
+        if sp[0] == "REG":
+            return self.reg[b][0], 0
+        space, base = self.low._base(b, self.slot)
+        return self.mem.flat(space), base
+
+    def _index(self, b: int, flat, g, loops) -> np.ndarray:
+        """Flat element index; REG buffers are private per iteration of the loops enclosing
+        their allocation."""
+        if self.low._sp(b)[0] != "REG":
+            return flat
+        arr, outer = self.reg[b]
+        lin = 0
+        for v, e in outer:
+            lin = lin * e + g[_key(v)]
+        return lin * self.low.space[b][1] + flat
+
+    def run(self, st, E: dict, loops: list | None = None) -> None:
+        loops = loops or []
+        name = type(st).__name__
+        if name == "For":
+            ext = self.low._ev(st.extent, E)
+            self.run(st.body, E, loops + [(st.loop_var, ext)])
+        elif name == "SeqStmt":
+            for x in st.seq:
+                self.run(x, E, loops)
+        elif name == "SBlockRealize":
+            for b in st.block.alloc_buffers:
+                outer = [(v, e) for v, e in loops]
+                n = int(np.prod([e for _, e in outer])) if outer else 1
+                self.reg[_bkey(b)] = (np.full(n * self.low.space[_bkey(b)][1], np.nan, np.float32), outer)
+            self._masked(st.block.body, E, loops, st.predicate)
+        elif name == "BufferStore":
+            self._store(st, E, loops, None)
+        elif name == "IfThenElse":
+            self._masked(st.then_case, E, loops, st.condition)
+        else:
+            raise OpcFailure(f"tir lowering: unexpected {name} in a micro-kernel")
+
+    def _masked(self, st, E, loops, cond) -> None:
+        E2 = dict(E)
+        masks = list(E.get("_masks", ()))
+        if cond is not None:
+            masks.append(cond)
+        E2["_masks"] = tuple(masks)
+        if type(st).__name__ == "BufferStore":
+            self._store(st, E2, loops, None)
+        else:
+            self.run(st, E2, loops)
+
+    def _store(self, st, E, loops, _) -> None:
+        low, c = self.low, self.low.comp
+        shape = tuple(e for _, e in loops)
+        g = _grid(loops, {k: v for k, v in E.items() if k != "_masks"})
+        mask = np.ones(shape, bool)
+        for m in E.get("_masks", ()):
+            mask &= _full(low._fn(m)(g, None), shape).astype(bool)
+
+        def load(bk: int, flat):
+            arr, base = self._arr(bk)
+            return arr[base + self._index(bk, flat, g, loops)]
+
+        k = _key(st)
+        if k not in low._cache:
+            val = st.value
+            red = (type(val).__name__ == "Add" and type(val.a).__name__ in ("BufferLoad", "TensorLoad")
+                   and _bkey(val.a) == _bkey(st))
+            expr = val.b if red else val
+            low._cache[k] = (red, c.fn(expr), c.flat_fn(_bkey(st), st.indices))
+        red, fval, fidx = low._cache[k]
+        arr, base = self._arr(_bkey(st))
+        idx = base + self._index(_bkey(st), _full(fidx(g, None), shape), g, loops)
+        with np.errstate(invalid="ignore"):
+            v = _full(fval(g, load), shape).astype(np.float32)
+            if red:  # a reduction: sum the update over the iterations that share an index
+                sel = idx[mask]
+                np.add.at(arr, sel, v[mask])
+            else:
+                arr[idx[mask]] = v[mask]
+
+
+
+
+_FUNCS: dict[tuple, Any] = {}  # (workload, tiling knobs) -> lowered function: schedule once per process
+
+
+def lowered_func(wl, target, config: Mapping[str, Any]):
+    """The lowered TIR of this config (cached per process)."""
+    from .tir_sched import conv_schedule, lowered
+
+    key = (wl.op, tuple(sorted(wl.params)), target.name,
+           tuple((k, config[k]) for k in ("pw", "kv", "rows", "cols", "order", "w_path", "out_path", "split")))
+    if key not in _FUNCS:
+        _FUNCS[key] = lowered(conv_schedule(wl, target, config))
+    return _FUNCS[key]
+
+
+def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
+                  tamper: Callable[[str, View], View] | None = None):
+    """The cluster program of `lowering="tir"`: per-core ops from the lowered TIR, framed like
+    the direct path (NCHW relayouts, host launch / copies)."""
+    from opcompiler.backend.dsp.machine import machine
+    from opcompiler.ops import get_op
+
+    from .assemble import assemble, host_ops, nbytes
+
+    m = machine(target)
+    sp = tmpl.spec(wl, target)
+    op = get_op(wl.op)
+    in_specs = op.inputs(wl)
+    names, ddr, pre, post, out_shape = tmpl.tensors(wl, sp)
+    func = lowered_func(wl, target, config)
+    params = [p.name for p in func.params]
+    ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
+    low = Lowerer(m, func, ddr_names, ddr, config["kv"], bool(config["dbuf"]), functional, tamper)
+    cols = min(config["cols"], sp.wo)
+    per_image = -(-sp.ho // config["rows"]) * -(-sp.wo // cols)
+    nitems = sp.n * per_image if config["split"] == "items" else sp.n
+    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
+
+    def share(c: int) -> tuple[int, int]:
+        return c * nitems // m.cores, (c + 1) * nitems // m.cores
+
+    def key(c: int):
+        a, b = share(c)  # a core's ops depend (for timing) on where its range starts and its length
+        return (a % per_image if config["split"] == "items" else 0, b - a)
+
+    prog = assemble(m, functional=functional, cores=m.cores, core_ops=lambda c: low.core_ops(c, m.cores, per_image),
+                    group_key=key, pre=pre, post=post, host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
+                    inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, flops=op.flops(wl),
+                    cores_used=sum(1 for c in range(m.cores) if share(c)[1] > share(c)[0]))
+    kbp = config["kv"] * m.lanes
+    nk = -(-sp.k // kbp)
+    prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)
+                 if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4), "lowering": "tir"}
+    return prog

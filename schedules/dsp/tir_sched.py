@@ -1,0 +1,128 @@
+"""The direct convolution as the TVM schedule the simulator executes (`lowering="tir"`).
+
+Built over the op's own TE compute (conv2d, conv2d_bias_relu, conv2d_bn_relu in NHWC terms),
+with the same knobs as the direct-emission path (`direct.py`):
+
+    ko (kv*32 output channels) -> weights and epilogue vectors cache_read into local.AM
+      item (image, row block, column block), split across the cores
+        pad block (zero padding + input rows) computed here in local.SM
+        yi, xo_blk (register blocks of pw pixels within an output row)
+          conv2d reduction into local.REG (registers), then the epilogue blocks
+          (bias / batch_norm in local.REG, ReLU) writing the output tile in local.AM
+        output tile local.AM -> DDR (the cache_write block)
+
+Loops carry `opc.dsp.*` annotations that say what each nest is on the chip: `dma` (one
+descriptor per execution of the nest), `mk` (each iteration is one micro-kernel call),
+`stage` (each iteration is one DMA-in / VPU / DMA-out stage, double-buffered when `dbuf`),
+`cores` (iterations split across the cores). `tir_lower.py` turns the lowered function into
+the DSP program.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping
+
+from opcompiler.backend.dsp.machine import machine
+from opcompiler.errors import OpcError
+from opcompiler.ops import get_op, workload
+from opcompiler.target import Target
+from opcompiler.workload import Workload
+
+# epilogue blocks of the conv family in the catalogue's computes, in order
+EPI_BLOCKS = {"conv2d_bias": "bias", "batch_norm": "bn", "vrelu": "relu"}
+
+
+def nhwc_workload(wl: Workload) -> Workload:
+    """The op in NHWC (an NCHW op is relaid by DMA before / after, as in the direct path)."""
+    p = dict(wl.params)
+    p["layout"] = "NHWC"
+    return workload(wl.op, p, dtype=wl.dtype)
+
+
+def unsupported(config: Mapping[str, Any]) -> str | None:
+    """Why lowering=tir cannot take this config (None when it can)."""
+    if config.get("order") != "out":
+        return "lowering=tir covers order=out (register-block accumulation) only"
+    if config.get("w_path") != "ddr":
+        return "lowering=tir stages weights DDR -> AM (w_path=ddr) only"
+    if config.get("out_path") != "ddr":
+        return "lowering=tir writes the output tile AM -> DDR (out_path=ddr) only"
+    return None
+
+
+def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
+    """The scheduled, annotated s_tir.Schedule of one direct-convolution config."""
+    import tvm
+    from tvm import te
+
+    why = unsupported(config)
+    if why is not None:
+        raise OpcError(why, arg="--config", value=dict(config), expected="order=out, w_path=ddr, out_path=ddr")
+    base = nhwc_workload(wl)
+    ins, out = get_op(base.op).compute(base)
+    sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    epi = [b for b in names if b in EPI_BLOCKS]
+    conv = sch.get_sblock("conv2d")
+    last = sch.get_sblock(epi[-1]) if epi else conv
+    lanes = machine(target).lanes
+    p = base.p
+    wo = (p["w"] + 2 * p["pad"] - p["dilation"] * (p["s"] - 1) - 1) // p["stride"] + 1
+    cols, pw = min(config["cols"], wo), config["pw"]
+    n, y, x, kk, ry, rx, rc = sch.get_loops(conv)
+    yo, yi = sch.split(y, [None, config["rows"]])
+    xo, xi = sch.split(x, [None, cols])
+    ko, ki = sch.split(kk, [None, config["kv"] * lanes])
+    sch.reorder(ko, n, yo, xo, yi, xi, ki, ry, rx, rc)
+    if config["split"] == "batch":
+        item = sch.fuse(yo, xo)
+        sch.annotate(n, "opc.dsp.cores", 1)
+    else:
+        item = sch.fuse(n, yo, xo)
+        sch.annotate(item, "opc.dsp.cores", 1)
+    sch.annotate(item, "opc.dsp.stage", 1)
+    # the padded input tile of this item: zero fill + DMA into SM (region fixed before the
+    # register-block split so it is exactly the tile's rows and columns)
+    if "pad" in names:
+        pad = sch.get_sblock("pad")
+        sch.compute_at(pad, item)
+        sch.set_scope(pad, 0, "local.SM")
+    else:
+        pad = sch.cache_read(conv, 0, "local.SM")
+        sch.compute_at(pad, item)
+    o = sch.cache_write(last, 0, "local.AM")  # the output tile; `o` is its AM -> DDR copy
+    if not epi:  # plain conv: accumulate in registers, then store the block to the AM tile
+        st = sch.cache_write(conv, 0, "local.REG")
+        epi_blocks = [st]
+    else:
+        for b in ["conv2d"] + epi[:-1]:
+            sch.set_scope(sch.get_sblock(b), 0, "local.REG")  # accumulators live in registers
+        epi_blocks = [sch.get_sblock(b) for b in epi]
+    for b in epi_blocks:  # per output pixel, right after its reduction (exact regions)
+        sch.reverse_compute_at(b, xi)
+    sch.reverse_compute_at(o, item)
+    sch.annotate(sch.get_loops(o)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(pad)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
+    blk, _ = sch.split(xi, [None, pw])  # register blocks of pw pixels within a row
+    sch.annotate(blk, "opc.dsp.op", "mk")
+    w = sch.cache_read(conv, 1, "local.AM")
+    sch.compute_at(w, ko)
+    sch.annotate(sch.get_loops(w)[1], "opc.dsp.op", "dma")
+    for b in epi:  # the epilogue's per-channel vectors (bias; BN scale and shift) into AM
+        blk_rv = sch.get_sblock(b)
+        nreads = len(sch.get(blk_rv).reads)
+        for i in range(1, nreads):
+            c = sch.cache_read(blk_rv, i, "local.AM")
+            sch.compute_at(c, ko)
+            sch.annotate(sch.get_loops(c)[1], "opc.dsp.op", "dma")
+    return sch
+
+
+def lowered(sch):
+    """The scheduled function with loops and (compacted) allocations explicit."""
+    import tvm.s_tir.transform as st
+
+    mod = sch.mod
+    for p in (st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+              st.CompactBufferAllocation()):
+        mod = p(mod)
+    return mod["main"]
