@@ -52,6 +52,9 @@ class DirectTemplate(Template):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
         """Lower the schedule to the cluster program (timing-only ops unless `functional`)."""
+        if config.get("lowering") == "tir":  # the program lowered from TVM's scheduled TIR
+            from .tir_lower import build_program
+            return build_program(self, wl, target, config, functional)
         m = machine(target)
         sp = self.spec(wl, target)
         cf = DirectConfig.of(config)
@@ -190,6 +193,8 @@ class DspDirectConv2d(DirectTemplate):
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or AM -> GSM -> DDR as in the paper"),
             Knob("split", ("items", "batch"), "cores take (image, row block) items, or whole images"),
+            Knob("lowering", ("direct", "tir"), "emit the program from the knobs (direct) or lower TVM's scheduled "
+                 "TIR into it (tir: order=out, w_path=ddr, out_path=ddr)"),
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
@@ -203,7 +208,8 @@ class DspDirectConv2d(DirectTemplate):
                     for rows in (1, 2):
                         for dbuf in (1, 0):
                             cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": min(rows, sp.ho), "cols": cols,
-                                   "order": "out", "dbuf": dbuf, "w_path": "gsm", "out_path": "ddr", "split": "items"}
+                                   "order": "out", "dbuf": dbuf, "w_path": "gsm", "out_path": "ddr", "split": "items",
+                                   "lowering": "direct"}
                             if self.check(wl, target, cfg) is None:
                                 return cfg
         return cfg
@@ -217,7 +223,8 @@ class DspDirectConv2d(DirectTemplate):
         m = machine(target)
         kv = max(1, -(-sp.k // m.lanes))
         cfg = {"pw": 1, "kv": kv, "rows": sp.ho, "cols": sp.wo, "order": "ws", "dbuf": 0,
-               "w_path": "host_copies" if sp.layout == "NHWC" else "ddr", "out_path": "gsm", "split": "batch"}
+               "w_path": "host_copies" if sp.layout == "NHWC" else "ddr", "out_path": "gsm", "split": "batch",
+               "lowering": "direct"}
         while cfg["rows"] > 1 and check(m, sp, DirectConfig.of(cfg)) is not None:
             cfg["rows"] -= 1
         while cfg["cols"] > 1 and check(m, sp, DirectConfig.of(cfg)) is not None:
@@ -229,6 +236,11 @@ class DspDirectConv2d(DirectTemplate):
         cf = DirectConfig.of(config)
         if cf.w_path == "host_copies" and sp.layout != "NHWC":
             return "w_path=host_copies replicates HWIO weights on the host; use gsm or ddr for NCHW"
+        if config.get("lowering") == "tir":
+            from .tir_sched import unsupported
+            why = unsupported(config)
+            if why is not None:
+                return why
         return check(machine(target), sp, cf)
 
     def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
