@@ -23,7 +23,7 @@ import numpy as np
 
 from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
 from opcompiler.backend.ascend.isa import ConvGeom, VOp
-from opcompiler.errors import CapacityError
+from opcompiler.errors import CapacityError, OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
@@ -88,6 +88,8 @@ class AscendConv2d(AscendTemplate):
             Knob("double_buffer", (1, 0), "ping-pong buffers in L1, L0 and UB"),
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over"),
             Knob("w_resident", (0, 1), "keep the n tile's whole weight slice in L1, loaded once per n tile"),
+            Knob("lowering", ("tik", "tir"), "emit the program directly (tik) or lower a TVM implicit-GEMM "
+                 "schedule whose blocks become the instructions (tir; fp16, groups 1, NCHW)"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -129,8 +131,21 @@ class AscendConv2d(AscendTemplate):
                 bufs.append(("UB", f"out_ub_{s}", grp * rows * 16 * osz))
         return bufs, grp
 
+    def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
+        if config.get("lowering") == "tir":
+            from .conv2d_tir import unsupported
+
+            why = unsupported(wl)
+            if why is not None:
+                return why
+        return super().check(wl, target, config)
+
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         g = _Geo(wl, target)
+        if cfg.get("lowering") == "tir":  # what conv2d_tir.tir_plan allocates
+            from .conv2d_tir import tir_buffers
+
+            return tir_buffers(wl, g.max_rows(cfg["m_tile"]), cfg)
         isz = np.dtype(wl.dtype).itemsize
         frac = 16 * g.k0 * isz
         t = self._tiles(g, wl, target, cfg)
@@ -150,6 +165,13 @@ class AscendConv2d(AscendTemplate):
         return out + self._ub(wl, target, t, g)[0]
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
+        if cfg.get("lowering") == "tir":
+            from .conv2d_tir import tir_plan, unsupported
+
+            why = unsupported(wl)
+            if why is not None:
+                raise OpcError(why, arg="--config", value=dict(cfg), expected="lowering=tik")
+            return tir_plan(wl, target, cfg)
         m = machine(target)
         g = _Geo(wl, target)
         t = self._tiles(g, wl, target, cfg)

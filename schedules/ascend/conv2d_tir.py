@@ -57,6 +57,23 @@ def unsupported(wl: Workload) -> str | None:
     return None
 
 
+def tir_buffers(wl: Workload, rows_max: int, cfg: Mapping) -> list[tuple[str, str, int]]:
+    """(level, name, bytes) of what `tir_plan` allocates, for the template's capacity check."""
+    p = wl.p
+    c1, mt, kt, nt = ceil_div(p["c"], 16), cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
+    slots = 2 if cfg["double_buffer"] else 1
+    out = [("L1", f"fmap_L1_{i}", c1 * rows_max * p["w"] * 16 * 2) for i in range(slots)]
+    out += [("L1", f"W_L1_{i}", kt * nt * 2) for i in range(slots)]
+    out += [("L0A", f"A_L0A_{i}", mt * kt * 2) for i in range(slots)]
+    out += [("L0B", f"B_L0B_{i}", kt * nt * 2) for i in range(slots)]
+    out += [("L0C", "C_L0C", mt * nt * 4), ("UB", "acc_UB", mt * nt * 4), ("UB", "out_UB", mt * nt * 2)]
+    if wl.op == "conv2d_bias_relu":
+        out += [("UB", "bias_UB", nt * 2), ("UB", "bias32_UB", nt * 4)]
+    if wl.op in ("conv2d_bn_relu", "conv2d_bn"):
+        out += [("UB", "scale_UB", nt * 2), ("UB", "shift_UB", nt * 2)]
+    return out
+
+
 def _callbacks() -> None:
     import tvm
 
@@ -181,33 +198,64 @@ def trace(wl: Workload, mt: int, kt: int, nt: int) -> list[tuple]:
     sch.transform_layout(conv, ("write", 0), flat)
     for buf in (("write", 0), ("read", 0), ("read", 1)):
         sch.reindex(conv, buf)
-    sch.transform_layout(conv, ("read", 0), lambda b, y, x, c, ry, rx: (b, y * wo + x, c * r * s + ry * s + rx))
-    sch.transform_layout(conv, ("read", 1), lambda k, c, ry, rx: (c * r * s + ry * s + rx, k))
+    from tvm.tirx import IndexMap
+
+    def kidx(rest, full: bool):  # (c, ry, rx) -> FRACTAL_Z K index
+        taps = [r * s, s, 1]
+        # the data reindex drops the ry / rx axes of a 1-wide kernel (TE simplified them out of its index)
+        keep = [0, 1, 2] if full else [0] + ([1] if r > 1 else []) + ([2] if s > 1 else [])
+        terms = [v * taps[d] if taps[d] > 1 else v for v, d in zip(rest, keep)]
+        out = terms[0]
+        for t in terms[1:]:
+            out = out + t
+        return out
+
+    nk = 1 + (r > 1) + (s > 1)
+    a_map = IndexMap.from_func(lambda *a: (a[0], a[1] * wo + a[2], kidx(a[3:], False)), ndim=3 + nk,
+                               index_dtype="int32")
+    w_map = IndexMap.from_func(lambda *a: (kidx(a[1:], True), a[0]), ndim=4, index_dtype="int32")
+    sch.transform_layout(conv, ("read", 0), a_map)
+    sch.transform_layout(conv, ("read", 1), w_map)
     sch.transform_layout(conv, ("write", 0), lambda b, k, y, x: (b, y * wo + x, k))
     sch.transform_block_layout(conv, lambda b, k, y, x, c, ry, rx: (b, y * wo + x, k, c * r * s + ry * s + rx))
     sch.pad_einsum(conv, [1, mt, nt, kt])
-    for name in ("pad_reindex_reindex", "weight_reindex_reindex", "conv2d_reindex"):
-        sch.compute_inline(sch.get_sblock(name))
+
+    def producer(blk, idx: int):
+        buf = sch.get(blk).reads[idx].source
+        return next(pb for pb in sch.get_producers(blk) if sch.get(pb).writes[0].source.same_as(buf))
+
+    # the img2col and weight reads become one block each (reindex inlined into pad_einsum's copy)
+    im2col, wpad = producer(conv, 0), producer(conv, 1)
+    for blk, imap in ((im2col, a_map), (wpad, w_map)):
+        if sch.get(blk).name_hint.endswith("_pad"):
+            sch.compute_inline(producer(blk, 0))
+        else:  # no padding on this operand: the reindex block itself, iterated in GEMM order
+            sch.transform_block_layout(blk, imap)
+    # the epilogue reads the GEMM result directly: inline the unpad copy and the (M, N) -> NCHW copy
+    for name in ("conv2d_reindex_pad", "conv2d_reindex"):
+        try:
+            sch.compute_inline(sch.get_sblock(name))
+        except Exception:  # noqa: BLE001 - not there when pad_einsum added no padding
+            pass
     b, i, j, k = sch.get_loops(conv)
     i0, i1 = sch.split(i, [None, mt])
     j0, j1 = sch.split(j, [None, nt])
     k0, _ = sch.split(k, [None, kt])
     sch.reorder(b, i0, j0, k0, i1, j1)
-    sch.set_scope(conv, 0, "local.L0C")
-    l0c = sch.get_sblock("conv2d_reindex_pad")
+    l0c = sch.cache_write(conv, 0, "local.L0C")  # the copy block is the L0C -> UB move
+    sch.set_scope(l0c, 0, "local.UB")
     sch.reverse_compute_at(l0c, j0)
     for _, blk in epi:  # producers first
         sch.reverse_compute_at(blk, j0)
-    sch.set_scope(l0c, 0, "local.UB")
     for _, blk in epi[:-1]:  # the last epilogue block writes GM
         sch.set_scope(blk, 0, "local.UB")
-    im2col, wpad = sch.get_sblock("pad_reindex_pad"), sch.get_sblock("weight_reindex_pad")
     b0 = sch.cache_read(conv, 1, "local.L0B")
     sch.set_scope(im2col, 0, "local.L0A")
     sch.set_scope(wpad, 0, "local.L1")
     for blk in (im2col, b0, wpad):  # consumers first
         sch.compute_at(blk, k0)
-    padb = sch.get_sblock("pad")
+    # with padding the `pad` block is the GM -> L1 copy; without, a cache_read of the data
+    padb = sch.get_sblock("pad") if wl["pad"] else sch.cache_read(im2col, 0, "local.L1")
     sch.compute_at(padb, i0)
     sch.set_scope(padb, 0, "local.L1")
     sch.transform_layout(padb, ("write", 0), lambda n, c, h, w: (n, c // 16, h, w, c % 16))
@@ -224,3 +272,145 @@ def trace(wl: Workload, mt: int, kt: int, nt: int) -> list[tuple]:
     _TRACE.clear()
     ex(*args)
     return list(_TRACE)
+
+
+def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
+    """The conv2d template's `lowering="tir"` path (see the module docstring)."""
+    m = machine(target)
+    p = wl.p
+    n, c, h, w, k = p["n"], p["c"], p["h"], p["w"], p["k"]
+    r, s, pad = p["r"], p["s"], p["pad"]
+    ho, wo = conv_out_hw(wl)
+    hw = ho * wo
+    c1, n1 = ceil_div(c, 16), ceil_div(k, 16)
+    q_all = c1 * r * s  # K fractals (FRACTAL_Z order: c1, ry, rx)
+    mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
+    mt1, kt1, nt1 = mt // 16, kt // 16, nt // 16
+    padded = Workload.make(wl.op, {**dict(p), "c": c1 * 16, "k": n1 * 16}, wl.dtype)  # channels pad and pay
+    key = (wl.op, tuple(sorted(dict(padded.params).items())), mt, kt, nt)
+    if key not in _TRACES:
+        _TRACES[key] = trace(padded, mt, kt, nt)
+    groups: list[tuple[tuple, list[tuple]]] = []  # (feature-map event in effect, events of one output tile)
+    fm_ev: tuple = ()
+    for ev in _TRACES[key]:
+        if ev[0] == "fmap":
+            fm_ev = ev
+        elif ev[0] == "init":
+            groups.append((fm_ev, [ev]))
+        else:
+            groups[-1][1].append(ev)
+
+    def rows(ev: tuple) -> tuple[int, int]:
+        """In-image input rows of a feature-map event (its rows are in padded coordinates)."""
+        lo_p, ext = ev[3], ev[5]
+        return max(lo_p - pad, 0), min(lo_p + ext - 1 - pad, h - 1)
+
+    rows_max = max(hi - lo + 1 for lo, hi in (rows(g[0]) for g in groups))
+    geom = ConvGeom(h=h, w=w, ho=ho, wo=wo, r=r, s=s, stride=p["stride"], dilation=p["dilation"],
+                    pad_top=pad, pad_left=pad)
+    active = min(cfg["block_dim"], len(groups))
+    slots = 2 if cfg["double_buffer"] else 1
+    bias, bn = wl.op == "conv2d_bias_relu", wl.op in ("conv2d_bn_relu", "conv2d_bn")
+
+    def program(core: int):
+        kb = KernelBuilder(m, core, active)
+        X = kb.gm("data", (n, c1, h, w, 16), "float16")
+        W = kb.gm("weight", (q_all, n1, 16, 16), "float16")
+        Y = kb.gm("out", (n, n1, hw, 16), "float16")
+        fm = [kb.alloc("L1", f"fmap_L1_{i}", (c1, rows_max, w, 16), "float16") for i in range(slots)]
+        wl1 = [kb.alloc("L1", f"W_L1_{i}", (kt1, nt1, 16, 16), "float16") for i in range(slots)]
+        l0a = [kb.alloc("L0A", f"A_L0A_{i}", (mt1, kt1, 16, 16), "float16") for i in range(slots)]
+        l0b = [kb.alloc("L0B", f"B_L0B_{i}", (kt1, nt1, 16, 16), "float16") for i in range(slots)]
+        c0 = kb.alloc("L0C", "C_L0C", (nt1, mt, 16), "float32")
+        acc = kb.alloc("UB", "acc_UB", (nt1, mt, 16), "float32")
+        o16 = kb.alloc("UB", "out_UB", (nt1, mt, 16), "float16")
+        if bias:
+            bias_gm = kb.gm("bias", (n1, 16), "float16")
+            b16 = kb.alloc("UB", "bias_UB", (nt1, 16), "float16")
+            b32 = kb.alloc("UB", "bias32_UB", (nt1, 16), "float32")
+        if bn:
+            sc_gm, sh_gm = kb.gm("scale", (n1, 16), "float16"), kb.gm("shift", (n1, 16), "float16")
+            sc, sh = kb.alloc("UB", "scale_UB", (nt1, 16), "float16"), kb.alloc("UB", "shift_UB", (nt1, 16), "float16")
+        lo_g, hi_g = split_even(len(groups), active, core)
+        cnt = {"fmap": 0, "load3d": 0, "w_l1": 0, "ld_b": 0}
+        cur_fm, h0, f = None, 0, fm[0]
+        for fev, events in groups[lo_g:hi_g]:
+            if fev != cur_fm:  # the pixel tile's input rows, all channel blocks: GM -> L1
+                lo, hi = rows(fev)
+                f = fm[cnt["fmap"] % slots]
+                cnt["fmap"] += 1
+                kb.data_move(f, (slice(None), slice(0, hi - lo + 1)), X, (fev[1], slice(None), slice(lo, hi + 1)))
+                cur_fm, h0 = fev, lo
+            first, kn, nn, b, p0, n1s = True, 0, nt1, 0, 0, 0
+            for ev in events:
+                tag = ev[0]
+                if tag == "load3d":
+                    b, p0, q0 = ev[1], ev[2], ev[3] // 16
+                    kn = min(kt1, q_all - q0)  # pad_einsum's K padding is zero on both sides: not issued
+                    if kn > 0:
+                        kb.load3d(l0a[cnt["load3d"] % slots], f, geom, h0=h0, c1_0=0, p0=p0, mt=mt, q0=q0, kt1=kn)
+                elif tag == "w_l1" and kn > 0:
+                    q0, n1s = ev[1] // 16, ev[2] // 16
+                    nn = min(nt1, n1 - n1s)
+                    kb.data_move(wl1[cnt["w_l1"] % slots], (slice(0, kn), slice(0, nn)), W,
+                                 (slice(q0, q0 + kn), slice(n1s, n1s + nn)))
+                elif tag == "ld_b" and kn > 0:
+                    kb.data_move(l0b[cnt["ld_b"] % slots], (slice(0, kn), slice(0, nn)),
+                                 wl1[cnt["w_l1"] % slots], (slice(0, kn), slice(0, nn)))
+                elif tag == "mmad" and kn > 0:
+                    kb.mmad(c0, l0a[cnt["load3d"] % slots], l0b[cnt["ld_b"] % slots], mt1, kn, nn, init=first)
+                    first = False
+                    for key_ in cnt:  # one k step done: the next one uses the other ping-pong slots
+                        if key_ != "fmap":
+                            cnt[key_] += 1
+                    kb.loop()
+                elif tag == "l0c":
+                    b, p0, n1s = ev[1], ev[2], ev[3] // 16
+                    nn = min(nt1, n1 - n1s)
+                    kb.data_move(acc, (slice(0, nn), slice(None)), c0, (slice(0, nn), slice(None)))
+                elif tag == "bias":
+                    kb.data_move(b16, (slice(0, nn),), bias_gm, (slice(n1s, n1s + nn),))
+                    kb.vec("conv", VOp(b32), (VOp(b16),), nn * 16)
+                    for jj in range(nn):
+                        channel_op(kb, "add", acc, jj * mt * 16, mt, b32, jj * 16)
+                elif tag == "cast":
+                    kb.vec("conv", VOp(o16), (VOp(acc),), nn * mt * 16)
+                elif tag == "bn":
+                    kb.data_move(sc, (slice(0, nn),), sc_gm, (slice(n1s, n1s + nn),))
+                    kb.data_move(sh, (slice(0, nn),), sh_gm, (slice(n1s, n1s + nn),))
+                    for op, prm in (("mul", sc), ("add", sh)):
+                        for jj in range(nn):
+                            channel_op(kb, op, o16, jj * mt * 16, mt, prm, jj * 16)
+                elif tag == "relu":
+                    kb.vec("relu", VOp(o16), (VOp(o16),), nn * mt * 16)
+            valid = min(mt, hw - p0)  # the last epilogue block wrote GM: UB -> GM (MTE3)
+            kb.data_move(Y, (b, slice(n1s, n1s + nn), slice(p0, p0 + valid)), o16, (slice(0, nn), slice(0, valid)))
+            kb.loop()
+        return kb.finish(gm_inputs=("data", "weight", "bias", "scale", "shift"))
+
+    def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+        x, wt = inputs[0], inputs[1]
+        wp = np.zeros((n1 * 16, c1 * 16, r, s), wt.dtype)
+        wp[:k, :c] = wt
+        wz = wp.reshape(n1, 16, c1, 16, r, s).transpose(2, 4, 5, 0, 1, 3)  # (c1, ry, rx, n1, 16, c0)
+        gm = {"data": np.ascontiguousarray(to_5hd(x, "NCHW", 16).reshape(n, c1, h, w, 16)),
+              "weight": np.ascontiguousarray(wz.reshape(q_all, n1, 16, 16))}
+
+        def per_k(v: np.ndarray) -> np.ndarray:
+            out = np.zeros(n1 * 16, "float16")
+            out[:k] = v
+            return out.reshape(n1, 16)
+
+        if bias:
+            gm["bias"] = per_k(inputs[2])
+        if bn:
+            gm["scale"], gm["shift"] = per_k(inputs[2]), per_k(inputs[3])
+        return gm
+
+    return Plan(active_cores=active, make_program=program, pack=pack, out_name="out", out_shape=(n, n1, hw, 16),
+                out_dtype="float16", unpack=lambda y: from_5hd(y, k, ho, wo, "NCHW"), flops=get_op(wl.op).flops(wl),
+                unit="cube", info={"lowering": "TVM s_tir schedule (implicit GEMM), blocks -> AI Core instructions",
+                                   "tir_tiles": len(groups),
+                                   "gm_layouts": {"data": "NC1HWC0 (channels zero-padded to 16)",
+                                                  "weight": "FRACTAL_Z (C1*R*S,K1,16,C0)",
+                                                  "out": "NC1HWC0 with H*W flattened"}})
