@@ -84,7 +84,9 @@ def nvcc_compile(source: str, arch: str, out: Path | None = None) -> tuple[bytes
                "-o", str(cubin), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            raise OpcFailure(f"nvcc failed on the generated kernel ({arch}): {proc.stderr.strip()[-2000:]}")
+            lines = proc.stderr.splitlines()
+            errs = [" ".join(lines[i:i + 2]) for i, ln in enumerate(lines) if "error" in ln and "detected" not in ln]
+            raise OpcFailure(f"nvcc failed on the generated kernel ({arch}): {' | '.join(errs)[:1500]}")
         data = cubin.read_bytes()
     log = proc.stderr
     facts: dict[str, Any] = {"nvcc_arch": arch}

@@ -138,13 +138,71 @@ def gemm_dims(func: tirx.PrimFunc, block_name: str) -> tuple[int, int, int]:
     return ext[0] * ext[1], ext[2], ext[3]
 
 
+def _is_one(x: Any) -> bool:
+    return isinstance(x, tirx.IntImm) and x.value == 1
+
+
+def _gemm_index_maps(block: tirx.SBlock) -> tuple | None:
+    """Index maps folding the block's iterators into [S, I, J, K] by where they appear: in A, B
+    and C -> S; A and C -> I; B and C -> J; reduced over in A and B -> K. Unlike dlight's
+    detector, unit-extent axes are classified too, so a matmul with m = 1 or a batch-1 conv
+    stays a GEMM."""
+    from tvm.s_tir.dlight.gpu.matmul import IterKind, IterTrait, make_iter_fusion_index_map
+    if len(block.reads) != 2 or len(block.writes) != 1:
+        return None
+
+    def axes(region: Any) -> set:
+        return {v for r in region for v in tirx.analysis.undefined_vars(r.min)}
+
+    a, b, c = axes(block.reads[0].region), axes(block.reads[1].region), axes(block.writes[0].region)
+    traits = {}
+    for iv in block.iter_vars:
+        v = iv.var
+        if iv.iter_type == tirx.IterVar.DataPar:
+            kind = (IterKind.kIter_S if v in a and v in b and v in c else IterKind.kIter_I if v in a and v in c
+                    else IterKind.kIter_J if v in b and v in c else None)
+        elif iv.iter_type == tirx.IterVar.CommReduce and v in a and v in b and v not in c:
+            kind = IterKind.kIter_K
+        else:
+            kind = None
+        if kind is None and _is_one(iv.dom.extent):
+            kind = IterKind.kIter_T  # a unit axis the accesses simplified away (1x1 window)
+        if kind is None:
+            return None
+        traits[v] = IterTrait(kind, iv.dom.extent)
+    if {IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K} - {t.kind for t in traits.values()}:
+        return None
+    S, I, J, K = IterKind.kIter_S, IterKind.kIter_I, IterKind.kIter_J, IterKind.kIter_K
+
+    def of(vs: set) -> list:
+        return [traits[iv.var] for iv in block.iter_vars if iv.var in vs]
+
+    return (make_iter_fusion_index_map([traits[iv.var] for iv in block.iter_vars], [S, I, J, K]),
+            make_iter_fusion_index_map(of(a), [S, I, K]), make_iter_fusion_index_map(of(b), [S, J, K]),
+            make_iter_fusion_index_map(of(c), [S, I, J]))
+
+
+def k_contiguous(block: tirx.SBlock, operand: int, width: int) -> bool:
+    """Whether `width` consecutive K elements of operand `operand` (0 = A, 1 = B) of the original
+    reduction block are adjacent in global memory: its innermost index runs over a reduced axis
+    whose extent is a multiple of `width`."""
+    last = set(tirx.analysis.undefined_vars(block.reads[operand].region[-1].min))
+    return any(iv.iter_type == tirx.IterVar.CommReduce and iv.var in last and int(iv.dom.extent) % width == 0
+               and int(iv.dom.extent) > 1 for iv in block.iter_vars)
+
+
+def operand_vectors(block: tirx.SBlock, vec: int) -> tuple[int, int]:
+    """Load widths for A and B: `vec` when the operand's K run is contiguous; at most 4 for a
+    strided gather (TVM's CUDA codegen cannot emit an 8-wide fp16 gather)."""
+    return tuple(vec if vec <= 4 or k_contiguous(block, i, vec) else 4 for i in (0, 1))  # type: ignore[return-value]
+
+
 def normalize_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
     """Rewrite the reduction block as C[S, I, J] += A[S, I, K] * B[S, J, K] (implicit GEMM)."""
-    from tvm.s_tir.dlight.gpu.matmul import get_index_map
     ra = sch.reindex(block, ("read", 0))
     rb = sch.reindex(block, ("read", 1))
     rc = sch.reindex(block, ("write", 0))
-    maps = get_index_map(sch.get(block))
+    maps = _gemm_index_maps(sch.get(block))
     if maps is None:
         raise ValueError(f"block {sch.get(block).name_hint} is not a GEMM-like reduction")
     mm, am, bm, cm = maps
@@ -156,11 +214,13 @@ def normalize_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
 
 # ------------------------------------------------------------------ fp16 on tensor cores
 
-def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any]) -> None:
-    """Tile the normalized GEMM for WMMA fragments (see the module docstring)."""
+def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any],
+                         vecs: tuple[int, int]) -> None:
+    """Tile the normalized GEMM for WMMA fragments (see the module docstring); `vecs` are the
+    A and B load widths (`operand_vectors`)."""
     from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
     brw, bcw = cfg["block_row_warps"], cfg["block_col_warps"]
-    wr, wc, chunk, vec = cfg["warp_row_tiles"], cfg["warp_col_tiles"], cfg["chunk"], cfg["vec"]
+    wr, wc, chunk = cfg["warp_row_tiles"], cfg["warp_col_tiles"], cfg["chunk"]
     warps = brw * bcw
     # batch folded into I so small-batch convs still fill blocks
     sch.pad_einsum(block, [1, FRAG * brw * wr, FRAG * bcw * wc, FRAG * chunk])
@@ -185,7 +245,7 @@ def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cf
         cr = sch.cache_read(outer, idx, "shared.dyn")
         sch.compute_at(cr, k0)
         fused = sch.fuse(*sch.get_loops(cr)[-2:])
-        _, f1, f2, f3 = sch.split(fused, [None, warps, 32, vec])
+        _, f1, f2, f3 = sch.split(fused, [None, warps, 32, vecs[idx]])
         sch.bind(f2, "threadIdx.x")
         sch.bind(f1, "threadIdx.y")
         sch.vectorize(f3)
@@ -232,10 +292,10 @@ def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cf
 
 # ------------------------------------------------------------------ fp32 on CUDA cores
 
-def schedule_simt(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any]) -> None:
+def schedule_simt(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any],
+                  vecs: tuple[int, int]) -> None:
     """Shared-memory tiled GEMM on CUDA cores with per-thread register tiles."""
-    tx_n, ty_n, mx, my, mk, vec = (cfg["threads_x"], cfg["threads_y"], cfg["micro_x"], cfg["micro_y"],
-                                   cfg["micro_k"], cfg["vec"])
+    tx_n, ty_n, mx, my, mk = cfg["threads_x"], cfg["threads_y"], cfg["micro_x"], cfg["micro_y"], cfg["micro_k"]
     sch.pad_einsum(block, [1, ty_n * my, tx_n * mx, mk])
     batch, i, j, k = sch.get_loops(block)
     by, ty, yi = sch.split(i, [None, ty_n, my])
@@ -258,11 +318,11 @@ def schedule_simt(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapp
         n = len(sch.get_loops(cr))
         sch.compute_at(cr, ko, preserve_unit_loops=True)
         loops = sch.get_loops(cr)[-n:]
-        fty, ftx, _, fv = sch.split(sch.fuse(*loops), [ty_n, tx_n, None, vec])
+        fty, ftx, _, fv = sch.split(sch.fuse(*loops), [ty_n, tx_n, None, vecs[idx]])
         sch.vectorize(fv)
         sch.bind(fty, "threadIdx.y")
         sch.bind(ftx, "threadIdx.x")
-        sch.storage_align(cr, 0, axis=1, factor=8, offset=vec)
+        sch.storage_align(cr, 0, axis=1, factor=8, offset=cfg["vec"])
         return cr
 
     a_sh, b_sh = to_shared(0), to_shared(1)

@@ -27,7 +27,7 @@ TC_KNOBS = (  # fp16 tensor-core schedule
     Knob("warp_row_tiles", (1, 2, 4), "16x16 accumulator fragments per warp along M"),
     Knob("warp_col_tiles", (1, 2, 4), "16x16 accumulator fragments per warp along N"),
     Knob("chunk", (1, 2, 4), "16-wide K slices staged in shared memory per step"),
-    Knob("vec", (2, 4, 8), "fp16 elements per vectorized global -> shared load"),
+    Knob("vec", (2, 4, 8), "fp16 elements per vectorized global -> shared load (at most 4 for a strided operand)"),
 )
 SIMT_KNOBS = (  # fp32 CUDA-core schedule
     Knob("threads_x", (8, 16, 32), "threads per block along N"),
@@ -96,11 +96,12 @@ class CudaGemmTemplate(Template):
         func = te.create_prim_func([*ins, out]).with_attr("global_symbol", "main")
         sch = tvm.s_tir.Schedule(func)
         main = sch.get_sblock(self.block)
+        vecs = gemm.operand_vectors(sch.get(main), config["vec"])
         gemm.normalize_gemm(sch, main)
         if wl.dtype == "float16":
-            gemm.schedule_tensor_core(sch, main, config)
+            gemm.schedule_tensor_core(sch, main, config, vecs)
         else:
-            gemm.schedule_simt(sch, main, config)
+            gemm.schedule_simt(sch, main, config, vecs)
         return sch
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:

@@ -1,0 +1,220 @@
+"""CUDA templates checked by the code they generate (no GPU needed) and, where a GPU exists,
+by running them against numpy.
+
+Every build here goes through TVM's CUDA codegen and then nvcc (ptxas reports registers and
+spills); shared memory per block is read back from TVM's own lowering of the kernel.
+"""
+from __future__ import annotations
+
+import re
+import shutil
+import subprocess
+from dataclasses import replace
+from types import MappingProxyType
+
+import numpy as np
+import pytest
+import tvm
+
+from opcompiler.backend.cuda import CudaBackend, cuda_source, has_gpu, tvm_cuda_target
+from opcompiler.errors import OpcError
+from opcompiler.ops import get_op, workload
+from opcompiler.schedules.cuda import gemm
+from opcompiler.target import load_target
+from opcompiler.template import get_template
+from opcompiler.verify import compare
+
+pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) is not installed")
+
+SM80 = load_target("cuda")
+SM90 = load_target("cuda-sm90")
+
+# (op, preset or shape, dtype): a few ResNet-50 presets chosen for what they stress: M not a
+# multiple of the tile (7x7, 14x14), K not a multiple of 16 (conv1: 3 x 7 x 7 = 147), stride 2,
+# fused epilogues, matmul with m = 1; plus an NHWC conv (MiniGo layout).
+CASES = [
+    ("conv2d_bn_relu", "resnet50.res2_3x3", "float16"),
+    ("conv2d", "resnet50.conv1", "float16"),
+    ("conv2d_bias_relu", "resnet50.res5_3x3", "float16"),
+    ("matmul", "resnet50.fc", "float16"),
+    ("conv2d", "n=2,c=64,h=19,w=19,k=64,r=3,s=3,pad=1,layout=NHWC", "float16"),
+    ("conv2d_bias_relu", "resnet50.res4_1x1a", "float32"),
+    ("matmul_bias_relu", "m=64,k=96,n=80", "float32"),
+]
+
+
+def _wl(op: str, shape: str, dtype: str):
+    return workload(op, shape if "=" in shape else None, preset=None if "=" in shape else shape, dtype=dtype)
+
+
+@pytest.fixture(scope="module")
+def built() -> dict:
+    """Each case built once for sm_80 (TVM codegen + nvcc)."""
+    backend = CudaBackend(SM80)
+    return {case: backend.build(_wl(*case)) for case in CASES}
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_nvcc_compiles_and_resources_fit(built, case):
+    k = built[case]
+    lim = gemm.cuda_limits(SM80)
+    # ptxas ran (nvcc compiled the source) and reported what the kernel uses
+    assert k.info["nvcc_arch"] == "sm_80" and k.info["cubin_bytes"] > 0
+    assert 0 < k.info["registers_per_thread"] <= lim["max_registers_per_thread"]
+    assert k.info["registers_per_thread"] * k.info["threads_per_block"] <= lim["registers_per_sm"]
+    assert k.info["spill_bytes"] == 0
+    assert k.info["shared_bytes_per_block"] <= lim["max_shared_memory_per_block"]
+    src = cuda_source(k)
+    # one kernel: the epilogue (cast, bias, bn, relu) is fused, not a second launch
+    assert len(set(re.findall(r'extern "C" __global__ void (?:__launch_bounds__\(\d+\) )?(\w+)\(', src))) == 1
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == "float16"], ids=lambda c: f"{c[0]}-{c[1]}")
+def test_fp16_uses_tensor_cores(built, case):
+    src = cuda_source(built[case])
+    assert "nvcuda::wmma::mma_sync" in src
+    assert "nvcuda::wmma::load_matrix_sync" in src
+    # 16x16x16 fragments, fp16 operands, fp32 accumulator
+    assert "fragment<nvcuda::wmma::matrix_a, 16, 16, 16, half" in src
+    assert "fragment<nvcuda::wmma::accumulator, 16, 16, 16, float>" in src
+    assert built[case].info["tensor_core"] is True
+
+
+@pytest.mark.parametrize("case", [c for c in CASES if c[2] == "float32"], ids=lambda c: f"{c[0]}-{c[1]}")
+def test_fp32_runs_on_cuda_cores_through_shared_memory(built, case):
+    src = cuda_source(built[case])
+    assert "wmma" not in src and "mma.sync" not in src
+    assert "__shared__" in src
+    assert built[case].info["tensor_core"] is False
+
+
+def test_epilogues_are_in_the_kernel(built):
+    bn = cuda_source(built[CASES[0]])  # conv2d_bn_relu: scale and shift read, relu applied, fp16 stored
+    assert "scale" in bn and "shift" in bn and "max(" in bn
+    bias = cuda_source(built[CASES[5]])
+    assert "bias" in bias and "max(" in bias
+
+
+@pytest.mark.parametrize("target,cfg", [
+    (SM80, None),
+    (SM80, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 2, "warp_col_tiles": 2, "chunk": 4, "vec": 4}),
+    (SM90, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 4, "warp_col_tiles": 4, "chunk": 4, "vec": 8}),
+], ids=["sm80-default", "sm80-big", "sm90-186KB"])
+def test_shared_memory_model_matches_lowered_kernel(target, cfg):
+    """check() rejects configs from the knobs alone; its shared-memory figure must be what TVM's
+    lowering actually allocates (static staging tile + merged dynamic operand tiles)."""
+    wl = workload("conv2d", preset="resnet50.res3_3x3", dtype="float16")
+    tmpl = get_template("conv2d", "cuda")
+    cfg = tmpl.config(wl, target, cfg)
+    assert tmpl.check(wl, target, cfg) is None
+    sch = tmpl.apply(wl, target, cfg)
+    measured = gemm.measured_shared_bytes(sch.mod, tvm_cuda_target(target))
+    assert measured == tmpl.tiles(wl, cfg).shared_bytes
+    assert measured <= target.extra["max_shared_memory_per_block"]
+
+
+def test_validity_comes_from_the_target_description():
+    """186 KB of shared memory: fits an H100 block (227 KB), not an A100 block (163 KB)."""
+    wl = workload("conv2d", preset="resnet50.res3_3x3", dtype="float16")
+    tmpl = get_template("conv2d", "cuda")
+    cfg = tmpl.config(wl, SM90, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 4,
+                                 "warp_col_tiles": 4, "chunk": 4, "vec": 8})
+    assert tmpl.tiles(wl, cfg).shared_bytes == 256 * 72 * 2 + 128 * 72 * 2 + 256 * 128 * 4
+    assert tmpl.check(wl, SM90, cfg) is None
+    why = tmpl.check(wl, SM80, cfg)
+    assert why is not None and "shared memory" in why and "166912" in why
+    with pytest.raises(OpcError, match="shared memory"):
+        CudaBackend(SM80).build(wl, cfg)
+
+
+@pytest.mark.parametrize("cfg,match", [
+    ({"chunk": 3}, "out of range"),
+    ({"warp_tiles": 2}, "unknown knob"),
+    ({"block_row_warps": 4, "block_col_warps": 4, "warp_row_tiles": 4, "warp_col_tiles": 4}, "registers|shared"),
+])
+def test_out_of_range_configs_are_rejected(cfg, match):
+    wl = workload("matmul", "m=64,k=64,n=64", dtype="float16")
+    with pytest.raises(OpcError, match=match):
+        CudaBackend(SM80).build(wl, cfg)
+
+
+def test_register_and_thread_budgets_from_target():
+    wl = workload("matmul", "m=256,k=64,n=256", dtype="float16")
+    tmpl = get_template("matmul", "cuda")
+    cfg = tmpl.config(wl, SM80, {"block_row_warps": 4, "block_col_warps": 4, "warp_row_tiles": 2,
+                                 "warp_col_tiles": 4, "chunk": 1})
+    t = tmpl.tiles(wl, cfg)
+    assert (t.threads, t.registers) == (512, 8 * 8 + 4 * 6 + 48)  # 136 x 512 > 64K registers per SM
+    assert "registers" in (tmpl.check(wl, SM80, cfg) or "")
+    small = dict(cfg, warp_row_tiles=1, warp_col_tiles=1)  # 512 threads x 64 registers fits
+    assert tmpl.check(wl, SM80, small) is None
+    # a part with 256 threads per block: the same knobs become invalid, from its description alone
+    narrow = replace(SM80, extra=MappingProxyType({**SM80.extra, "max_threads_per_block": 256}))
+    assert "512 threads per block exceed" in (tmpl.check(wl, narrow, small) or "")
+
+
+def test_int8_has_no_cuda_schedule():
+    with pytest.raises(OpcError, match="float16"):
+        CudaBackend(SM80).build(workload("matmul", "m=32,k=32,n=32", dtype="int8"))
+
+
+@pytest.mark.parametrize("preset", ["resnet50.conv1", "resnet50.res2_1x1b", "resnet50.res3_3x3s2",
+                                    "resnet50.res4_3x3", "resnet50.res5_1x1b"])
+def test_defaults_are_valid_on_presets(preset):
+    """The default config of every dtype passes the target's checks (no build: knobs only)."""
+    tmpl = get_template("conv2d", "cuda")
+    for dt in ("float16", "float32"):
+        wl = workload("conv2d", preset=preset, dtype=dt)
+        for tgt in (SM80, SM90):
+            assert tmpl.check(wl, tgt, tmpl.default(wl, tgt)) is None
+
+
+def test_emitted_source_compiles_with_nvcc(tmp_path):
+    """`opcompiler build --emit-source` writes a .cu file nvcc compiles on its own."""
+    from opcompiler.cli import main
+    out = tmp_path / "k.cu"
+    rc = main(["build", "matmul", "--target", "cuda", "--shape", "m=32,k=64,n=48", "--dtype", "float16",
+               "--emit-source", str(out), "--json"])
+    assert rc == 0
+    src = out.read_text()
+    assert "wmma::mma_sync" in src
+    proc = subprocess.run([shutil.which("nvcc"), "--cubin", "-arch=sm_80", "-o", str(tmp_path / "k.cubin"), str(out)],
+                          capture_output=True, text=True)
+    assert proc.returncode == 0, proc.stderr
+    assert (tmp_path / "k.cubin").stat().st_size > 0
+
+
+def test_build_cli_rejects_bad_source_suffix(tmp_path, capsys):
+    from opcompiler.cli import main
+    assert main(["build", "matmul", "--target", "cuda", "--emit-source", str(tmp_path / "k.txt")]) == 2
+    assert "--emit-source" in capsys.readouterr().err
+
+
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU: the no-GPU message does not apply")
+def test_no_gpu_messages(capsys):
+    from opcompiler.cli import main
+    assert main(["tune", "matmul", "--target", "cuda"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.count("\n") == 0 and "no CUDA GPU found" in err and "--rpc" in err
+    assert main(["run", "matmul", "--target", "cuda"]) == 2
+    assert "no CUDA GPU found" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------ on a GPU
+
+gpu = pytest.mark.skipif(not has_gpu(), reason="no CUDA GPU on this machine (tvm.cuda(0).exist is False); "
+                                               "kernel correctness runs where one is")
+
+
+@gpu
+@pytest.mark.gpu
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
+def test_kernels_match_numpy_on_gpu(built, case):
+    wl = _wl(*case)
+    op = get_op(wl.op)
+    inputs = op.make_inputs(wl, seed=1)
+    res = CudaBackend(SM80).run(built[case], inputs)
+    ok, err = compare(res.outputs[0], op.reference(wl, inputs))
+    assert ok, f"max abs error {err}"
+    assert res.seconds > 0
+    np.testing.assert_equal(res.outputs[0].shape, op.reference(wl, inputs).shape)
