@@ -225,9 +225,28 @@ class Lowerer:
         self.ops: list = []
         self.pending: list[tuple[list, list, list]] = []
         self.zeroed: dict[tuple, np.ndarray] = {}
+        n = self._split_extent(self.func.body)
+        if n is not None and (core + 1) * n // cores == core * n // cores:
+            return []  # no share of the split loop: this core sits the kernel out
         self._walk(self.func.body, {})
         self._flush()
         return self.ops
+
+    def _split_extent(self, st) -> int | None:
+        """Extent of the loop split across the cores (a constant in these schedules)."""
+        name = type(st).__name__
+        if name == "For":
+            if "opc.dsp.cores" in st.annotations:
+                return int(st.extent)
+            return self._split_extent(st.body)
+        if name == "SBlockRealize":
+            return self._split_extent(st.block.body)
+        if name == "SeqStmt":
+            for x in st.seq:
+                n = self._split_extent(x)
+                if n is not None:
+                    return n
+        return None
 
     def _flush(self) -> None:
         if self.pending:
