@@ -4,7 +4,10 @@ CONV3_RES at batch 768 (goal: 50 ms or less), plus a few other layers.
     python benchmarks/sim_speed_dsp.py          # table
     python benchmarks/sim_speed_dsp.py --json   # rows as JSON
 
-`rows()` is imported by benchmarks/sim_speed.py (shared with ascend-sim).
+`rows()` is imported by benchmarks/sim_speed.py (shared with ascend-sim). For the conv layers
+two more rows time the same default tiling with weights DDR -> AM (w_path=ddr) lowered both
+ways: emitted from the knobs (`lowering=direct`) and derived from TVM's scheduled TIR
+(`lowering=tir`), with the ratio of their wall times and of their simulated cycles.
 """
 from __future__ import annotations
 
@@ -43,11 +46,19 @@ def rows(n_random: int = 24, seed: int = 0) -> list[dict]:
                               ("conv2d", "minigo.conv3_init", 768), ("matmul_bias_relu", "minigo.fc1", 768)):
         wl = workload(op, preset=preset, batch=batch)
         tmpl = get_template("conv2d" if op == "conv2d" else "matmul", "dsp")
-        for name, cfg in (("paper", "paper"), ("default", None)):
+        cands = [("paper", "paper"), ("default", None)]
+        if op == "conv2d":
+            cands += [("w_path=ddr, lowering=direct", {"w_path": "ddr", "lowering": "direct"}),
+                      ("w_path=ddr, lowering=tir", {"w_path": "ddr", "lowering": "tir"})]
+        for name, cfg in cands:
             b, m, cyc = _time(be, wl, cfg)
             out.append({"workload": f"{preset} b{batch}", "candidate": name, "build_ms": round(b, 2),
                         "measure_ms": round(m, 2), "total_ms": round(b + m, 2), "sim_cycles": cyc,
                         "goal_ms": GOAL_MS})
+        if op == "conv2d":
+            d, t = out[-2], out[-1]
+            t["tir_vs_direct_time"] = round(t["total_ms"] / d["total_ms"], 1)
+            t["tir_vs_direct_cycles"] = round(t["sim_cycles"] / d["sim_cycles"], 5)
         if preset != "minigo.conv3_res" or batch != 768:
             continue
         rng = random.Random(seed)
@@ -55,6 +66,7 @@ def rows(n_random: int = 24, seed: int = 0) -> list[dict]:
         bar = tqdm(total=n_random, desc="random candidates", leave=False, file=sys.stderr)
         while done < n_random:
             cfg = tmpl.random_config(wl, target, rng)
+            cfg["lowering"] = "direct"  # the tuner's usual path; the tir rows are above
             if tmpl.check(wl, target, cfg) is not None:
                 continue
             b, m, _ = _time(be, wl, cfg)
@@ -73,12 +85,14 @@ def main() -> None:
     if "--json" in sys.argv:
         print(json.dumps(rs, indent=1))
         return
-    print(f"{'workload':<26}{'candidate':<28}{'build ms':>10}{'measure ms':>12}{'total ms':>10}  vs goal")
+    print(f"{'workload':<26}{'candidate':<30}{'build ms':>10}{'measure ms':>12}{'total ms':>10}  vs goal")
     for r in rs:
         fmt = lambda v: "-" if v is None else f"{v:.1f}"  # noqa: E731
         ratio = r["total_ms"] / r["goal_ms"]
-        print(f"{r['workload']:<26}{r['candidate']:<28}{fmt(r['build_ms']):>10}{fmt(r['measure_ms']):>12}"
-              f"{r['total_ms']:>10.1f}  {ratio:.2f}x" + (f" (max {r['max_ms']:.1f})" if "max_ms" in r else ""))
+        print(f"{r['workload']:<26}{r['candidate']:<30}{fmt(r['build_ms']):>10}{fmt(r['measure_ms']):>12}"
+              f"{r['total_ms']:>10.1f}  {ratio:.2f}x" + (f" (max {r['max_ms']:.1f})" if "max_ms" in r else "")
+              + (f"  tir/direct: {r['tir_vs_direct_time']}x time, cycles x{r['tir_vs_direct_cycles']}"
+                 if "tir_vs_direct_time" in r else ""))
 
 
 if __name__ == "__main__":

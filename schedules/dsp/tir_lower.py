@@ -151,6 +151,7 @@ class Lowerer:
         self.comp = _Compiler(lambda b: self._strides(b))
         self._cache: dict[int, Any] = {}  # per nest: compiled pieces
         self.interned: dict[tuple, Op] = {}
+        self._checked: set[tuple] = set()
         self._allocate()
 
     # ---- buffers -----------------------------------------------------------------------
@@ -342,17 +343,20 @@ class Lowerer:
             if type(load).__name__ not in ("BufferLoad", "TensorLoad"):
                 raise OpcFailure(f"tir lowering: a dma nest must copy a buffer, found {val}")
             c = self.comp
+            masks = c.src(pred) + ("" if cond is None else c.src(cond))
+            # the masks are evaluated only over the loops they mention (not the channel loop)
+            used = tuple(f"E[{_key(lp.loop_var)}]" in masks for lp in loops)
             self._cache[k] = (loops, c.fn(pred), None if cond is None else c.fn(cond),
                               c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(load), load.indices),
-                              _bkey(store), _bkey(load))
-        loops, fpred, fcond, fdst, fsrc, bdst, bsrc = self._cache[k]
+                              _bkey(store), _bkey(load), used)
+        loops, fpred, fcond, fdst, fsrc, bdst, bsrc, used = self._cache[k]
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
-        shape = tuple(e for _, e in ext)
-        g = _grid(ext, E)
+        red = [(v, e if u else 1) for (v, e), u in zip(ext, used)]
+        shape = tuple(e for _, e in red)
+        g = _grid(red, E)
         valid = _full(fpred(g, None), shape).astype(bool)
         copy = valid & _full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
         zero = valid & ~copy
-        dst, src = _full(fdst(g, None), shape), _full(fsrc(g, None), shape)
         slot = E.get("slot", 0)
         dspace, dbase = self._base(bdst, slot)
         where = 0 if dspace[0] == "SM" else 2
@@ -369,7 +373,10 @@ class Lowerer:
                 zero = zero & ~done
             else:
                 self.zeroed[zk] = zero.copy()
-        zviews = [self._view(dspace, dbase, dst, b) for b in _boxes(zero)]
+
+        def full(box):  # back to the whole nest: loops the masks do not mention span their extent
+            return tuple(b if u else (0, e) for b, u, (_, e) in zip(box, used, ext))
+        zviews = [self._view(k, dspace, dbase, fdst, E, ext, full(b)) for b in _boxes(zero)]
         if zviews:
             nz = sum(v.size for v in zviews)
             cyc = -(-nz * F32 // (self.m.sld_per_cycle * 8))  # zeroing is scalar stores at the SM port width
@@ -381,31 +388,42 @@ class Lowerer:
             raise OpcFailure(f"tir lowering: the copied region of {self.names[bsrc]} -> {self.names[bdst]} "
                              "is not one box")
         for b in boxes:
-            sv, dv = self._view(sspace, sbase, src, b), self._view(dspace, dbase, dst, b)
+            sv = self._view(k, sspace, sbase, fsrc, E, ext, full(b))
+            dv = self._view(k, dspace, dbase, fdst, E, ext, full(b))
             if self.tamper is not None:
                 dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
             op = dma_op(self.m, sv, dv, (stag,) if stag else (), (dtag,), self.fn,
                         f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             self._emit(self._intern(op), stage, where)
 
-    def _view(self, space: tuple, base: int, flat: np.ndarray, box) -> View:
-        """The strided window of `flat` over `box`; checks that the index is affine there."""
-        lo = tuple(a for a, _ in box)
+    def _view(self, nest: int, space: tuple, base: int, fflat: Callable, E: dict, ext: list, box) -> View:
+        """The strided window of the index `fflat` over `box` (offset and strides from its values
+        at the corner and one step along each loop); in functional mode, and once per nest and
+        box shape in timing mode, every element is checked to be on that window (affine index)."""
+        lo = [a for a, _ in box]
         shape = tuple(b - a for a, b in box)
-        off = int(flat[lo])
+        keys = [_key(v) for v, _ in ext]
+        at = {**E, **dict(zip(keys, lo))}
+        off = int(fflat(at, None))
         strides = []
         for d, n in enumerate(shape):
             if n > 1:
-                nxt = list(lo)
-                nxt[d] += 1
-                strides.append(int(flat[tuple(nxt)]) - off)
+                at[keys[d]] = lo[d] + 1
+                strides.append(int(fflat(at, None)) - off)
+                at[keys[d]] = lo[d]
             else:
                 strides.append(0)
-        sub = flat[tuple(slice(a, b) for a, b in box)]
-        rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(len(shape))]) * s
-                            for d, (n, s) in enumerate(zip(shape, strides)))
-        if not np.array_equal(sub, _full(rebuilt, sub.shape)):
-            raise OpcFailure(f"tir lowering: a {space[0]} index is not affine over its copy box")
+        ck = (nest, space[0], shape)
+        if self.fn or ck not in self._checked:
+            self._checked.add(ck)
+            g = _grid([(v, n) for (v, _), n in zip(ext, shape)], E)
+            for (v, _), a in zip(ext, lo):
+                g[_key(v)] = g[_key(v)] + a
+            flat = _full(fflat(g, None), shape)
+            rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(len(shape))]) * s
+                                for d, (n, s) in enumerate(zip(shape, strides)))
+            if not np.array_equal(flat, _full(rebuilt, shape)):
+                raise OpcFailure(f"tir lowering: a {space[0]} index is not affine over its copy box")
         keep = [d for d, n in enumerate(shape) if n > 1] or [len(shape) - 1]
         return View(space, base + off, tuple(shape[d] for d in keep), tuple(strides[d] or 1 for d in keep))
 
