@@ -94,6 +94,13 @@ class _Compiler:
         return eval(f"lambda E, L: {self.src(e)}", {"np": np})  # noqa: S307 (our own generated source)
 
 
+class _Zero(dict):
+    """Variables not given are 0."""
+
+    def __missing__(self, k):
+        return 0
+
+
 def _grid(loops: list[tuple[Any, int]], E: dict) -> dict:
     """Loop variables as broadcastable index arrays, one axis per loop."""
     g = dict(E)
@@ -109,8 +116,20 @@ def _full(x, shape) -> np.ndarray:
     return np.broadcast_to(np.asarray(x), shape)
 
 
+_BOXES: dict[tuple, list] = {}
+
+
 def _boxes(mask: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
-    """Split a boolean grid into rectangular boxes ((lo, hi) per axis)."""
+    """Split a boolean grid into rectangular boxes ((lo, hi) per axis); memoized (stages repeat)."""
+    key = (mask.shape, np.packbits(mask).tobytes())
+    if key not in _BOXES:
+        if len(_BOXES) > 4096:
+            _BOXES.clear()
+        _BOXES[key] = _split(mask)
+    return _BOXES[key]
+
+
+def _split(mask: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
     if not mask.any():
         return []
     if mask.ndim == 1:
@@ -125,7 +144,7 @@ def _boxes(mask: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
         j = i + 1
         while j < mask.shape[0] and np.array_equal(mask[j], mask[i]):
             j += 1
-        out += [((i, j),) + b for b in _boxes(mask[i])]
+        out += [((i, j),) + b for b in _split(mask[i])]
         i = j
     return out
 
@@ -482,10 +501,7 @@ class Lowerer:
 
     def _pred_at(self, info, g: dict):
         """The reduction block's predicate with the inner loops other than the pixel loop at 0."""
-        class Zero(dict):
-            def __missing__(self, k):
-                return 0
-        return info["pred"](Zero(g), None)
+        return info["pred"](_Zero(g), None)
 
     def _merge_vpu(self, calls: list, slot: int) -> Op:
         cost = _sum([(c, 1) for c, _ in calls])
