@@ -153,10 +153,10 @@ class Lowerer:
     """Walks the lowered function once per core and returns that core's op list."""
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
-                 kv: int, dbuf: bool,
+                 kv: int, dbuf: bool, gsm_reread: bool,
                  functional: bool, tamper: Callable[[str, View], View] | None = None):
         self.m, self.func, self.kv, self.dbuf, self.fn = m, func, kv, dbuf, functional
-        self.tamper = tamper
+        self.tamper, self.gsm_reread = tamper, gsm_reread
         self.nbuf = 2 if dbuf else 1
         self.space: dict[int, tuple] = {}  # buffer -> (level, base offsets per slot | DDR name)
         self.shapes: dict[int, tuple[int, ...]] = {}
@@ -190,7 +190,9 @@ class Lowerer:
     def _allocate(self) -> None:
         """SM/AM buffers at fixed offsets (the tiles of a stage twice when double-buffered)."""
         am, sm = Allocator("AM", self.m.cap("AM"), 128), Allocator("SM", self.m.cap("SM"), 8)
+        gsm = Allocator("GSM", self.m.cap("GSM"), 64)  # one for the cluster: every core sees the same
         found: list[tuple[Any, bool]] = []
+        self.has_shared = False
 
         def visit(st, in_stage: bool) -> None:
             name = type(st).__name__
@@ -199,6 +201,7 @@ class Lowerer:
                     found.append((b, in_stage))
                 visit(st.block.body, in_stage)
             elif name == "For":
+                self.has_shared |= st.annotations.get("opc.dsp.op") == "dma_shared"
                 visit(st.body, in_stage or "opc.dsp.stage" in st.annotations)
             elif name == "SeqStmt":
                 for x in st.seq:
@@ -216,7 +219,7 @@ class Lowerer:
             if scope == "local.REG":
                 self.space[bk] = ("REG", size)
                 continue
-            alloc = {"local.AM": am, "local.SM": sm}.get(scope)
+            alloc = {"local.AM": am, "local.SM": sm, "local.GSM": gsm}.get(scope)
             if alloc is None:
                 raise OpcFailure(f"tir lowering: buffer {b.name} in scope {scope!r} has no place on the DSP")
             n = self.nbuf if in_stage else 1
@@ -229,6 +232,8 @@ class Lowerer:
             return "out" if sp[2] else ""
         if sp[0] == "SM":
             return f"sm{slot}"
+        if sp[0] == "GSM":
+            return "gsm_w"
         return f"amo{slot}" if sp[2] else "w"
 
     def _base(self, bk: int, slot: int) -> tuple[tuple, int]:
@@ -246,7 +251,7 @@ class Lowerer:
         self.pending: list[tuple[list, list, list]] = []
         self.zeroed: dict[tuple, np.ndarray] = {}
         n = self._split_extent(self.func.body)
-        if n is not None and (core + 1) * n // cores == core * n // cores:
+        if n is not None and (core + 1) * n // cores == core * n // cores and not self.has_shared:
             return []  # no share of the split loop: this core sits the kernel out
         self._walk(self.func.body, {})
         self._flush()
@@ -295,6 +300,12 @@ class Lowerer:
             lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
             if ann.get("opc.dsp.op") == "dma":
                 return self._dma(st, E, stage)
+            if ann.get("opc.dsp.op") == "dma_shared":
+                a, b = self.core * ext // self.cores, (self.core + 1) * ext // self.cores
+                if b > a:
+                    self._dma(st, E, stage, (a, b))
+                self._emit(Op("barrier", "sync", label="W in GSM"), stage, 0)
+                return None
             if ann.get("opc.dsp.op") == "mk":
                 return self._mk(st, E, stage)
             rng = range(lo, lo + ext)
@@ -351,7 +362,8 @@ class Lowerer:
             else:
                 raise OpcFailure(f"tir lowering: a dma nest must be loops over one store, found {name}")
 
-    def _dma(self, st, E: dict, stage: list | None) -> None:
+    def _dma(self, st, E: dict, stage: list | None, part: tuple[int, int] | None = None) -> None:
+        """One copy nest -> zero fills and one DMA; `part`: this core's range of the outer loop."""
         k = _key(st)
         if k not in self._cache:
             loops, pred, store = self._nest(st)
@@ -370,9 +382,14 @@ class Lowerer:
                               _bkey(store), _bkey(load), used)
         loops, fpred, fcond, fdst, fsrc, bdst, bsrc, used = self._cache[k]
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
+        a0 = 0
+        if part is not None:
+            a0 = part[0]
+            ext[0] = (ext[0][0], part[1] - part[0])
         red = [(v, e if u else 1) for (v, e), u in zip(ext, used)]
         shape = tuple(e for _, e in red)
         g = _grid(red, E)
+        g[_key(ext[0][0])] = g[_key(ext[0][0])] + a0
         valid = _full(fpred(g, None), shape).astype(bool)
         copy = valid & _full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
         zero = valid & ~copy
@@ -394,7 +411,9 @@ class Lowerer:
                 self.zeroed[zk] = zero.copy()
 
         def full(box):  # back to the whole nest: loops the masks do not mention span their extent
-            return tuple(b if u else (0, e) for b, u, (_, e) in zip(box, used, ext))
+            out = [b if u else (0, e) for b, u, (_, e) in zip(box, used, ext)]
+            out[0] = (out[0][0] + a0, out[0][1] + a0)
+            return tuple(out)
         zviews = [self._view(k, dspace, dbase, fdst, E, ext, full(b)) for b in _boxes(zero)]
         if zviews:
             nz = sum(v.size for v in zviews)
@@ -411,9 +430,12 @@ class Lowerer:
             dv = self._view(k, dspace, dbase, fdst, E, ext, full(b))
             if self.tamper is not None:
                 dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
-            op = dma_op(self.m, sv, dv, (stag,) if stag else (), (dtag,), self.fn,
+            # GSM reads are ordered by the barriers, not by the tag
+            op = dma_op(self.m, sv, dv, (stag,) if stag and sspace[0] != "GSM" else (), (dtag,), self.fn,
                         f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             self._emit(self._intern(op), stage, where)
+            if sspace[0] == "GSM" and self.gsm_reread:  # W_g is rewritten for the next block only
+                self._emit(Op("barrier", "sync", label="W_g read"), stage, where)  # after every core read it
 
     def _view(self, nest: int, space: tuple, base: int, fflat: Callable, E: dict, ext: list, box) -> View:
         """The strided window of the index `fflat` over `box` (offset and strides from its values
@@ -642,7 +664,9 @@ def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
     func = lowered_func(wl, target, config)
     params = [p.name for p in func.params]
     ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
-    low = Lowerer(m, func, ddr_names, ddr, config["kv"], bool(config["dbuf"]), functional, tamper)
+    kbp = config["kv"] * m.lanes
+    nk = -(-sp.k // kbp)
+    low = Lowerer(m, func, ddr_names, ddr, config["kv"], bool(config["dbuf"]), nk > 1, functional, tamper)
     cols = min(config["cols"], sp.wo)
     per_image = -(-sp.ho // config["rows"]) * -(-sp.wo // cols)
     nitems = sp.n * per_image if config["split"] == "items" else sp.n

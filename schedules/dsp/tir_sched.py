@@ -13,6 +13,7 @@ with the same knobs as the direct-emission path (`direct.py`):
 
 Loops carry `opc.dsp.*` annotations that say what each nest is on the chip: `dma` (one
 descriptor per execution of the nest), `mk` (each iteration is one micro-kernel call),
+`dma_shared` (a copy into GSM whose outer loop is split across the cores, then a barrier),
 `stage` (each iteration is one DMA-in / VPU / DMA-out stage, double-buffered when `dbuf`),
 `cores` (iterations split across the cores). `tir_lower.py` turns the lowered function into
 the DSP program.
@@ -42,8 +43,8 @@ def unsupported(config: Mapping[str, Any]) -> str | None:
     """Why lowering=tir cannot take this config (None when it can)."""
     if config.get("order") != "out":
         return "lowering=tir covers order=out (register-block accumulation) only"
-    if config.get("w_path") != "ddr":
-        return "lowering=tir stages weights DDR -> AM (w_path=ddr) only"
+    if config.get("w_path") not in ("ddr", "gsm"):
+        return "lowering=tir stages weights DDR -> AM or DDR -> GSM -> AM (w_path=ddr|gsm) only"
     if config.get("out_path") != "ddr":
         return "lowering=tir writes the output tile AM -> DDR (out_path=ddr) only"
     return None
@@ -56,7 +57,7 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
 
     why = unsupported(config)
     if why is not None:
-        raise OpcError(why, arg="--config", value=dict(config), expected="order=out, w_path=ddr, out_path=ddr")
+        raise OpcError(why, arg="--config", value=dict(config), expected="order=out, w_path=ddr|gsm, out_path=ddr")
     base = nhwc_workload(wl)
     ins, out = get_op(base.op).compute(base)
     sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
@@ -104,9 +105,14 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     sch.annotate(sch.get_loops(pad)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
     blk, _ = sch.split(xi, [None, pw])  # register blocks of pw pixels within a row
     sch.annotate(blk, "opc.dsp.op", "mk")
+    wg = sch.cache_read(conv, 1, "local.GSM") if config["w_path"] == "gsm" else None
     w = sch.cache_read(conv, 1, "local.AM")
     sch.compute_at(w, ko)
     sch.annotate(sch.get_loops(w)[1], "opc.dsp.op", "dma")
+    if wg is not None:  # W_g: each core brings a slice of the (r, s, c) rows, then all read it whole
+        sch.compute_at(wg, ko)
+        rows = sch.fuse(*sch.get_loops(wg)[1:4])
+        sch.annotate(rows, "opc.dsp.op", "dma_shared")
     for b in epi:  # the epilogue's per-channel vectors (bias; BN scale and shift) into AM
         blk_rv = sch.get_sblock(b)
         nreads = len(sch.get(blk_rv).reads)
