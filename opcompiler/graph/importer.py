@@ -87,8 +87,9 @@ def _read(path: Path) -> onnx.ModelProto:
     try:
         model = onnx.load_model_from_string(data)
     except Exception as e:  # protobuf's DecodeError and friends
-        raise OpcError(f"not a valid ONNX file ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else 'cannot parse'}; "
-                       "truncated or not ONNX?)", arg="MODEL", value=str(path)) from None
+        why = str(e).splitlines()[0] if str(e) else "cannot parse"
+        raise OpcError(f"not a valid ONNX file ({type(e).__name__}: {why}; truncated or not ONNX?)", arg="MODEL",
+                       value=str(path)) from None
     if not model.graph.node:
         raise OpcError("the file parses but holds no graph nodes (truncated or not ONNX?)", arg="MODEL",
                        value=str(path))

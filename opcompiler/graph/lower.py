@@ -196,8 +196,9 @@ def _clip(ctx: _Ctx, node: Node) -> None:
     if ctx.graph.opset < 11:
         lo, hi = node.attrs.get("min", -F32_MAX), node.attrs.get("max", F32_MAX)
     else:
-        lo = float(_need_const(ctx, node, node.inputs[1], "min")) if len(node.inputs) > 1 and node.inputs[1] else -F32_MAX
-        hi = float(_need_const(ctx, node, node.inputs[2], "max")) if len(node.inputs) > 2 and node.inputs[2] else F32_MAX
+        ins = list(node.inputs) + ["", ""]
+        lo = float(_need_const(ctx, node, ins[1], "min")) if ins[1] else -F32_MAX
+        hi = float(_need_const(ctx, node, ins[2], "max")) if ins[2] else F32_MAX
     ctx.emit("ew_chain", {**ew_params(ctx.shape(x)), "chain": f"clip:{float(lo)!r}:{float(hi)!r}"}, (x,),
              node.outputs[0], node)
 

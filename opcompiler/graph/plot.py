@@ -69,7 +69,8 @@ def plot_compare(c: Comparison, path: str | Path) -> Path:
     ratio = f"speedup {s['speedup']:.2f}x" if s["speedup"] else ""
     byt = f"off-chip {s['offchip_ratio']:.2f}x less" if s["offchip_ratio"] else ""
     axes[0].set_title(f"{t.graph.name} on {t.target.name} ({t.dtype}, batch {t.graph.batch}): {ratio}, {byt}\n"
-                      "per fused kernel: fused (left bar) vs the unfused kernels doing the same work (right, stacked)", fontsize=10)
+                      "per fused kernel: fused (left bar) vs the unfused kernels doing the same work (right, stacked)",
+                      fontsize=10)
     handles, labels = axes[0].get_legend_handles_labels()
     h2, l2 = axes[1].get_legend_handles_labels()
     for h, lab in zip(h2, l2):
