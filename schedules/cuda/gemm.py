@@ -42,6 +42,7 @@ def cuda_limits(target: Target) -> dict[str, int]:
         "warp_size": int(e.get("warp_size", 32)),
         "max_threads_per_block": int(e.get("max_threads_per_block", 1024)),
         "max_shared_memory_per_block": int(e.get("max_shared_memory_per_block", 48 * 1024)),
+        "max_static_shared_memory_per_block": int(e.get("max_static_shared_memory_per_block", 48 * 1024)),
         "registers_per_sm": int(e.get("registers_per_sm", 65536)),
         "max_registers_per_thread": int(e.get("max_registers_per_thread", 255)),
     }
@@ -65,6 +66,7 @@ class GemmTiles:
     n_pad: int
     k_pad: int
     shared_bytes: int  # shared memory per block (operand tiles + staging)
+    static_shared_bytes: int  # the part allocated statically (`__shared__`), limited to 48 KB by CUDA
     registers: int  # estimated registers per thread (accumulators + operands + addressing)
 
     @property
@@ -85,7 +87,7 @@ def tensor_core_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTil
     # a 16x16 fragment spread over 32 lanes is 8 values per thread: fp32 acc 8 regs, fp16 operands 4
     regs = 8 * frags_c + 4 * (cfg["warp_row_tiles"] + cfg["warp_col_tiles"]) + 48
     return GemmTiles(bm=bm, bn=bn, bk=bk, threads=32 * warps, m_pad=_ceil(m, bm), n_pad=_ceil(n, bn),
-                     k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh + c_sh, registers=regs)
+                     k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh + c_sh, static_shared_bytes=c_sh, registers=regs)
 
 
 def simt_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTiles:
@@ -97,7 +99,8 @@ def simt_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTiles:
     b_sh = bn * (bk + cfg["vec"]) * 4
     regs = cfg["micro_y"] * cfg["micro_x"] + cfg["micro_y"] + cfg["micro_x"] + 30
     return GemmTiles(bm=bm, bn=bn, bk=bk, threads=cfg["threads_x"] * cfg["threads_y"], m_pad=_ceil(m, bm),
-                     n_pad=_ceil(n, bn), k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh, registers=regs)
+                     n_pad=_ceil(n, bn), k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh, static_shared_bytes=a_sh + b_sh,
+                     registers=regs)
 
 
 def check_tiles(t: GemmTiles, target: Target) -> str | None:
@@ -110,6 +113,9 @@ def check_tiles(t: GemmTiles, target: Target) -> str | None:
     if t.shared_bytes > lim["max_shared_memory_per_block"]:
         return (f"needs {t.shared_bytes} B of shared memory per block but {target.name} allows "
                 f"{lim['max_shared_memory_per_block']} B")
+    if t.static_shared_bytes > lim["max_static_shared_memory_per_block"]:
+        return (f"needs {t.static_shared_bytes} B of static shared memory per block but CUDA allows "
+                f"{lim['max_static_shared_memory_per_block']} B")
     if t.registers > lim["max_registers_per_thread"]:
         return f"needs about {t.registers} registers per thread but {target.name} allows {lim['max_registers_per_thread']}"
     if t.registers * t.threads > lim["registers_per_sm"]:

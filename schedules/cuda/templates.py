@@ -7,6 +7,7 @@ block, shared memory per block, registers per thread and per SM, from `targets/c
 """
 from __future__ import annotations
 
+import dataclasses
 from functools import lru_cache
 from typing import Any, Mapping
 
@@ -20,6 +21,7 @@ from opcompiler.template import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from . import gemm
+from .direct import direct_shared_bytes, schedule_direct
 
 TC_KNOBS = (  # fp16 tensor-core schedule
     Knob("block_row_warps", (1, 2, 4), "warps per block along M"),
@@ -84,6 +86,11 @@ class CudaGemmTemplate(Template):
 
     def tiles(self, wl: Workload, config: Mapping[str, Any]) -> gemm.GemmTiles:
         m, n, k = _dims(wl, self.block)
+        if config.get("algo") == "direct":
+            p = wl.p
+            sh = direct_shared_bytes(config, p["r"], p["s"], wl.layout, p["k"], p["c"] // p["groups"])
+            base = gemm.simt_tiles(m, n, k, config)
+            return dataclasses.replace(base, shared_bytes=sh, static_shared_bytes=sh)
         return (gemm.tensor_core_tiles if wl.dtype == "float16" else gemm.simt_tiles)(m, n, k, config)
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
@@ -96,6 +103,9 @@ class CudaGemmTemplate(Template):
         func = te.create_prim_func([*ins, out]).with_attr("global_symbol", "main")
         sch = tvm.s_tir.Schedule(func)
         main = sch.get_sblock(self.block)
+        if config.get("algo") == "direct":
+            schedule_direct(sch, main, config, wl.layout)
+            return sch
         vecs = gemm.operand_vectors(sch.get(main), config["vec"])
         gemm.normalize_gemm(sch, main)
         if wl.dtype == "float16":
@@ -131,9 +141,22 @@ class CudaMatmul(CudaGemmTemplate):
 
 @register_template
 class CudaConv2d(CudaGemmTemplate):
-    """conv2d (+ bias / bn + relu) as an implicit GEMM (NCHW or NHWC): the im2col gather is done
-    by the global -> shared copy, never materialized."""
+    """conv2d (+ bias / bn + relu), NCHW or NHWC: an implicit GEMM (the im2col gather done by the
+    global -> shared copy, never materialized; fp16 on tensor cores), or for fp32 optionally a
+    direct convolution (`algo = direct`, `direct.py`)."""
 
-    name = "cuda.conv2d.implicit_gemm"
+    name = "cuda.conv2d"
     op_families = ("conv2d",)
     block = "conv2d"
+
+    def space(self, wl: Workload, target: Target) -> list[Knob]:
+        knobs = super().space(wl, target)
+        if wl.dtype == "float32" and wl.p["groups"] == 1:  # fp32 may also run the direct schedule
+            knobs.append(Knob("algo", ("implicit_gemm", "direct"), "implicit GEMM or direct convolution"))
+        return knobs
+
+    def default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        cfg = super().default(wl, target)
+        if wl.dtype == "float32" and wl.p["groups"] == 1:
+            cfg["algo"] = "implicit_gemm"
+        return cfg

@@ -40,7 +40,9 @@ CASES = [
     ("conv2d", "n=2,c=64,h=19,w=19,k=64,r=3,s=3,pad=1,layout=NHWC", "float16"),
     ("conv2d_bias_relu", "resnet50.res4_1x1a", "float32"),
     ("matmul_bias_relu", "m=64,k=96,n=80", "float32"),
+    ("conv2d_bn_relu", "n=4,c=64,h=19,w=19,k=64,r=3,s=3,pad=1,layout=NHWC", "float32"),  # direct
 ]
+CONFIGS = {CASES[-1]: {"algo": "direct"}}
 
 
 def _wl(op: str, shape: str, dtype: str):
@@ -51,7 +53,7 @@ def _wl(op: str, shape: str, dtype: str):
 def built() -> dict:
     """Each case built once for sm_80 (TVM codegen + nvcc)."""
     backend = CudaBackend(SM80)
-    return {case: backend.build(_wl(*case)) for case in CASES}
+    return {case: backend.build(_wl(*case), CONFIGS.get(case)) for case in CASES}
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c[0]}-{c[1]}-{c[2]}")
@@ -82,6 +84,7 @@ def test_fp16_uses_tensor_cores(built, case):
 
 @pytest.mark.parametrize("case", [c for c in CASES if c[2] == "float32"], ids=lambda c: f"{c[0]}-{c[1]}")
 def test_fp32_runs_on_cuda_cores_through_shared_memory(built, case):
+    assert built[case].config.get("algo", "implicit_gemm") == CONFIGS.get(case, {}).get("algo", "implicit_gemm")
     src = cuda_source(built[case])
     assert "wmma" not in src and "mma.sync" not in src
     assert "__shared__" in src
@@ -98,8 +101,8 @@ def test_epilogues_are_in_the_kernel(built):
 @pytest.mark.parametrize("target,cfg", [
     (SM80, None),
     (SM80, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 2, "warp_col_tiles": 2, "chunk": 4, "vec": 4}),
-    (SM90, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 4, "warp_col_tiles": 4, "chunk": 4, "vec": 8}),
-], ids=["sm80-default", "sm80-big", "sm90-186KB"])
+    (SM90, {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 4, "warp_col_tiles": 2, "chunk": 4, "vec": 8}),
+], ids=["sm80-default", "sm80-big", "sm90-wide"])
 def test_shared_memory_model_matches_lowered_kernel(target, cfg):
     """check() rejects configs from the knobs alone; its shared-memory figure must be what TVM's
     lowering actually allocates (static staging tile + merged dynamic operand tiles)."""
@@ -114,17 +117,33 @@ def test_shared_memory_model_matches_lowered_kernel(target, cfg):
 
 
 def test_validity_comes_from_the_target_description():
-    """186 KB of shared memory: fits an H100 block (227 KB), not an A100 block (163 KB)."""
+    """The same knobs are valid or not depending on the target file's shared-memory figures."""
     wl = workload("conv2d", preset="resnet50.res3_3x3", dtype="float16")
     tmpl = get_template("conv2d", "cuda")
-    cfg = tmpl.config(wl, SM90, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 4,
-                                 "warp_col_tiles": 4, "chunk": 4, "vec": 8})
-    assert tmpl.tiles(wl, cfg).shared_bytes == 256 * 72 * 2 + 128 * 72 * 2 + 256 * 128 * 4
-    assert tmpl.check(wl, SM90, cfg) is None
-    why = tmpl.check(wl, SM80, cfg)
-    assert why is not None and "shared memory" in why and "166912" in why
-    with pytest.raises(OpcError, match="shared memory"):
-        CudaBackend(SM80).build(wl, cfg)
+    cfg = tmpl.config(wl, SM80, {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 4,
+                                 "warp_col_tiles": 2, "chunk": 4, "vec": 8})
+    t = tmpl.tiles(wl, cfg)
+    # A 128 x (64 + 8) and B 64 x (64 + 8) fp16 tiles (dynamic), the 128 x 64 fp32 staging tile (static)
+    assert (t.shared_bytes, t.static_shared_bytes) == (128 * 72 * 2 + 64 * 72 * 2 + 128 * 64 * 4, 128 * 64 * 4)
+    assert tmpl.check(wl, SM80, cfg) is None
+    small = replace(SM80, extra=MappingProxyType({**SM80.extra, "max_shared_memory_per_block": 48 * 1024}))
+    why = tmpl.check(wl, small, cfg)
+    assert why is not None and "shared memory" in why and "49152" in why
+    # the static staging tile may never pass CUDA's 48 KB, whatever the part allows dynamically
+    wide = tmpl.config(wl, SM90, dict(cfg, warp_row_tiles=4, warp_col_tiles=4, block_row_warps=2,
+                                      block_col_warps=2))  # 128 x 128 x 4 B = 64 KB staged
+    assert "static shared memory" in (tmpl.check(wl, SM90, wide) or "")
+    with pytest.raises(OpcError, match="static shared memory"):
+        CudaBackend(SM90).build(wl, wide)
+
+
+def test_direct_conv_shared_model_matches_lowered_kernel():
+    wl = workload("conv2d", preset="resnet50.conv1", dtype="float32")
+    tmpl = get_template("conv2d", "cuda")
+    cfg = tmpl.config(wl, SM80, {"algo": "direct", "threads_x": 16, "micro_x": 4, "micro_k": 8})
+    assert tmpl.tiles(wl, cfg).shared_bytes == 64 * 3 * 7 * 7 * 4  # 64 channels x min(8, C=3) x 7 x 7, fp32
+    sch = tmpl.apply(wl, SM80, cfg)
+    assert gemm.measured_shared_bytes(sch.mod, tvm_cuda_target(SM80)) == tmpl.tiles(wl, cfg).shared_bytes
 
 
 @pytest.mark.parametrize("cfg,match", [
@@ -142,15 +161,15 @@ def test_register_and_thread_budgets_from_target():
     wl = workload("matmul", "m=256,k=64,n=256", dtype="float16")
     tmpl = get_template("matmul", "cuda")
     cfg = tmpl.config(wl, SM80, {"block_row_warps": 4, "block_col_warps": 4, "warp_row_tiles": 2,
-                                 "warp_col_tiles": 4, "chunk": 1})
+                                 "warp_col_tiles": 1, "chunk": 1})
     t = tmpl.tiles(wl, cfg)
-    assert (t.threads, t.registers) == (512, 8 * 8 + 4 * 6 + 48)  # 136 x 512 > 64K registers per SM
-    assert "registers" in (tmpl.check(wl, SM80, cfg) or "")
-    small = dict(cfg, warp_row_tiles=1, warp_col_tiles=1)  # 512 threads x 64 registers fits
-    assert tmpl.check(wl, SM80, small) is None
+    assert (t.threads, t.registers) == (512, 8 * 2 + 4 * 3 + 48)  # 512 x 76 = 38912 registers
+    assert tmpl.check(wl, SM80, cfg) is None  # an A100 SM has 65536
+    half_rf = replace(SM80, extra=MappingProxyType({**SM80.extra, "registers_per_sm": 32768}))
+    assert "registers" in (tmpl.check(wl, half_rf, cfg) or "")
     # a part with 256 threads per block: the same knobs become invalid, from its description alone
     narrow = replace(SM80, extra=MappingProxyType({**SM80.extra, "max_threads_per_block": 256}))
-    assert "512 threads per block exceed" in (tmpl.check(wl, narrow, small) or "")
+    assert "512 threads per block exceed" in (tmpl.check(wl, narrow, cfg) or "")
 
 
 def test_int8_has_no_cuda_schedule():
@@ -213,7 +232,7 @@ def test_kernels_match_numpy_on_gpu(built, case):
     wl = _wl(*case)
     op = get_op(wl.op)
     inputs = op.make_inputs(wl, seed=1)
-    res = CudaBackend(SM80).run(built[case], inputs)
+    res = CudaBackend(SM80).run(built[case], inputs)  # built with CONFIGS.get(case)
     ok, err = compare(res.outputs[0], op.reference(wl, inputs))
     assert ok, f"max abs error {err}"
     assert res.seconds > 0
