@@ -6,6 +6,9 @@ For the ResNet-50 3x3 conv presets at batch 1 and 32 on ascend-sim (fp16, templa
   candidate_ms   build + timing: the cost of one tuning candidate (goal <= 50 ms at batch 1)
   functional_s   backend.run: every core's program executed on simulated memories
                  (goal <= 30 s at batch 1; batch 32 is run only with --functional-all)
+Plus conv2d res2_3x3 b1 with lowering="tir" (the TVM implicit-GEMM schedule, traced through
+LLVM) next to lowering="tik" at the same tiles: the first TIR build pays schedule + LLVM
+compile + trace run, later candidates of the same tile shape hit the per-process trace cache.
 If benchmarks/sim_speed_dsp.py defines rows() -> list[dict], its rows are printed too.
 
     python benchmarks/sim_speed.py [--repeat 5] [--functional-all] [--json]
@@ -56,6 +59,34 @@ def ascend_rows(repeat: int, functional_all: bool) -> list[dict]:
                 row["functional_s"] = fun_s
                 row["same_cycles"] = fres.cycles == res.cycles
             rows.append(row)
+    rows += tir_rows(backend, repeat)
+    return rows
+
+
+TIR_TILES = {"m_tile": 128, "k_tile": 64, "n_tile": 64, "double_buffer": 1, "w_resident": 0}
+
+
+def tir_rows(backend, repeat: int) -> list[dict]:
+    """res2_3x3 b1 through the TIR path (first build and cached) and the TIK path, same tiles."""
+    import opcompiler.schedules.ascend.conv2d_tir as conv_tir
+    from opcompiler.ops import get_op, workload
+
+    wl = workload("conv2d", preset="resnet50.res2_3x3", batch=1, dtype="float16")
+    rows = []
+    for label, lowering, cold in (("tir first build", "tir", True), ("tir cached", "tir", False),
+                                  ("tik same tiles", "tik", False)):
+        cfg = {**TIR_TILES, "lowering": lowering}
+        if cold:
+            conv_tir._TRACES.clear()
+        build_s, kern = _time(lambda: backend.build(wl, cfg), 1 if cold else repeat)
+        meas_s, res = _time(lambda: backend.measure(kern), repeat)
+        inputs = get_op(wl.op).make_inputs(wl)
+        fun_s, fres = _time(lambda: backend.run(kern, inputs), 1)
+        rows.append({"sim": "ascend-sim", "kernel": f"conv2d resnet50.res2_3x3 b1 {label}",
+                     "instructions": kern.info["instructions_core0"], "build_ms": build_s * 1e3,
+                     "timing_ms": meas_s * 1e3, "candidate_ms": (build_s + meas_s) * 1e3, "sim_cycles": res.cycles,
+                     "percent_of_peak": res.metrics["percent_of_peak"], "functional_s": fun_s,
+                     "same_cycles": fres.cycles == res.cycles})
     return rows
 
 
@@ -92,12 +123,17 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args(argv)
     rows = ascend_rows(args.repeat, args.functional_all)
-    b1 = [r for r in rows if r["kernel"].endswith("b1")]
+    b1 = [r for r in rows if r["kernel"].endswith("b1")]  # template defaults (the TIR rows end otherwise)
     summary = {"ascend_candidate_ms_max_b1": max(r["candidate_ms"] for r in b1),
                "ascend_functional_s_max_b1": max(r["functional_s"] for r in b1),
                "goal_candidate_ms": GOAL_CANDIDATE_MS, "goal_functional_s": GOAL_FUNCTIONAL_S}
     summary["candidate_ratio_to_goal"] = summary["ascend_candidate_ms_max_b1"] / GOAL_CANDIDATE_MS
     summary["functional_ratio_to_goal"] = summary["ascend_functional_s_max_b1"] / GOAL_FUNCTIONAL_S
+    tir = {r["kernel"].split(" b1 ")[1]: r for r in rows if " b1 t" in r["kernel"]}
+    summary["tir_first_build_over_tik_candidate"] = tir["tir first build"]["candidate_ms"] / tir["tik same tiles"][
+        "candidate_ms"]
+    summary["tir_cached_over_tik_candidate"] = tir["tir cached"]["candidate_ms"] / tir["tik same tiles"]["candidate_ms"]
+    summary["tir_cycles_over_tik_cycles"] = tir["tir cached"]["sim_cycles"] / tir["tik same tiles"]["sim_cycles"]
     dsp = dsp_rows()
     if args.json:
         json.dump({"rows": rows, "dsp_rows": dsp, "summary": summary}, sys.stdout, indent=1)
