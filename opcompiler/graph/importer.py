@@ -31,6 +31,7 @@ class Node:
     inputs: tuple[str, ...]  # "" for an omitted optional input
     outputs: tuple[str, ...]
     attrs: Mapping[str, Any]
+    domain: str = ""
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -72,8 +73,19 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
     for vi in g.input:
         if vi.name not in inits:
             _check_dtype(vi, str(path))
-    consts, nodes, folded = _fold(model, inits, opset)
+    consts = dict(inits)
+    nodes, folded = _fold(_nodes(model), consts, opset)
     fixed = _with_shapes(model, dict(inputs))
+    shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False)
+    while known := {n.name for n in nodes if n.op_type == "Shape" and n.inputs[0] in shapes}:
+        # with the batch fixed every Shape is a constant: fold it and what it feeds (view(x.size(0), -1))
+        for n in nodes:
+            if n.name in known:
+                a = n.attrs
+                consts[n.outputs[0]] = np.array(shapes[n.inputs[0]][a.get("start", 0):a.get("end")], np.int64)
+        nodes, more = _fold([n for n in nodes if n.name not in known], consts, opset)
+        folded += len(known) + more
+        shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False)
     shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path))
     return Graph(name=g.name or Path(path).stem, path=str(path), opset=opset, nodes=tuple(nodes),
                  inputs=tuple(inputs), outputs=tuple(o.name for o in g.output), constants=consts, shapes=shapes,
@@ -161,31 +173,30 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
     return out
 
 
-def _fold(model: onnx.ModelProto, inits: dict[str, np.ndarray], opset: int
-          ) -> tuple[dict[str, np.ndarray], list[Node], int]:
-    """Evaluate every node whose inputs are all constant; keep the rest."""
+def _nodes(model: onnx.ModelProto) -> list[Node]:
+    return [Node(name=n.name or f"{n.op_type}_{i}", op_type=n.op_type, inputs=tuple(n.input), outputs=tuple(n.output),
+                 attrs=_attrs(n), domain=n.domain if n.domain != "ai.onnx" else "")
+            for i, n in enumerate(model.graph.node)]
+
+
+def _fold(nodes: list[Node], consts: dict[str, np.ndarray], opset: int) -> tuple[list[Node], int]:
+    """Evaluate every node whose inputs are all constant (adding its outputs to `consts`); keep the rest."""
     from onnx.reference import ReferenceEvaluator
 
-    consts = dict(inits)
-    nodes, folded = [], 0
-    for i, n in enumerate(model.graph.node):
-        name = n.name or f"{n.op_type}_{i}"
-        ins = tuple(n.input)
-        if n.domain in ("", "ai.onnx") and all(x == "" or x in consts for x in ins):
-            single = helper.make_node(n.op_type, [x for x in ins], list(n.output), name=name)
-            single.attribute.extend(n.attribute)
+    kept, folded = [], 0
+    for n in nodes:
+        if n.domain == "" and all(x == "" or x in consts for x in n.inputs):
             try:
-                ev = ReferenceEvaluator(_single_model(single, ins, consts, opset))
-                vals = ev.run(None, {})
+                vals = ReferenceEvaluator(_single_model(_to_proto(n), n.inputs, consts, opset)).run(None, {})
             except Exception as e:
-                raise OpcError(f"cannot fold constant node {name!r} ({n.op_type}): {str(e).splitlines()[0]}",
+                raise OpcError(f"cannot fold constant node {n.name!r} ({n.op_type}): {str(e).splitlines()[0]}",
                                arg="MODEL") from None
-            for o, v in zip(n.output, vals):
+            for o, v in zip(n.outputs, vals):
                 consts[o] = np.asarray(v)
             folded += 1
             continue
-        nodes.append(Node(name=name, op_type=n.op_type, inputs=ins, outputs=tuple(n.output), attrs=_attrs(n)))
-    return consts, nodes, folded
+        kept.append(n)
+    return kept, folded
 
 
 def _single_model(node: onnx.NodeProto, ins: tuple[str, ...], consts: Mapping[str, np.ndarray], opset: int
@@ -197,7 +208,8 @@ def _single_model(node: onnx.NodeProto, ins: tuple[str, ...], consts: Mapping[st
 
 
 def _infer_shapes(model: onnx.ModelProto, consts: Mapping[str, np.ndarray], nodes: list[Node],
-                  inputs: list[tuple[str, tuple[int, ...]]], path: str) -> dict[str, tuple[int, ...]]:
+                  inputs: list[tuple[str, tuple[int, ...]]], path: str, strict: bool = True
+                  ) -> dict[str, tuple[int, ...]]:
     """Shapes of every runtime value, by onnx shape inference on the folded, batch-fixed model."""
     g = helper.make_graph(
         [_to_proto(n) for n in nodes], "shapes",
@@ -215,7 +227,7 @@ def _infer_shapes(model: onnx.ModelProto, consts: Mapping[str, np.ndarray], node
         dims = vi.type.tensor_type.shape.dim
         if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(int(d.dim_value) for d in dims)
-    for n in nodes:
+    for n in nodes if strict else ():
         for o in n.outputs:
             if o and o not in shapes:
                 raise OpcError(f"cannot infer a static shape for {o!r} (output of node {n.name!r}, {n.op_type})",
@@ -224,6 +236,6 @@ def _infer_shapes(model: onnx.ModelProto, consts: Mapping[str, np.ndarray], node
 
 
 def _to_proto(n: Node) -> onnx.NodeProto:
-    return helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name,
+    return helper.make_node(n.op_type, list(n.inputs), list(n.outputs), name=n.name, domain=n.domain or None,
                             **{k: (numpy_helper.from_array(v) if isinstance(v, np.ndarray) else v)
                                for k, v in n.attrs.items()})

@@ -57,3 +57,26 @@ def test_old_opset_and_dynamic_spatial_dims(tmp_path):
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p2))
     with pytest.raises(OpcError, match="dynamic dimension 'H' at axis 2"):
         load(p2, batch=1)
+
+
+def test_shape_arithmetic_folds_once_batch_is_fixed(tmp_path):
+    """torch's x.view(x.size(0), -1): Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
+    i64 = lambda v: helper.make_tensor("c", TensorProto.INT64, [len(v)] if isinstance(v, list) else [], v  # noqa: E731
+                                       if isinstance(v, list) else [v])
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Shape", ["r"], ["s"], name="shape"),
+             helper.make_node("Constant", [], ["zero"], name="c0", value=i64(0)),
+             helper.make_node("Gather", ["s", "zero"], ["n"], name="gather", axis=0),
+             helper.make_node("Constant", [], ["ax"], name="c1", value=i64([0])),
+             helper.make_node("Unsqueeze", ["n", "ax"], ["n1"], name="unsq"),
+             helper.make_node("Constant", [], ["m1"], name="c2", value=i64([-1])),
+             helper.make_node("Concat", ["n1", "m1"], ["shp"], name="cat", axis=0),
+             helper.make_node("Reshape", ["r", "shp"], ["y"], name="reshape")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 2, 3, 3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, ["N", 18])])
+    p = tmp_path / "view.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    graph = load(p, batch=5)
+    assert [n.op_type for n in graph.nodes] == ["Relu", "Reshape"]
+    assert graph.folded == 7 and graph.shapes["y"] == (5, 18)
+    np.testing.assert_array_equal(graph.constants["shp"], [5, -1])
