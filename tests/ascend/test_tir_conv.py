@@ -103,3 +103,22 @@ def test_tir_conv_rejects_what_it_does_not_lower():
     with pytest.raises(OpcError, match="lowering=tir"):
         run_op("conv2d", "ascend-sim", shape="n=1,c=16,h=8,w=8,k=16,r=3,s=3,pad=1,groups=2", dtype="float16",
                config=_cfg(16, 16, 16))
+
+
+def test_check_agrees_with_what_the_tir_path_allocates(backend):
+    """check() is the tuner's filter: a TIR config it accepts builds; one it rejects (whole
+    256x128 A tile per ping-pong slot = 128 KiB > 64 KiB of L0A) fails allocation the same way."""
+    from opcompiler.errors import CapacityError
+    from opcompiler.target import load_target
+    from opcompiler.template import get_template
+
+    target = load_target("ascend-sim")
+    tmpl = get_template("conv2d", "ascend")
+    wl = workload("conv2d_bias_relu", preset="resnet50.res2_3x3", batch=1, dtype="float16")
+    ok = tmpl.config(wl, target, _cfg(128, 64, 64, block_dim=32))
+    assert tmpl.check(wl, target, ok) is None
+    assert backend.measure(backend.build(wl, ok)).cycles > 0
+    big = tmpl.config(wl, target, _cfg(256, 128, 64, block_dim=32))
+    assert "L0A" in tmpl.check(wl, target, big)
+    with pytest.raises(CapacityError, match="L0A"):
+        backend.build(wl, big)
