@@ -73,6 +73,11 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
     for vi in g.input:
         if vi.name not in inits:
             _check_dtype(vi, str(path))
+    dynamic = any(not (d.HasField("dim_value") and d.dim_value > 0) for vi in g.input if vi.name not in inits
+                  for d in vi.type.tensor_type.shape.dim[:1])
+    if batch is not None and not dynamic and inputs and inputs[0][1][:1] != (batch,):
+        raise OpcError(f"the model's batch is static ({inputs[0][1][0]}); --batch sets a dynamic batch dimension",
+                       arg="--batch", value=batch, expected=f"no --batch, or --batch {inputs[0][1][0]}")
     consts = dict(inits)
     nodes, folded = _fold(_nodes(model), consts, opset)
     fixed = _with_shapes(model, dict(inputs))
@@ -89,7 +94,8 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
     shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path))
     return Graph(name=g.name or Path(path).stem, path=str(path), opset=opset, nodes=tuple(nodes),
                  inputs=tuple(inputs), outputs=tuple(o.name for o in g.output), constants=consts, shapes=shapes,
-                 batch=batch, folded=folded, model=fixed)
+                 batch=batch if batch is not None else (inputs[0][1][0] if inputs and inputs[0][1] else None),
+                 folded=folded, model=fixed)
 
 
 def _read(path: Path) -> onnx.ModelProto:

@@ -59,6 +59,17 @@ def test_old_opset_and_dynamic_spatial_dims(tmp_path):
         load(p2, batch=1)
 
 
+def test_batch_on_a_static_model(tmp_path):
+    node = helper.make_node("Relu", ["x"], ["y"], name="r")
+    g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4])])
+    p = tmp_path / "static.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    assert load(p).batch == 2 and load(p, batch=2).batch == 2
+    with pytest.raises(OpcError, match=r"--batch=3: the model's batch is static \(2\)"):
+        load(p, batch=3)
+
+
 def test_shape_arithmetic_folds_once_batch_is_fixed(tmp_path):
     """torch's x.view(x.size(0), -1): Shape -> Gather -> Unsqueeze -> Concat -> Reshape."""
     i64 = lambda v: helper.make_tensor("c", TensorProto.INT64, [len(v)] if isinstance(v, list) else [], v  # noqa: E731
