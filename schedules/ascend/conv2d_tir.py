@@ -262,9 +262,8 @@ def trace(wl: Workload, mt: int, kt: int, nt: int) -> list[tuple]:
     init = sch.decompose_reduction(conv, k0)
     sch.tensorize(sch.get_loops(init)[-2], init_name)
     sch.tensorize(sch.get_loops(conv)[-3], mm_name)
-    subs = [(padb, "fmap", "w"), (im2col, "load3d", "w"), (wpad, "w_l1", "w"), (b0, "ld_b", "w"),
-            (l0c, "l0c", "w")] + [(blk, EPI_TAGS[name], "w") for name, blk in epi]
-    for blk, tag, _ in subs:
+    subs = [(padb, "fmap"), (im2col, "load3d"), (wpad, "w_l1"), (b0, "ld_b"), (l0c, "l0c")]
+    for blk, tag in subs + [(blk, EPI_TAGS[name]) for name, blk in epi]:
         _substitute(sch, blk, 3 if tag == "fmap" else 2, tag)
     ex = tvm.compile(sch.mod, target="llvm")
     shapes = [[int(d) for d in t.shape] for t in ins] + [[wl["n"], wl["k"], ho * wo]]  # output pixels flattened
