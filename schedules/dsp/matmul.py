@@ -54,6 +54,8 @@ class DspFullyConnected(DirectTemplate):
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or through GSM"),
             Knob("split", ("items", "k"), "row blocks across the cores, or the reduction (partials reduced in GSM)"),
+            Knob("lowering", ("direct", "tir"), "emit the program from the knobs (direct) or lower TVM's scheduled "
+                 "TIR into it (tir: split=items, w_path=ddr|gsm, out_path=ddr)"),
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
@@ -65,7 +67,7 @@ class DspFullyConnected(DirectTemplate):
             for rows in rows_ok:
                 for pw in (6, 4, 2, 1):
                     cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 1,
-                           "w_path": "gsm", "out_path": "ddr", "split": "items"}
+                           "w_path": "gsm", "out_path": "ddr", "split": "items", "lowering": "direct"}
                     if self.check(wl, target, cfg) is None:
                         return cfg
         return cfg
@@ -82,7 +84,7 @@ class DspFullyConnected(DirectTemplate):
         for kv in sorted(knobs["kv"], reverse=True):
             for rows in rows_ok:
                 cfg = {"pw": 1, "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 0,
-                       "w_path": "ddr", "out_path": "ddr", "split": "items"}
+                       "w_path": "ddr", "out_path": "ddr", "split": "items", "lowering": "direct"}
                 if check(m, sp, DirectConfig.of(cfg)) is None:
                     return cfg
         return cfg
@@ -93,6 +95,11 @@ class DspFullyConnected(DirectTemplate):
         if cf.w_path == "host_copies" and wl.p.get("trans_b"):
             return "w_path=host_copies replicates B as stored; use gsm or ddr with trans_b=1"
         m = machine(target)
+        if config.get("lowering") == "tir":
+            from .tir_sched import unsupported
+            why = unsupported(config) or ("lowering=tir covers split=items" if cf.split == "k" else None)
+            if why is not None:
+                return why
         if cf.split != "k":
             return check(m, sp, cf)
         if cf.w_path != "ddr" or cf.out_path != "ddr" or cf.order != "out":

@@ -30,7 +30,7 @@ from opcompiler.backend.dsp.program import F32, Allocator, Op, View, dma_op
 from opcompiler.errors import OpcFailure
 
 from .direct import _sum, stage_order
-from .tir_sched import EPI_BLOCKS
+from .tir_sched import EPI_BLOCKS, REDUCTIONS
 
 
 def _key(v) -> int:
@@ -489,7 +489,7 @@ class Lowerer:
                 scan(s.body, depth_loops + [s])
             elif name == "SBlockRealize":
                 names.append(s.block.name_hint)
-                if s.block.name_hint == "conv2d":
+                if s.block.name_hint in REDUCTIONS:
                     red_pred = s.predicate
                     inner = [lp for lp in depth_loops if not lp.same_as(pix)]
                     steps = int(np.prod([int(lp.extent) for lp in inner[1:]]))  # loops under the lane loop

@@ -29,7 +29,8 @@ from opcompiler.target import Target
 from opcompiler.workload import Workload
 
 # epilogue blocks of the conv family in the catalogue's computes, in order
-EPI_BLOCKS = {"conv2d_bias": "bias", "batch_norm": "bn", "vrelu": "relu"}
+EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vrelu": "relu"}
+REDUCTIONS = ("conv2d", "matmul")  # the reduction block of each family
 
 
 def nhwc_workload(wl: Workload) -> Workload:
@@ -58,6 +59,8 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     why = unsupported(config)
     if why is not None:
         raise OpcError(why, arg="--config", value=dict(config), expected="order=out, w_path=ddr|gsm, out_path=ddr")
+    if get_op(wl.op).family == "matmul":
+        return fc_schedule(wl, target, config)
     base = nhwc_workload(wl)
     ins, out = get_op(base.op).compute(base)
     sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
@@ -105,21 +108,71 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     sch.annotate(sch.get_loops(pad)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
     blk, _ = sch.split(xi, [None, pw])  # register blocks of pw pixels within a row
     sch.annotate(blk, "opc.dsp.op", "mk")
-    wg = sch.cache_read(conv, 1, "local.GSM") if config["w_path"] == "gsm" else None
-    w = sch.cache_read(conv, 1, "local.AM")
+    _weights(sch, conv, ko, config, epi)
+    return sch
+
+
+def _weights(sch, red, ko, config, epi: list[str]) -> None:
+    """Weights into local.AM at the channel-block loop (through local.GSM with w_path=gsm), and
+    the epilogue's per-channel vectors (bias; BN scale and shift)."""
+    wg = sch.cache_read(red, 1, "local.GSM") if config["w_path"] == "gsm" else None
+    w = sch.cache_read(red, 1, "local.AM")
     sch.compute_at(w, ko)
     sch.annotate(sch.get_loops(w)[1], "opc.dsp.op", "dma")
-    if wg is not None:  # W_g: each core brings a slice of the (r, s, c) rows, then all read it whole
+    if wg is not None:  # W_g: each core brings a slice of the rows, then all read it whole
         sch.compute_at(wg, ko)
-        rows = sch.fuse(*sch.get_loops(wg)[1:4])
+        lps = sch.get_loops(wg)[1:-1]
+        rows = sch.fuse(*lps) if len(lps) > 1 else lps[0]
         sch.annotate(rows, "opc.dsp.op", "dma_shared")
-    for b in epi:  # the epilogue's per-channel vectors (bias; BN scale and shift) into AM
+    for b in epi:
         blk_rv = sch.get_sblock(b)
-        nreads = len(sch.get(blk_rv).reads)
-        for i in range(1, nreads):
+        for i in range(1, len(sch.get(blk_rv).reads)):
             c = sch.cache_read(blk_rv, i, "local.AM")
             sch.compute_at(c, ko)
             sch.annotate(sch.get_loops(c)[1], "opc.dsp.op", "dma")
+
+
+def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
+    """The fully connected layer (matmul, matmul_bias_relu) as the direct path treats it: row
+    blocks of A (items across the cores) staged in local.SM, B's output-feature blocks in
+    local.AM, register blocks of pw rows accumulating over K, the output tile in local.AM."""
+    import tvm
+    from tvm import te
+
+    if config.get("split") == "k":
+        raise OpcError("lowering=tir covers split=items of the fully connected layer", arg="--config",
+                       value=dict(config), expected="split=items")
+    base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n")}, dtype=wl.dtype)
+    ins, out = get_op(base.op).compute(base)
+    sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    epi = [b for b in names if b in EPI_BLOCKS]
+    mm = sch.get_sblock("matmul")
+    last = sch.get_sblock(epi[-1]) if epi else mm
+    i, j, k = sch.get_loops(mm)
+    io, ii = sch.split(i, [None, config["rows"]])
+    jo, ji = sch.split(j, [None, config["kv"] * machine(target).lanes])
+    sch.reorder(jo, io, ii, ji, k)
+    sch.annotate(io, "opc.dsp.cores", 1)
+    sch.annotate(io, "opc.dsp.stage", 1)
+    a = sch.cache_read(mm, 0, "local.SM")
+    sch.compute_at(a, io)
+    o = sch.cache_write(last, 0, "local.AM")
+    if not epi:
+        st = sch.cache_write(mm, 0, "local.REG")
+        epi_blocks = [st]
+    else:
+        for b in ["matmul"] + epi[:-1]:
+            sch.set_scope(sch.get_sblock(b), 0, "local.REG")
+        epi_blocks = [sch.get_sblock(b) for b in epi]
+    for b in epi_blocks:
+        sch.reverse_compute_at(b, ii)
+    sch.reverse_compute_at(o, io)
+    sch.annotate(sch.get_loops(o)[2], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(a)[2], "opc.dsp.op", "dma")
+    blk, _ = sch.split(ii, [None, config["pw"]])
+    sch.annotate(blk, "opc.dsp.op", "mk")
+    _weights(sch, mm, jo, config, epi)
     return sch
 
 
