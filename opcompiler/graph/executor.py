@@ -222,7 +222,11 @@ def ort_session(model):
     """An onnxruntime CPU session; the IR version is lowered to the least its opsets need, so a
     model saved by a newer `onnx` than onnxruntime knows still runs."""
     import onnx
-    import onnxruntime as ort
+    try:
+        import onnxruntime as ort
+    except ImportError:
+        raise OpcError("onnxruntime is not installed: it is the reference graphs are checked against",
+                       expected="pip install onnxruntime, or --timing-only") from None
 
     m = onnx.ModelProto()
     m.CopyFrom(model)

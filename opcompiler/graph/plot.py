@@ -32,7 +32,11 @@ def _layers(c: Comparison) -> list[tuple[str, object, list]]:
 def plot_compare(c: Comparison, path: str | Path) -> Path:
     """Write a PNG with two panels (cost, off-chip bytes): per fused kernel, a fused bar and a
     stacked unfused bar. Returns the path."""
-    import matplotlib
+    try:
+        import matplotlib
+    except ImportError:
+        raise OpcError("matplotlib is not installed", arg="--plot", value=str(path),
+                       expected="pip install 'opcompiler[plot]'") from None
 
     matplotlib.use("Agg")  # files only, no display needed
     import matplotlib.pyplot as plt
