@@ -172,6 +172,19 @@ def test_register_and_thread_budgets_from_target():
     assert "512 threads per block exceed" in (tmpl.check(wl, narrow, cfg) or "")
 
 
+def test_features_for_the_cost_model():
+    """resnet50.fc (m=1, k=2048, n=1000) at its default: a 16 x 64 x 32 tile pads M to 16 and N to 1024."""
+    wl = workload("matmul", preset="resnet50.fc", dtype="float16")
+    tmpl = get_template("matmul", "cuda")
+    cfg = tmpl.default(wl, SM80)
+    f = tmpl.features(wl, SM80, cfg)
+    assert (f["gemm_m"], f["gemm_n"], f["gemm_k"]) == (1, 1000, 2048)
+    assert (f["tile_m"], f["tile_n"], f["tile_k"]) == (16, 64, 32)
+    assert f["pad_waste"] == pytest.approx(16 * 1024 * 2048 / (1 * 1000 * 2048) - 1)
+    assert f["blocks"] == 1024 // 64 and f["waves"] == pytest.approx(16 / 108)
+    assert f["block_intensity"] == pytest.approx(2 * 16 * 64 * 32 / ((16 + 64) * 32 * 2))
+
+
 def test_int8_has_no_cuda_schedule():
     with pytest.raises(OpcError, match="float16"):
         CudaBackend(SM80).build(workload("matmul", "m=32,k=32,n=32", dtype="int8"))
@@ -193,8 +206,9 @@ def test_emitted_source_compiles_with_nvcc(tmp_path):
     from opcompiler.cli import main
     out = tmp_path / "k.cu"
     rc = main(["build", "matmul", "--target", "cuda", "--shape", "m=32,k=64,n=48", "--dtype", "float16",
-               "--emit-source", str(out), "--json"])
+               "--emit-source", str(out), "--cubin", str(tmp_path / "tvm.cubin"), "--json"])
     assert rc == 0
+    assert (tmp_path / "tvm.cubin").read_bytes()[:4] == b"\x7fELF"  # a cubin is an ELF image
     src = out.read_text()
     assert "wmma::mma_sync" in src
     proc = subprocess.run([shutil.which("nvcc"), "--cubin", "-arch=sm_80", "-o", str(tmp_path / "k.cubin"), str(out)],
