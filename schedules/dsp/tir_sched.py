@@ -20,7 +20,8 @@ the DSP program.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.errors import OpcError

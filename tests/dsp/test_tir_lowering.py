@@ -87,8 +87,9 @@ def test_register_blocks_stay_within_a_row(t):
 
 
 def test_wrong_offset_in_one_lowered_dma_gives_wrong_result(t):
-    from opcompiler.backend.dsp.program import View
     from opcompiler.schedules.dsp.tir_lower import build_program
+
+    from opcompiler.backend.dsp.program import View
 
     wl = workload("conv2d", shape="n=1,c=3,h=6,w=6,k=32,r=3,s=3,pad=1,layout=NHWC")
     tm = get_template("conv2d", "dsp")
