@@ -11,6 +11,7 @@ records have the same form as local ones.
 from __future__ import annotations
 
 import hashlib
+import signal
 import socket
 import statistics
 import tempfile
@@ -194,3 +195,58 @@ def backend_for_run(target: Target, spec: str | None) -> Backend | None:
         from .backend.cuda import require_device_or_rpc
         require_device_or_rpc(spec)
     return None
+
+
+# ------------------------------------------------------------------ the device side
+
+def _server_init() -> None:
+    """Runs in the RPC server process: compile uploaded CUDA modules with nvcc when they load
+    (TVM's default hook needs NVRTC from the cuda-bindings package)."""
+    from .backend.cuda import install_nvcc_hook
+    install_nvcc_hook()
+
+
+def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_end: int = 9199) -> None:
+    """Start a TVM RPC server registered with `tracker` (HOST:PORT) under `key`, with the nvcc
+    hook installed, and serve until interrupted. Equivalent to `python -m tvm.exec.rpc_server`
+    plus the hook."""
+    from tvm.rpc.server import Server
+    t_host, _, t_port = tracker.rpartition(":")
+    if not t_host or not t_port.isdigit():
+        raise OpcError("not HOST:PORT", arg="--tracker", value=tracker, expected="e.g. 10.0.0.5:9190")
+    server = Server(host=host, port=port, port_end=port_end, key=key, tracker_addr=(t_host, int(t_port)),
+                    server_init_callback=_server_init)
+    print(f"opcompiler rpc server on {host}:{server.port}, key {key!r}, tracker {tracker}", flush=True)
+
+    def stop(*_: Any) -> None:  # SIGTERM must not orphan the server's worker process
+        server.terminate()
+        raise SystemExit(0)
+
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        server.proc.join()
+    except KeyboardInterrupt:
+        server.terminate()
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`python -m opcompiler.rpc --tracker HOST:PORT --key KEY`: a device server for `--rpc`."""
+    import argparse
+    import sys
+    ap = argparse.ArgumentParser(prog="python -m opcompiler.rpc", description=serve.__doc__.split("\n\n")[0])
+    ap.add_argument("--tracker", required=True, help="HOST:PORT of the RPC tracker")
+    ap.add_argument("--key", required=True, help="device key clients ask for (e.g. a100)")
+    ap.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
+    ap.add_argument("--port", type=int, default=9090, help="first port to try (default %(default)s)")
+    ap.add_argument("--port-end", type=int, default=9199, help="last port to try (default %(default)s)")
+    args = ap.parse_args(argv)
+    try:
+        serve(args.tracker, args.key, args.host, args.port, args.port_end)
+    except OpcError as e:
+        print(f"opcompiler.rpc: error: {e}", file=sys.stderr)
+        return 2
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

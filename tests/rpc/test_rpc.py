@@ -109,3 +109,32 @@ def test_tuning_through_rpc_writes_records_like_local_ones(tracker, tmp_path):
     assert {frozenset(r) for r in remote} == {frozenset(r) for r in local}
     assert remote[0]["key"] == local[0]["key"]
     assert all(r["seconds"] > 0 for r in remote if r["status"] == "ok")
+
+
+def test_opcompiler_device_server_serves_runs(tracker):
+    """`python -m opcompiler.rpc` (a TVM server with the nvcc hook) registers and runs kernels."""
+    import subprocess
+    import sys
+
+    import tvm
+    host, port, _ = tracker.split(":")
+    proc = subprocess.Popen([sys.executable, "-m", "opcompiler.rpc", "--tracker", f"{host}:{port}", "--key",
+                             "opc-dev", "--host", "127.0.0.1", "--port", "19700", "--port-end", "19800"],
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    try:
+        deadline = time.time() + 90
+        while time.time() < deadline:
+            queue = tvm.rpc.connect_tracker(host, int(port)).summary().get("queue_info", {})
+            if queue.get("opc-dev", {}).get("free", 0):
+                break
+            assert proc.poll() is None, proc.stdout.read()
+            time.sleep(0.5)
+        wl = workload("add", "n=1,c=4,h=4,w=4", dtype="float32")
+        op = get_op(wl.op)
+        backend = rpc_backend(load_target("cpu"), f"{host}:{port}:opc-dev")
+        inputs = op.make_inputs(wl, seed=5)
+        res = backend.run(backend.build(wl), inputs)
+        assert compare(res.outputs[0], op.reference(wl, inputs))[0]
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
