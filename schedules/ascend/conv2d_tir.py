@@ -18,7 +18,7 @@ MMAD and the reduction init go through `sch.tensorize` with registered tensor in
 data-movement and epilogue blocks carry padding predicates and img2col index arithmetic that
 TVM's structural tensorize matcher cannot match against a fixed description, so they are
 blockized and their body is replaced (through `ScheduleState.replace`, the primitive tensorize
-itself uses) by the same `T.call_packed("opc.ascend.tir.event", ...)` intrinsic carrying the
+itself uses) by the same `T.call_packed("opc.ascend.tir.conv_event", ...)` intrinsic carrying the
 block's region origins that TVM computed. `tvm.compile(..., "llvm")` builds the loop nest;
 one native run records the trace; each core's share of the output tiles is emitted through
 `KernelBuilder` and run by the same simulator and pipe scheduler as the TIK-style template.
@@ -44,6 +44,8 @@ _REGISTERED: set[str] = set()
 _TRACE: list[tuple] = []  # events, appended while the compiled kernel runs
 _TRACES: dict[tuple, list[tuple]] = {}  # (op, padded params, tiles) -> trace: compile once per process
 TIR_OPS = ("conv2d", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn")
+# its own packed function: matmul_tir registers "opc.ascend.tir.event" into its own trace list
+EVENT = "opc.ascend.tir.conv_event"
 EPI_TAGS = {"conv2d_bias": "bias", "conv2d_out": "cast", "batch_norm": "bn", "vrelu": "relu"}
 
 
@@ -84,7 +86,7 @@ def _callbacks() -> None:
         _TRACE.append(tuple(a if isinstance(a, str) else int(a) for a in args))
         return 0
 
-    tvm.register_global_func("opc.ascend.tir.event", event, override=True)
+    tvm.register_global_func(EVENT, event, override=True)
     _REGISTERED.add("callbacks")
 
 
@@ -120,7 +122,7 @@ def _mmad_intrinsics(mt: int, kt: int, nt: int) -> tuple[str, str]:
         with T.sblock("root"):
             T.reads(C[0, 0:mt, 0:nt], A[0, 0:mt, 0:kt], B[0:kt, 0:nt])
             T.writes(C[0, 0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "mmad", A.elem_offset, sb))
+            T.evaluate(T.call_packed("opc.ascend.tir.conv_event", "mmad", A.elem_offset, sb))
 
     @T.prim_func(s_tir=True)
     def init_desc(c: T.handle) -> None:
@@ -139,7 +141,7 @@ def _mmad_intrinsics(mt: int, kt: int, nt: int) -> tuple[str, str]:
         with T.sblock("root"):
             T.reads()
             T.writes(C[0, 0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "init", C.elem_offset, 0))
+            T.evaluate(T.call_packed("opc.ascend.tir.conv_event", "init", C.elem_offset, 0))
 
     TensorIntrin.register(names[0], mm_desc, mm_impl, override=True)
     TensorIntrin.register(names[1], init_desc, init_impl, override=True)
@@ -166,7 +168,7 @@ def _substitute(sch, blk, n_inner: int, tag: str) -> None:
     args = [ana.simplify(v) for v in realize.iter_values]
     if tag == "fmap":
         args.append(inner[1].extent)  # input rows of this pixel tile (padded coordinates)
-    body = tirx.Evaluate(tirx.call_packed("opc.ascend.tir.event", tag, *args))
+    body = tirx.Evaluate(tirx.call_packed(EVENT, tag, *args))
     name = realize.block.name_hint + "_instr"
     new = SBlockRealize([], tirx.const(True, "bool"), SBlock([], [], [], name, body))
     sch.state.replace(sch.get_sref(loops[-n_inner]), new)
