@@ -134,3 +134,30 @@ def test_fc_tir_program_matches_numpy_and_direct(t, op, shape, knobs):
     assert res.metrics["counters"] == direct.metrics["counters"] == res.metrics["functional_counters"]
     tm = get_template("matmul", "dsp")
     assert "split=items" in tm.check(wl, t, tm.config(wl, t, {"lowering": "tir", "split": "k", "w_path": "ddr"}))
+
+
+@pytest.mark.parametrize("op,shape", [
+    ("conv2d_bias_relu", "n=2,c=6,h=9,w=8,k=70,r=3,s=3,stride=2,pad=1,layout=NCHW"),
+    ("conv2d_bn_relu", "n=5,c=3,h=6,w=6,k=33,r=2,s=3,pad=1,layout=NHWC"),
+    ("matmul_bias_relu", "m=23,k=17,n=100"),
+])
+def test_random_valid_tir_configs(t, op, shape):
+    """Two random valid configs per op: numpy, and the same bytes per level as the direct path."""
+    import random
+    wl = workload(op, shape=shape)
+    tm = get_template(get_op(op).family, "dsp")
+    be = get_backend(t)
+    rng = random.Random(7)
+    d = get_op(op)
+    xs = d.make_inputs(wl, 5)
+    done = 0
+    while done < 2:
+        cfg = {**tm.random_config(wl, t, rng), "lowering": "tir"}
+        if tm.check(wl, t, cfg) is not None:
+            continue
+        done += 1
+        res = be.run(be.build(wl, cfg), xs)
+        assert compare(res.outputs[0], d.reference(wl, xs))[0], cfg
+        direct = be.measure(be.build(wl, {**cfg, "lowering": "direct"}))
+        assert res.metrics["counters"]["bytes_by_level"] == direct.metrics["counters"]["bytes_by_level"], cfg
+        assert res.metrics["functional_counters"] == res.metrics["counters"], cfg
