@@ -22,7 +22,6 @@ the same figure back from the lowered kernel so tests can hold the two together.
 """
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 from typing import Any, Mapping
 

@@ -14,7 +14,6 @@ from types import MappingProxyType
 
 import numpy as np
 import pytest
-import tvm
 
 from opcompiler.backend.cuda import CudaBackend, cuda_source, has_gpu, tvm_cuda_target
 from opcompiler.errors import OpcError
