@@ -433,9 +433,11 @@ def lowered_func(wl, target, config: Mapping[str, Any]):
     """The lowered TIR of this config (cached per process)."""
     from .tir_sched import conv_schedule, lowered
 
-    key = (wl.op, tuple(sorted(wl.params)), target.name,
+    key = (wl.op, tuple(sorted(wl.params)), getattr(target, "digest", target.name),
            tuple((k, config[k]) for k in ("pw", "kv", "rows", "cols", "order", "w_path", "out_path", "split")))
     if key not in _FUNCS:
+        if len(_FUNCS) >= 256:  # a tuning run sees many configs; keep the cache bounded
+            _FUNCS.clear()
         _FUNCS[key] = lowered(conv_schedule(wl, target, config))
     return _FUNCS[key]
 
