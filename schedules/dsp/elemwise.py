@@ -37,6 +37,8 @@ def _shape(wl: Workload) -> tuple[int, int, int, int]:
 
 
 def _kind(wl: Workload) -> tuple[int, int, int, int]:
+    if wl.op not in OPS:  # e.g. ew_chain, concat: no VPU lowering (graphs fall back to the host)
+        raise OpcError(f"no dsp element-wise lowering for {wl.op}", arg="op", value=wl.op, expected=", ".join(OPS))
     n_in, npar, fm, va = OPS[wl.op]
     if wl.op == "add_relu" and wl.p.get("bcast"):
         n_in, npar = 1, 1  # y is per channel: a parameter
