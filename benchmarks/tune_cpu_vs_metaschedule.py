@@ -51,27 +51,44 @@ def tvm_args(ins: list[np.ndarray], out_shape: tuple, out_dtype: str) -> list:
         tvm.runtime.tensor(np.zeros(out_shape, dtype=out_dtype), dev)]
 
 
-def metaschedule(wl, trials: int, work_dir: str):
-    """Tune the op's plain TE compute with MetaSchedule; returns (callable, tuning seconds)."""
+def _ms_child(wl, trials: int, work_dir: str) -> None:
     from tvm import te
     from tvm.s_tir import meta_schedule as ms
     ins, out = get_op(wl.op).compute(wl)
-    func = te.create_prim_func([*ins, out])
-    target = llvm_target()
+    ms.tune_tir(te.create_prim_func([*ins, out]), llvm_target(), work_dir, max_trials_global=trials,
+                num_trials_per_iter=min(64, trials), seed=0)
+
+
+def metaschedule(wl, trials: int, work_dir: str, timeout: float):
+    """Tune the op's plain TE compute with MetaSchedule in a child process (so a stuck builder
+    cannot hang the benchmark); returns (compiled function, tuning seconds)."""
+    import multiprocessing as mp
+    from tvm import te
+    from tvm.s_tir import meta_schedule as ms
     t0 = time.perf_counter()
-    db = ms.tune_tir(func, target, work_dir, max_trials_global=trials, num_trials_per_iter=min(64, trials),
-                     seed=0)
+    proc = mp.get_context("spawn").Process(target=_ms_child, args=(wl, trials, work_dir))
+    proc.start()
+    proc.join(timeout)
+    if proc.is_alive():
+        proc.kill()
+        proc.join()
+        print(f"MetaSchedule did not finish in {timeout:.0f} s; using what its database holds", file=sys.stderr)
     tune_s = time.perf_counter() - t0
-    sch = ms.tir_integration.compile_tir(db, func, target)
+    ins, out = get_op(wl.op).compute(wl)
+    func = te.create_prim_func([*ins, out])
+    db = ms.database.JSONDatabase(os.path.join(work_dir, "database_workload.json"),
+                                  os.path.join(work_dir, "database_tuning_record.json"), allow_missing=True)
+    sch = ms.tir_integration.compile_tir(db, func, llvm_target())
     if sch is None:
         raise RuntimeError("MetaSchedule found no valid schedule")
-    return tvm.compile(sch.mod, target=target), tune_s
+    return tvm.compile(sch.mod, target=llvm_target()), tune_s
 
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--trials", type=int, default=64)
     ap.add_argument("--presets", default="resnet50.res2_3x3")
+    ap.add_argument("--ms-timeout", type=float, default=1200, help="seconds before MetaSchedule is stopped")
     ap.add_argument("--json", action="store_true")
     args = ap.parse_args()
     try:
@@ -99,7 +116,7 @@ def main() -> int:
             kernels = {"opcompiler default": backend.build(wl, None)}
             if res.best is not None:
                 kernels["opcompiler tuned"] = backend.build(wl, dict(res.best.config))
-            ms_fn, row["ms_tune_s"] = metaschedule(wl, args.trials, os.path.join(tmp, "ms"))
+            ms_fn, row["ms_tune_s"] = metaschedule(wl, args.trials, os.path.join(tmp, "ms"), args.ms_timeout)
             kernels["metaschedule"] = ms_fn
             for name, k in kernels.items():
                 fn = k.artifact if hasattr(k, "artifact") else k

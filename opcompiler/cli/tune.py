@@ -203,7 +203,7 @@ def cmd_best(args: argparse.Namespace) -> int:
                        expected=f"a workload tuned with `opcompiler tune` (looked in {', '.join(where)})")
     out = {"op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
            "template": rec.key["template"], "config": dict(rec.config), "cycles": rec.cycles,
-           "seconds": _seconds(rec, target), "metrics": dict(rec.metrics), "verified": rec.verified or True,
+           "seconds": _seconds(rec, target), "metrics": dict(rec.metrics), "verified": True,
            "key": dict(rec.key)}
     if args.json:
         emit_json(out)
@@ -247,5 +247,6 @@ def cmd_logs(args: argparse.Namespace) -> int:
         stale = "  (older opcompiler)" if r["stale"] else ""
         print(f"{r['target']:<16} {r['op']:<18} {r['dtype']:<8} {r['trials']:>6} {r['invalid']:>4} "
               f"{r['verified']:>4} {bs:>14}  {r['shape']}{stale}")
-    print("(* = best not verified yet)")
+    if any(r["best_verified_cost"] is None and r["best_cost"] is not None for r in rows):
+        print("(* = best not verified yet)")
     return 0
