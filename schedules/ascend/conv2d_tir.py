@@ -289,7 +289,12 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
     mt1, kt1, nt1 = mt // 16, kt // 16, nt // 16
     padded = Workload.make(wl.op, {**dict(p), "c": c1 * 16, "k": n1 * 16}, wl.dtype)  # channels pad and pay
     key = (wl.op, tuple(sorted(dict(padded.params).items())), mt, kt, nt)
-    if key not in _TRACES:
+    if key not in _TRACES:  # a tile that cannot fit fails here, before paying for TVM (same sizes as check())
+        from .conv2d import _Geo
+
+        dry = KernelBuilder(m)
+        for level, name, nbytes in tir_buffers(wl, _Geo(wl, target).max_rows(mt), cfg):
+            dry.alloc(level, name, (nbytes // 2,), "float16")
         _TRACES[key] = trace(padded, mt, kt, nt)
     groups: list[tuple[tuple, list[tuple]]] = []  # (feature-map event in effect, events of one output tile)
     fm_ev: tuple = ()
