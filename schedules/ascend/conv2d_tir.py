@@ -90,13 +90,14 @@ def _callbacks() -> None:
     _REGISTERED.add("callbacks")
 
 
-def _mmad_intrinsics(mt: int, kt: int, nt: int) -> tuple[str, str]:
-    """Register (once per tile shape) the MMAD and L0C-init tensor intrinsics; returns their names."""
+def _intrinsics(mt: int, kt: int, nt: int) -> tuple[str, ...]:
+    """Register (once per tile shape) the tensor intrinsics matched by `sch.tensorize`: MMAD,
+    L0C init, the L1 -> L0B weight load and the L0C -> UB move; returns their names."""
     from tvm.s_tir import TensorIntrin
     from tvm.script import tirx as T
 
     key = f"{mt}x{kt}x{nt}"
-    names = (f"opc_ascend_conv_mmad_{key}", f"opc_ascend_conv_init_{key}")
+    names = tuple(f"opc_ascend_conv_{k}_{key}" for k in ("mmad", "init", "ld_b", "l0c"))
     if key in _REGISTERED:
         return names
 
@@ -143,8 +144,53 @@ def _mmad_intrinsics(mt: int, kt: int, nt: int) -> tuple[str, str]:
             T.writes(C[0, 0:mt, 0:nt])
             T.evaluate(T.call_packed("opc.ascend.tir.conv_event", "init", C.elem_offset, 0))
 
-    TensorIntrin.register(names[0], mm_desc, mm_impl, override=True)
-    TensorIntrin.register(names[1], init_desc, init_impl, override=True)
+    @T.prim_func(s_tir=True)
+    def ldb_desc(a: T.handle, b: T.handle) -> None:
+        S = T.match_buffer(a, (kt, nt), "float16", offset_factor=1, scope="local.L1")
+        D = T.match_buffer(b, (kt, nt), "float16", offset_factor=1, scope="local.L0B")
+        with T.sblock("root"):
+            T.reads(S[0:kt, 0:nt])
+            T.writes(D[0:kt, 0:nt])
+            for i, j in T.grid(kt, nt):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[vi, vj] = S[vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def ldb_impl(a: T.handle, b: T.handle) -> None:
+        s0, d0 = T.int32(), T.int32()
+        S = T.match_buffer(a, (kt, nt), "float16", offset_factor=1, scope="local.L1", strides=[s0, 1])
+        D = T.match_buffer(b, (kt, nt), "float16", offset_factor=1, scope="local.L0B", strides=[d0, 1])
+        with T.sblock("root"):
+            T.reads(S[0:kt, 0:nt])
+            T.writes(D[0:kt, 0:nt])
+            T.evaluate(T.call_packed("opc.ascend.tir.conv_event", "ld_b", S.elem_offset, s0))
+
+    @T.prim_func(s_tir=True)
+    def l0c_desc(a: T.handle, b: T.handle) -> None:
+        S = T.match_buffer(a, (1, mt, nt), "float32", offset_factor=1, scope="local.L0C")
+        D = T.match_buffer(b, (1, mt, nt), "float32", offset_factor=1, scope="local.UB")
+        with T.sblock("root"):
+            T.reads(S[0, 0:mt, 0:nt])
+            T.writes(D[0, 0:mt, 0:nt])
+            for i, j in T.grid(mt, nt):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[0, vi, vj] = S[0, vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def l0c_impl(a: T.handle, b: T.handle) -> None:
+        s0, s1, d0, d1 = T.int32(), T.int32(), T.int32(), T.int32()
+        S = T.match_buffer(a, (1, mt, nt), "float32", offset_factor=1, scope="local.L0C", strides=[s0, s1, 1])
+        D = T.match_buffer(b, (1, mt, nt), "float32", offset_factor=1, scope="local.UB", strides=[d0, d1, 1])
+        with T.sblock("root"):
+            T.reads(S[0, 0:mt, 0:nt])
+            T.writes(D[0, 0:mt, 0:nt])
+            T.evaluate(T.call_packed("opc.ascend.tir.conv_event", "l0c", D.elem_offset, d1))
+
+    for name, desc, impl in zip(names, (mm_desc, init_desc, ldb_desc, l0c_desc), (mm_impl, init_impl, ldb_impl,
+                                                                                   l0c_impl)):
+        TensorIntrin.register(name, desc, impl, override=True)
     _REGISTERED.add(key)
     return names
 
@@ -180,7 +226,7 @@ def trace(wl: Workload, mt: int, kt: int, nt: int) -> list[tuple]:
     from tvm import te
 
     _callbacks()
-    mm_name, init_name = _mmad_intrinsics(mt, kt, nt)
+    mm_name, init_name, ldb_name, l0c_name = _intrinsics(mt, kt, nt)
     ins, out = get_op(wl.op).compute(wl)
     ho, wo = conv_out_hw(wl)
     r, s = wl["r"], wl["s"]
@@ -264,7 +310,9 @@ def trace(wl: Workload, mt: int, kt: int, nt: int) -> list[tuple]:
     init = sch.decompose_reduction(conv, k0)
     sch.tensorize(sch.get_loops(init)[-2], init_name)
     sch.tensorize(sch.get_loops(conv)[-3], mm_name)
-    subs = [(padb, "fmap"), (im2col, "load3d"), (wpad, "w_l1"), (b0, "ld_b"), (l0c, "l0c")]
+    sch.tensorize(sch.get_loops(b0)[-2], ldb_name)
+    sch.tensorize(sch.get_loops(l0c)[-2], l0c_name)
+    subs = [(padb, "fmap"), (im2col, "load3d"), (wpad, "w_l1")]
     for blk, tag in subs + [(blk, EPI_TAGS[name]) for name, blk in epi]:
         _substitute(sch, blk, 3 if tag == "fmap" else 2, tag)
     ex = tvm.compile(sch.mod, target="llvm")
@@ -370,11 +418,11 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
                         if key_ != "fmap":
                             cnt[key_] += 1
                     kb.loop()
-                elif tag == "l0c":
-                    b, p0, n1s = ev[1], ev[2], ev[3] // 16
-                    nn = min(nt1, n1 - n1s)
+                elif tag == "l0c":  # the tile's (b, p0) came with its Load3Ds, n1s with its weight DMAs
                     kb.data_move(acc, (slice(0, nn), slice(None)), c0, (slice(0, nn), slice(None)))
-                elif tag == "bias":
+                if tag in ("bias", "cast", "bn", "relu"):  # epilogue blocks: (image, channel, pixel) of the tile;
+                    b, n1s, p0 = ev[1], ev[2] // 16, ev[3]  # the last one's coordinates place the GM write
+                if tag == "bias":
                     kb.data_move(b16, (slice(0, nn),), bias_gm, (slice(n1s, n1s + nn),))
                     kb.vec("conv", VOp(b32), (VOp(b16),), nn * 16)
                     for jj in range(nn):
