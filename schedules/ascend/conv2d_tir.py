@@ -14,12 +14,14 @@ into an AI Core instruction.
     epilogue                       L0C -> UB copy, bias (fp32) / cast / BN / ReLU reverse_compute_at the
                                    output tile in local.UB; the last block writes GM
 
-MMAD and the reduction init go through `sch.tensorize` with registered tensor intrinsics. The
-data-movement and epilogue blocks carry padding predicates and img2col index arithmetic that
-TVM's structural tensorize matcher cannot match against a fixed description, so they are
-blockized and their body is replaced (through `ScheduleState.replace`, the primitive tensorize
-itself uses) by the same `T.call_packed("opc.ascend.tir.conv_event", ...)` intrinsic carrying the
-block's region origins that TVM computed. `tvm.compile(..., "llvm")` builds the loop nest;
+MMAD, the reduction init, the L1 -> L0B weight load and the L0C -> UB move go through
+`sch.tensorize` with registered tensor intrinsics. The feature-map DMA, the img2col (Load3D),
+the weight DMA and the epilogue blocks carry padding predicates and img2col index arithmetic
+that TVM's structural tensorize matcher cannot match against a fixed description (and
+`blockize` refuses the last pixel tile's unpadding predicate), so their inner loop nest is
+replaced (through `ScheduleState.replace`, the primitive tensorize itself uses) by an opaque
+block calling the same `T.call_packed("opc.ascend.tir.conv_event", ...)` with the block
+coordinates TVM computed for the tile. `tvm.compile(..., "llvm")` builds the loop nest;
 one native run records the trace; each core's share of the output tiles is emitted through
 `KernelBuilder` and run by the same simulator and pipe scheduler as the TIK-style template.
 Padding that pad_einsum adds to K and N is zero on both operands, so the emitted MMAD / weight
