@@ -131,6 +131,17 @@ class AscendConv2d(AscendTemplate):
                 bufs.append(("UB", f"out_ub_{s}", grp * rows * 16 * osz))
         return bufs, grp
 
+    def config(self, wl: Workload, target: Target, config: Mapping | None) -> dict:
+        """As the base class; a partial `{"lowering": "tir", ...}` gets the first preferred tiles
+        that the TIR path fits (it keeps whole tiles in L0, so the TIK default may not fit)."""
+        if config and config.get("lowering") == "tir" and not {"m_tile", "k_tile", "n_tile"} <= set(config):
+            prefs = self.preferred(wl, target)
+            for pref in prefs + [{**c, "double_buffer": 0} for c in prefs]:
+                cand = {**pref, **config}
+                if self.check(wl, target, cand) is None:
+                    return super().config(wl, target, cand)
+        return super().config(wl, target, config)
+
     def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
         if config.get("lowering") == "tir":
             from .conv2d_tir import unsupported

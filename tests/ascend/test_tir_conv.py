@@ -122,3 +122,19 @@ def test_check_agrees_with_what_the_tir_path_allocates(backend):
     assert "L0A" in tmpl.check(wl, target, big)
     with pytest.raises(CapacityError, match="L0A"):
         backend.build(wl, big)
+
+
+def test_partial_tir_config_gets_tiles_that_fit():
+    """`--config '{"lowering": "tir"}'` alone: the TIK default (256/128, chunked in L0) would not
+    fit the TIR path's whole-tile L0A, so the first preferred tiles that pass check() are used."""
+    from opcompiler.target import load_target
+    from opcompiler.template import get_template
+
+    target = load_target("ascend-sim")
+    tmpl = get_template("conv2d", "ascend")
+    wl = workload("conv2d_bn_relu", preset="resnet50.res2_3x3", batch=1, dtype="float16")
+    tik = tmpl.config(wl, target, None)
+    assert tmpl.check(wl, target, {**tik, "lowering": "tir"}) is not None
+    cfg = tmpl.config(wl, target, {"lowering": "tir"})
+    assert cfg["lowering"] == "tir" and tmpl.check(wl, target, cfg) is None
+    assert (cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]) == (256, 64, 64)
