@@ -78,10 +78,10 @@ def tir_rows(backend, repeat: int) -> list[dict]:
         cfg = {**TIR_TILES, "lowering": lowering}
         if cold:
             conv_tir._TRACES.clear()
-        build_s, kern = _time(lambda: backend.build(wl, cfg), 1 if cold else repeat)
-        meas_s, res = _time(lambda: backend.measure(kern), repeat)
+        build_s, kern = _time(lambda cfg=cfg: backend.build(wl, cfg), 1 if cold else repeat)
+        meas_s, res = _time(lambda kern=kern: backend.measure(kern), repeat)
         inputs = get_op(wl.op).make_inputs(wl)
-        fun_s, fres = _time(lambda: backend.run(kern, inputs), 1)
+        fun_s, fres = _time(lambda kern=kern, inputs=inputs: backend.run(kern, inputs), 1)
         rows.append({"sim": "ascend-sim", "kernel": f"conv2d resnet50.res2_3x3 b1 {label}",
                      "instructions": kern.info["instructions_core0"], "build_ms": build_s * 1e3,
                      "timing_ms": meas_s * 1e3, "candidate_ms": (build_s + meas_s) * 1e3, "sim_cycles": res.cycles,

@@ -75,8 +75,9 @@ def test_a_corrupted_instruction_offset_gives_a_wrong_result(backend):
     """The simulator runs the lowered program: point one weight DMA of the recorded trace at
     the previous k step and the output is wrong; point a Load3D at another pixel tile and the
     builder refuses it (its input rows are not in L1)."""
-    from opcompiler.errors import OpcFailure
     import opcompiler.schedules.ascend.conv2d_tir as ct
+
+    from opcompiler.errors import OpcFailure
 
     wl = workload("conv2d", "n=1,c=16,h=8,w=8,k=16,r=3,s=3,pad=1", dtype="float16")
     cfg = _cfg(16, 32, 16)
