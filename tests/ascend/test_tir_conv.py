@@ -23,6 +23,7 @@ def _cfg(mt: int, kt: int, nt: int, **kw) -> dict:
     ("conv2d", "n=1,c=3,h=10,w=10,k=20,r=3,s=3,pad=1", (32, 16, 16)),  # C=3 and K=20 pad to 16 / 32
     ("conv2d", "n=1,c=13,h=11,w=11,k=16,r=3,s=3,pad=2,dilation=2", (64, 64, 16)),  # dilation 2, C=13
     ("conv2d", "n=1,c=16,h=8,w=8,k=16,r=1,s=1", (16, 16, 16)),  # 1x1, no padding block in the compute
+    ("conv2d", "n=1,c=20,h=7,w=9,k=17,r=1,s=3,stride=2", (16, 32, 16)),  # 1x3 stride 2, no pad, C=20
     ("conv2d_bias_relu", "n=1,c=13,h=9,w=9,k=24,r=3,s=3,pad=1", (32, 32, 32)),
     ("conv2d_bn_relu", "n=2,c=16,h=8,w=8,k=32,r=3,s=3,pad=1,stride=2", (16, 64, 32)),
     ("conv2d_bn", "n=1,c=16,h=8,w=8,k=16,r=3,s=3,pad=1", (16, 16, 16)),
