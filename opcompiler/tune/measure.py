@@ -16,7 +16,7 @@ import multiprocessing as mp
 import os
 import time
 import traceback
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from importlib import import_module
 from multiprocessing.connection import Connection, wait
 from types import MappingProxyType
@@ -44,6 +44,7 @@ class BackendSpec:
     target: Target
     factory: str = ""
     rpc: str = ""
+    threads: int = 0  # TVM / OpenMP threads per worker (0 = leave the environment alone)
 
     def make(self) -> Backend:
         if self.factory:
@@ -135,6 +136,8 @@ def _one_line(e: BaseException) -> str:
 def _worker_main(conn: Connection, spec: BackendSpec) -> None:
     """Worker loop: receive (wl, config, verify, seed), send back a MeasureResult."""
     os.environ.setdefault("OPC_IN_WORKER", "1")
+    if spec.threads:  # share the cores among workers instead of oversubscribing them
+        os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(spec.threads)
     try:
         backend = spec.make()
     except BaseException as e:  # tell the parent once, then every task fails the same way
@@ -192,6 +195,8 @@ class Measurer:
     def __init__(self, spec: BackendSpec, workers: int = 1, timeout: float = 60.0, startup_timeout: float = 120.0):
         if workers < 0:
             raise OpcError("must be >= 0", arg="--workers", value=workers, expected="0 (in process), 1, 2, ...")
+        if workers > 1 and not spec.threads:
+            spec = replace(spec, threads=max(1, (os.cpu_count() or 1) // workers))
         self.spec, self.n, self.timeout, self.startup_timeout = spec, workers, timeout, startup_timeout
         self._ctx = _context()
         self._workers: list[_Worker] = []
