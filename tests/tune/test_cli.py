@@ -50,3 +50,12 @@ def test_bad_input_exits_2_with_one_line(argv: list[str], needle: str, capsys: p
     assert main(argv) == 2
     err = capsys.readouterr().err
     assert needle in err and err.count("\n") == 1
+
+
+def test_cuda_without_gpu_or_rpc_exits_2(capsys: pytest.CaptureFixture) -> None:
+    cuda = pytest.importorskip("opcompiler.backend.cuda", reason="cuda backend not in this build")
+    if cuda.has_gpu():
+        pytest.skip("this machine has a GPU: tune would really run")
+    assert main(["tune", "conv2d", "--target", "cuda-sm80", "--trials", "2"]) == 2
+    err = capsys.readouterr().err
+    assert "--rpc HOST:PORT:KEY" in err and err.count("\n") == 1
