@@ -33,7 +33,8 @@ class Space:
 
     @staticmethod
     def of(wl: Workload, target: Target, template: Template) -> "Space":
-        return Space(wl, target, template, tuple(template.space(wl, target)))
+        # knobs a user sets but the tuner should not search (e.g. an alternative lowering) stay default
+        return Space(wl, target, template, tuple(k for k in template.space(wl, target) if k.tunable))
 
     @property
     def size(self) -> int:

@@ -194,7 +194,8 @@ class DspDirectConv2d(DirectTemplate):
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or AM -> GSM -> DDR as in the paper"),
             Knob("split", ("items", "batch"), "cores take (image, row block) items, or whole images"),
             Knob("lowering", ("direct", "tir"), "emit the program from the knobs (direct) or lower TVM's scheduled "
-                 "TIR into it (tir: order=out, w_path=ddr, out_path=ddr)"),
+                 "TIR into it (tir: order=out, w_path=ddr, out_path=ddr)",
+                 tunable=False),
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:

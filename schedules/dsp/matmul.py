@@ -55,7 +55,8 @@ class DspFullyConnected(DirectTemplate):
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or through GSM"),
             Knob("split", ("items", "k"), "row blocks across the cores, or the reduction (partials reduced in GSM)"),
             Knob("lowering", ("direct", "tir"), "emit the program from the knobs (direct) or lower TVM's scheduled "
-                 "TIR into it (tir: split=items, w_path=ddr|gsm, out_path=ddr)"),
+                 "TIR into it (tir: split=items, w_path=ddr|gsm, out_path=ddr)",
+                 tunable=False),
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
