@@ -203,10 +203,19 @@ def default_log_path(target: Target, op: str) -> Path:
     return settings().log_dir / target.name / f"{op}.jsonl"
 
 
+def _shipped_dir() -> Path:
+    """The records shipped with the package (`tuning_logs/` in the repo, `opcompiler.tuning_logs` installed)."""
+    from importlib import resources
+    try:
+        return Path(str(resources.files("opcompiler.tuning_logs")))
+    except ModuleNotFoundError:  # running from a source tree that was never installed
+        return Path(__file__).resolve().parents[2] / "tuning_logs"
+
+
 def _search_paths(target: Target, op: str) -> list[Path]:
     """Where `best` looks: the user's log dir first, then the logs shipped with the package."""
     paths = [default_log_path(target, op)]
-    shipped = Path(__file__).resolve().parents[2] / "tuning_logs" / target.name / f"{op}.jsonl"
+    shipped = _shipped_dir() / target.name / f"{op}.jsonl"
     if shipped.resolve() != paths[0].resolve():
         paths.append(shipped)
     return paths

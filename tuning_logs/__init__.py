@@ -1,0 +1,1 @@
+"""Shipped, verified tuning records (`<target>/<op>.jsonl`), installed as `opcompiler.tuning_logs`."""
