@@ -224,6 +224,9 @@ def cmd_logs(args: argparse.Namespace) -> int:
     from ..settings import settings
     from ..tune.records import summarize as summarize_logs
     root = Path(args.dir) if args.dir else settings().log_dir
+    if not args.dir and not root.exists():  # nothing tuned here yet: show the records shipped with opcompiler
+        from ..tune.records import _shipped_dir
+        root = _shipped_dir()
     tname = None
     if args.target:
         from ..target import load_target
