@@ -47,6 +47,9 @@ def main(argv: list[str] | None = None) -> int:
     except OpcFailure as e:
         print(f"opcompiler: failure: {e}", file=sys.stderr)
         return 1
+    except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
+        sys.stderr.close()
+        return 0
     except KeyboardInterrupt:
         print("opcompiler: interrupted", file=sys.stderr)
         return 130
