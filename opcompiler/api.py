@@ -9,7 +9,7 @@ from typing import Any, Mapping
 
 from .backend import Kernel, RunResult, get_backend
 from .errors import OpcError, OpcFailure
-from .ops import get_op, workload
+from .ops import default_dtype, get_op, workload
 from .target import Target, load_target
 from .template import get_template
 from .verify import compare
@@ -60,7 +60,7 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
     """Build `op` for `target`, run it on random inputs, check against numpy, and report.
     `backend` overrides the target's own (e.g. an `opcompiler.rpc.RpcBackend`)."""
     tgt = target if isinstance(target, Target) else load_target(target)
-    wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype)
+    wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype or default_dtype(op, tgt.family))
     d = get_op(op)
     backend = backend or get_backend(tgt)
     cfg_in = resolve_config(wl, tgt, parse_config(config) if isinstance(config, str) else config)
@@ -71,7 +71,10 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
     if res.outputs is None:
         raise OpcFailure(f"backend {tgt.name} returned no outputs for {op}")
     ok, err = compare(res.outputs[0], ref)
-    return report(wl, tgt, kernel, res, ok, err, config_source=_config_source(config))
+    source = _config_source(config)
+    if config == "best":
+        source = "best verified record" if cfg_in is not None else "template default (no verified record)"
+    return report(wl, tgt, kernel, res, ok, err, config_source=source)
 
 
 def run_unfused(wl: Workload, target: str | Target, inputs: list[np.ndarray], config: Any = None

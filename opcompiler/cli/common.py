@@ -6,7 +6,7 @@ import json
 import sys
 from typing import Any
 
-from ..ops import workload
+from ..ops import default_dtype as _default_dtype, workload
 from ..target import Target, load_target
 from ..workload import Workload
 
@@ -26,7 +26,8 @@ def add_workload_args(p: argparse.ArgumentParser, default_target: str = "cpu", c
 
 def resolve(args: argparse.Namespace, default_dtype: str | None = None) -> tuple[Workload, Target]:
     target = load_target(args.target)
-    wl = workload(args.op, args.shape, preset=args.preset, batch=args.batch, dtype=args.dtype or default_dtype)
+    dtype = args.dtype or default_dtype or _default_dtype(args.op, target.family)
+    wl = workload(args.op, args.shape, preset=args.preset, batch=args.batch, dtype=dtype)
     return wl, target
 
 

@@ -53,10 +53,8 @@ def _default_args(args: argparse.Namespace) -> None:
 
 
 def _default_dtype(op: str, target: Target) -> str | None:
-    dts = get_op(op).dtypes
-    if target.family == "ascend" and "float16" in dts:
-        return "float16"  # the cube's native type
-    return "float32" if "float32" in dts else None
+    from ..ops import default_dtype
+    return default_dtype(op, target.family)  # fp16 on the Ascend cube, fp32 elsewhere
 
 
 def cmd_tune(args: argparse.Namespace) -> int:

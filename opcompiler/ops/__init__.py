@@ -152,6 +152,14 @@ def workload(op: str, shape: str | Mapping[str, Any] | None = None, *, preset: s
     return wl
 
 
+def default_dtype(op: str, target_family: str) -> str:
+    """The dtype a target runs an op in by default: fp16 on the Ascend cube, fp32 elsewhere."""
+    dts = get_op(op).dtypes
+    if target_family == "ascend" and "float16" in dts:
+        return "float16"
+    return "float32" if "float32" in dts else dts[0]
+
+
 def _kind(p: Mapping[str, Any]) -> str:
     return "conv" if "r" in p else "matmul"
 
@@ -163,4 +171,4 @@ def fold_bn(gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray, var: np.ndarr
     return scale.astype(gamma.dtype), (beta - mean * scale).astype(gamma.dtype)
 
 
-__all__ = ["OpDef", "Step", "get_op", "list_ops", "register_op", "workload", "fold_bn", "PRESETS"]
+__all__ = ["OpDef", "Step", "get_op", "list_ops", "register_op", "workload", "default_dtype", "fold_bn", "PRESETS"]
