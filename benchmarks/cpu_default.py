@@ -9,9 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
-import time
 
 os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))
 
@@ -22,21 +20,9 @@ from opcompiler.ops import PRESETS, get_op, workload  # noqa: E402
 from opcompiler.target import load_target  # noqa: E402
 from opcompiler.verify import compare  # noqa: E402
 
+from _timing import bench  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
-def bench(fn, repeat: int = 7, min_time: float = 0.05) -> float:
-    """Median seconds per call: warm up, then repeat batches long enough to time reliably."""
-    fn()
-    t = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t, 1e-6)
-    number = max(1, int(min_time / once))
-    runs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t) / number)
-    return statistics.median(runs)
+
 
 
 def numpy_im2col(x: np.ndarray, w: np.ndarray, stride: int, pad: int):

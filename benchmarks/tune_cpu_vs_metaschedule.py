@@ -11,7 +11,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import sys
 import tempfile
 import time
@@ -28,21 +27,9 @@ from opcompiler.target import load_target  # noqa: E402
 from opcompiler.tune import tune  # noqa: E402
 from opcompiler.verify import compare  # noqa: E402
 
+from _timing import bench  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 
-def bench(fn, repeat: int = 9, min_time: float = 0.05) -> float:
-    """Median seconds per call: warm up, then repeat batches long enough to time reliably."""
-    fn()
-    t = time.perf_counter()
-    fn()
-    once = max(time.perf_counter() - t, 1e-6)
-    number = max(1, int(min_time / once))
-    runs = []
-    for _ in range(repeat):
-        t = time.perf_counter()
-        for _ in range(number):
-            fn()
-        runs.append((time.perf_counter() - t) / number)
-    return statistics.median(runs)
+
 
 
 def tvm_args(ins: list[np.ndarray], out_shape: tuple, out_dtype: str) -> list:

@@ -23,7 +23,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tvm
 
-from .backend import Backend, Kernel, RunResult, get_backend
+from .backend import Backend, Kernel, RunResult, device_args, get_backend
 from .errors import OpcError
 from .ops import get_op
 from .target import Target
@@ -141,18 +141,7 @@ class RpcBackend(Backend):
         return sess.load_module(name), kernel.artifact.mod.entry_name
 
     def _args(self, kernel: Kernel, inputs: Sequence[np.ndarray], dev: Any) -> list:
-        op = get_op(kernel.workload.op)
-        specs = op.inputs(kernel.workload)
-        if len(inputs) != len(specs):
-            raise OpcError(f"{kernel.workload.op} takes {len(specs)} inputs, got {len(inputs)}")
-        args = []
-        for (name, shape, dt), x in zip(specs, inputs):
-            if tuple(x.shape) != tuple(shape) or str(x.dtype) != dt:
-                raise OpcError(f"input {name}: expected {dt}{list(shape)}, got {x.dtype}{list(x.shape)}")
-            args.append(tvm.runtime.tensor(np.ascontiguousarray(x), dev))
-        shape, dt = op.output_spec(kernel.workload)
-        args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev))
-        return args
+        return device_args(kernel.workload, inputs, dev)
 
     def _time(self, rmod: Any, entry: str, dev: Any, args: list) -> float:
         f = rmod.time_evaluator(entry, dev, number=1, repeat=self.repeats, min_repeat_ms=self.min_repeat_ms)

@@ -66,6 +66,26 @@ class Backend(ABC):
         """Time only, as fast as the backend can (timing mode on simulators; repeated runs on devices)."""
 
 
+def device_args(wl: Workload, inputs: Sequence[np.ndarray], dev: Any) -> list:
+    """Inputs checked against the op's signature and copied to `dev`, plus a zeroed output
+    buffer (TVM kernels are destination-passing). A mismatch names expected and got."""
+    from ..ops import get_op
+    import tvm
+
+    op = get_op(wl.op)
+    specs = op.inputs(wl)
+    if len(inputs) != len(specs):
+        raise OpcError(f"{wl.op} takes {len(specs)} inputs, got {len(inputs)}")
+    args = []
+    for (name, shape, dt), x in zip(specs, inputs):
+        if tuple(x.shape) != tuple(shape) or str(x.dtype) != dt:
+            raise OpcError(f"input {name}: expected {dt}{list(shape)}, got {x.dtype}{list(x.shape)}")
+        args.append(tvm.runtime.tensor(np.ascontiguousarray(x), dev))
+    shape, dt = op.output_spec(wl)
+    args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev))
+    return args
+
+
 _BACKENDS: dict[str, str] = {
     "cpu": "opcompiler.backend.cpu:CpuBackend",
     "ascend": "opcompiler.backend.ascend:AscendSimBackend",

@@ -13,7 +13,7 @@ from ..errors import OpcError
 from ..ops import get_op
 from ..template import get_template
 from ..workload import Workload
-from . import Backend, Kernel, RunResult
+from . import Backend, Kernel, RunResult, device_args
 
 
 @cache
@@ -56,19 +56,7 @@ class CpuBackend(Backend):
                       config=cfg, artifact=ex)
 
     def _args(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> list:
-        op = get_op(kernel.workload.op)
-        specs = op.inputs(kernel.workload)
-        if len(inputs) != len(specs):
-            raise OpcError(f"{kernel.workload.op} takes {len(specs)} inputs, got {len(inputs)}")
-        dev = tvm.cpu()
-        args = []
-        for (name, shape, dt), x in zip(specs, inputs):
-            if tuple(x.shape) != tuple(shape) or str(x.dtype) != dt:
-                raise OpcError(f"input {name}: expected {dt}{list(shape)}, got {x.dtype}{list(x.shape)}")
-            args.append(tvm.runtime.tensor(np.ascontiguousarray(x), dev))
-        shape, dt = op.output_spec(kernel.workload)
-        args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev))
-        return args
+        return device_args(kernel.workload, inputs, tvm.cpu())
 
     def _time(self, kernel: Kernel, args: list) -> float:
         ex = kernel.artifact

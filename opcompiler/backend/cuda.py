@@ -26,7 +26,7 @@ from ..ops import get_op
 from ..target import Target
 from ..template import get_template
 from ..workload import Workload
-from . import Backend, Kernel, RunResult
+from . import Backend, Kernel, RunResult, device_args
 
 NO_GPU = "no CUDA GPU found on this machine; use --rpc HOST:PORT:KEY to measure on a remote device"
 
@@ -160,18 +160,7 @@ class CudaBackend(Backend):
         return tvm.cuda(0)
 
     def _args(self, kernel: Kernel, inputs: Sequence[np.ndarray], dev: tvm.runtime.Device) -> list:
-        op = get_op(kernel.workload.op)
-        specs = op.inputs(kernel.workload)
-        if len(inputs) != len(specs):
-            raise OpcError(f"{kernel.workload.op} takes {len(specs)} inputs, got {len(inputs)}")
-        args = []
-        for (name, shape, dt), x in zip(specs, inputs):
-            if tuple(x.shape) != tuple(shape) or str(x.dtype) != dt:
-                raise OpcError(f"input {name}: expected {dt}{list(shape)}, got {x.dtype}{list(x.shape)}")
-            args.append(tvm.runtime.tensor(np.ascontiguousarray(x), dev))
-        shape, dt = op.output_spec(kernel.workload)
-        args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev))
-        return args
+        return device_args(kernel.workload, inputs, dev)
 
     def _time(self, kernel: Kernel, args: list, dev: tvm.runtime.Device) -> float:
         ex = kernel.artifact

@@ -189,7 +189,7 @@ def _pair(best: Any, default: Any, fmt: Any) -> str:
 
 def cmd_best(args: argparse.Namespace) -> int:
     from ..target import load_target
-    from ..tune.records import best_record, record_key, _search_paths
+    from ..tune.records import best_record, _search_paths
     target = load_target(args.target)
     _default_args(args)
     wl, _ = resolve(args, _default_dtype(args.op, target))

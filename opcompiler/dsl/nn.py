@@ -32,7 +32,7 @@ def _finish(acc: te.Tensor, bias: te.Tensor | None, bias_axis: int, out_dtype: s
             raise OpcError(f"bias must be 1-D of length {int(acc.shape[bias_axis])}", arg="bias.shape",
                            value=shape_to_list(bias.shape))
         res = te.compute(acc.shape, lambda *i: res(*i) + bias[i[bias_axis]].astype(acc.dtype),
-                         name=f"{name}_bias", tag=f"elemwise|bias_add")
+                         name=f"{name}_bias", tag="elemwise|bias_add")
     if out_dtype != str(acc.dtype):
         r = res
         res = te.compute(acc.shape, lambda *i: r(*i).astype(out_dtype), name=f"{name}_out", tag="elemwise|cast")

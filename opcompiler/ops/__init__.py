@@ -8,14 +8,15 @@ with defaults, and its unfused decomposition when it is a fusion.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
 from ..errors import OpcError
 from ..workload import Workload
-from .presets import PRESETS, parse_shape, preset
+from .presets import PRESETS, parse_shape
+from .presets import preset as preset_params
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -121,7 +122,7 @@ def workload(op: str, shape: str | Mapping[str, Any] | None = None, *, preset: s
     if isinstance(shape, str) and shape and "=" not in shape:
         preset, shape = shape, None
     if preset:
-        p = globals()["preset"](preset)
+        p = preset_params(preset)
         if d.preset_kind and _kind(p) != d.preset_kind:
             raise OpcError(f"preset {preset} is a {_kind(p)} shape but {op} takes a {d.preset_kind} shape",
                            arg="--preset", value=preset,

@@ -11,7 +11,7 @@ from opcompiler.target import Target
 from opcompiler.template import Knob, Template, register_template
 from opcompiler.workload import Workload
 
-from .common import block_names, create_schedule, divisors, inline_all_except, near, output_block
+from .common import create_schedule, divisors, inline_all_except, near, output_block
 
 
 @register_template

@@ -2,7 +2,6 @@
 FLOP counts by hand, presets and shape parsing."""
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from opcompiler import OpcError

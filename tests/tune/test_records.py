@@ -11,7 +11,6 @@ import time
 import warnings
 from pathlib import Path
 
-import pytest
 
 from opcompiler.tune.records import Record, RecordLog, best_of, best_record, fold, record_key
 
