@@ -2,7 +2,6 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -10,7 +9,7 @@ from opcompiler.backend import get_backend
 from opcompiler.ops import workload
 from opcompiler.target import load_target
 
-PUBLISHED = Path("/work/shared/calibration/published.json")
+from tests.calibration import PUBLISHED  # noqa: E402
 
 
 @pytest.fixture(scope="session")

@@ -1,8 +1,6 @@
 """dsp-sim against seed 004 (figures read from /work/shared/calibration/published.json)."""
 import dataclasses
 import json
-import os
-from pathlib import Path
 from types import MappingProxyType
 
 import pytest
@@ -11,7 +9,7 @@ from opcompiler.backend import get_backend
 from opcompiler.ops import workload
 from opcompiler.target import load_target
 
-PUBLISHED = Path(os.environ.get("OPC_PUBLISHED", "/work/shared/calibration/published.json"))
+from tests.calibration import PUBLISHED  # noqa: E402
 
 
 def _figure(what_prefix: str) -> dict:
