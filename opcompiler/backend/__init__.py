@@ -52,6 +52,22 @@ class Backend(ABC):
                            f"of family {target.family}")
         self.target = target
 
+    def schedule(self, wl: Workload, config: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any], Any]:
+        """(template, full config, scheduled IRModule) for the backends that compile through TVM:
+        the config is validated against the template's space and its `check` before scheduling."""
+        from ..ops import get_op
+        from ..template import get_template
+
+        if isinstance(config, str):
+            raise OpcError(f"config {config!r} has no meaning on {self.target.name}", arg="--config", value=config,
+                           expected="default, best or a JSON object of knobs")
+        tmpl = get_template(get_op(wl.op).family, self.family)
+        cfg = tmpl.config(wl, self.target, config)
+        if reason := tmpl.check(wl, self.target, cfg):
+            raise OpcError(f"invalid config {cfg} for {tmpl.name} on {self.target.name}: {reason}", arg="--config")
+        sch = tmpl.apply(wl, self.target, cfg)
+        return tmpl, cfg, (sch.mod if hasattr(sch, "mod") else sch)
+
     @abstractmethod
     def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
         """Schedule `wl` with its template and `config` (default when None) and compile it.

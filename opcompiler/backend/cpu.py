@@ -9,9 +9,7 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tvm
 
-from ..errors import OpcError
 from ..ops import get_op
-from ..template import get_template
 from ..workload import Workload
 from . import Backend, Kernel, RunResult, device_args
 
@@ -41,16 +39,7 @@ class CpuBackend(Backend):
     min_repeat_ms = 5  # tiny kernels repeat inside one measurement so timer overhead does not dominate
 
     def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
-        if isinstance(config, str):
-            raise OpcError(f"config {config!r} has no meaning on the cpu target", arg="--config", value=config,
-                           expected="default, best or a JSON object of knobs")
-        op = get_op(wl.op)
-        tmpl = get_template(op.family, self.family)
-        cfg = tmpl.config(wl, self.target, config)
-        if reason := tmpl.check(wl, self.target, cfg):
-            raise OpcError(f"invalid config {cfg} for {tmpl.name}: {reason}")
-        sch = tmpl.apply(wl, self.target, cfg)
-        mod = sch.mod if hasattr(sch, "mod") else sch
+        tmpl, cfg, mod = self.schedule(wl, config)
         ex = tvm.compile(mod, target=llvm_target())
         return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,
                       config=cfg, artifact=ex)

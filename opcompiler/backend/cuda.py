@@ -24,7 +24,6 @@ import tvm
 from ..errors import OpcError, OpcFailure
 from ..ops import get_op
 from ..target import Target
-from ..template import get_template
 from ..workload import Workload
 from . import Backend, Kernel, RunResult, device_args
 
@@ -122,16 +121,7 @@ class CudaBackend(Backend):
     repeats = 20
 
     def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
-        if isinstance(config, str):
-            raise OpcError(f"config {config!r} has no meaning on {self.target.name}", arg="--config", value=config,
-                           expected="default, best or a JSON object of knobs")
-        op = get_op(wl.op)
-        tmpl = get_template(op.family, self.family)
-        cfg = tmpl.config(wl, self.target, config)
-        if reason := tmpl.check(wl, self.target, cfg):
-            raise OpcError(f"invalid config {cfg} for {tmpl.name} on {self.target.name}: {reason}", arg="--config")
-        sch = tmpl.apply(wl, self.target, cfg)
-        mod = sch.mod if hasattr(sch, "mod") else sch
+        tmpl, cfg, mod = self.schedule(wl, config)
         target = tvm_cuda_target(self.target)
         with target:
             ex = tvm.compile(mod, target=target)
