@@ -58,8 +58,13 @@ class OpDef:
         return self.input_specs(wl)
 
     def output_spec(self, wl: Workload) -> tuple[tuple[int, ...], str]:
-        _, out = self.compute(wl)
-        return tuple(int(s) for s in out.shape), str(out.dtype)
+        """(shape, dtype) of the output; read off the compute once per workload, since every
+        run and measurement asks for it to allocate the output buffer."""
+        key = (self.name, wl)
+        if key not in _OUTPUT_SPECS:
+            _, out = self.compute(wl)
+            _OUTPUT_SPECS[key] = tuple(int(d) for d in out.shape), str(out.dtype)
+        return _OUTPUT_SPECS[key]
 
     def bytes(self, wl: Workload) -> int:
         """Compulsory bytes: every input read once, the output written once."""
@@ -86,6 +91,7 @@ class OpDef:
         return out
 
 
+_OUTPUT_SPECS: dict[tuple[str, Workload], tuple[tuple[int, ...], str]] = {}  # op names are unique
 _OPS: dict[str, OpDef] = {}
 
 
