@@ -1,6 +1,6 @@
 """dsp-sim against seed 004: the paper's schedule vs the best schedule found in the template
-space, at batch 96 and 768; 8 cores vs 1 core; shared vs copy mode. Published figures are read
-from /work/shared/calibration/published.json (OPC_PUBLISHED overrides) and printed beside ours.
+space, at batch 96 and 768; 8 cores vs 1 core; shared vs copy mode. Published figures come from
+the package (`opcompiler.calibration`) and are printed beside ours.
 
     python benchmarks/dsp_paper.py [--search]   # --search: grid over the main knobs first
 """
@@ -8,15 +8,13 @@ from __future__ import annotations
 
 import dataclasses
 import itertools
-import json
-import os
 import sys
-from pathlib import Path
 from types import MappingProxyType
 
 from tqdm import tqdm
 
 from opcompiler.backend import get_backend
+from opcompiler.calibration import published
 from opcompiler.ops import workload
 from opcompiler.target import load_target
 from opcompiler.template import get_template
@@ -25,8 +23,7 @@ BEST = {"pw": 10, "kv": 2, "rows": 1, "order": "out", "dbuf": 1, "w_path": "gsm"
 
 
 def _published() -> dict:
-    p = Path(os.environ.get("OPC_PUBLISHED", "/work/shared/calibration/published.json"))
-    return {r["what"]: r for r in json.loads(p.read_text())["ft_m7032"]} if p.is_file() else {}
+    return {r["what"]: r for r in published("ft_m7032")}
 
 
 def _measure(target, op, preset, batch, cfg):

@@ -39,14 +39,18 @@ def parse_config(text: str | Mapping[str, Any] | None) -> dict[str, Any] | str |
 
 def resolve_config(wl: Workload, target: Target, config: Any) -> dict[str, Any] | None:
     """Turn `best` into the best verified record's config (template default when none)."""
+    return resolve_config_source(wl, target, config)[0]
+
+
+def resolve_config_source(wl: Workload, target: Target, config: Any) -> tuple[dict[str, Any] | None, str]:
+    """(config, where it came from): `best` reads the user's records, then the shipped ones."""
     if config == "best":
-        try:
-            from .tune.records import best_record
-        except ImportError:
-            return None
-        rec = best_record(wl, target)
-        return dict(rec.config) if rec is not None else None
-    return config
+        from .tune.records import find_best
+        found = find_best(wl, target)
+        if found is None:
+            return None, "template default (no verified record)"
+        return dict(found.record.config), f"best verified record ({found.describe()})"
+    return config, _config_source(config)
 
 
 def build(wl: Workload, target: Target, config: Any = None) -> Kernel:
@@ -63,7 +67,7 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
     wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype or default_dtype(op, tgt.family))
     d = get_op(op)
     backend = backend or get_backend(tgt)
-    cfg_in = resolve_config(wl, tgt, parse_config(config) if isinstance(config, str) else config)
+    cfg_in, source = resolve_config_source(wl, tgt, parse_config(config) if isinstance(config, str) else config)
     kernel = backend.build(wl, cfg_in)
     inputs = d.make_inputs(wl, seed)
     res: RunResult = backend.run(kernel, inputs)
@@ -71,9 +75,6 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
     if res.outputs is None:
         raise OpcFailure(f"backend {tgt.name} returned no outputs for {op}")
     ok, err = compare(res.outputs[0], ref)
-    source = _config_source(config)
-    if config == "best":
-        source = "best verified record" if cfg_in is not None else "template default (no verified record)"
     return report(wl, tgt, kernel, res, ok, err, config_source=source)
 
 

@@ -195,11 +195,20 @@ def _server_init() -> None:
     install_nvcc_hook()
 
 
-def serve(tracker: str, key: str, host: str = "0.0.0.0", port: int = 9090, port_end: int = 9199) -> None:
+LOOPBACK = "127.0.0.1"
+EXPOSED_WARNING = ("opcompiler.rpc: warning: listening on {host}: anyone who can reach this port can upload "
+                   "a module and run it as this user; expose it only on a trusted network")
+
+
+def serve(tracker: str, key: str, host: str = LOOPBACK, port: int = 9090, port_end: int = 9199) -> None:
     """Start a TVM RPC server registered with `tracker` (HOST:PORT) under `key`, with the nvcc
     hook installed, and serve until interrupted. Equivalent to `python -m tvm.exec.rpc_server`
-    plus the hook."""
+    plus the hook. Listens on loopback unless `host` says otherwise: the server executes whatever
+    module a client uploads, so exposing it is the caller's explicit choice (with a warning)."""
+    import sys
     from tvm.rpc.server import Server
+    if host not in (LOOPBACK, "localhost", "::1"):
+        print(EXPOSED_WARNING.format(host=host), file=sys.stderr, flush=True)
     t_host, _, t_port = tracker.rpartition(":")
     if not t_host or not t_port.isdigit():
         raise OpcError("not HOST:PORT", arg="--tracker", value=tracker, expected="e.g. 10.0.0.5:9190")
@@ -225,7 +234,8 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="python -m opcompiler.rpc", description=serve.__doc__.split("\n\n")[0])
     ap.add_argument("--tracker", required=True, help="HOST:PORT of the RPC tracker")
     ap.add_argument("--key", required=True, help="device key clients ask for (e.g. a100)")
-    ap.add_argument("--host", default="0.0.0.0", help="address to listen on (default %(default)s)")
+    ap.add_argument("--host", default=LOOPBACK, help="address to listen on (default %(default)s, loopback only; "
+                    "any other address lets every host that reaches it run uploaded code, and prints a warning)")
     ap.add_argument("--port", type=int, default=9090, help="first port to try (default %(default)s)")
     ap.add_argument("--port-end", type=int, default=9199, help="last port to try (default %(default)s)")
     args = ap.parse_args(argv)

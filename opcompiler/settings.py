@@ -10,15 +10,28 @@ from pathlib import Path
 @dataclass(frozen=True, kw_only=True)
 class Settings:
     num_threads: int
-    log_dir: Path
+    log_dir: Path  # the user's tuning records (see `user_log_dir`)
+    log_dir_from: str  # "OPC_LOG_DIR" or "default": what chose `log_dir`
     seed: int
+
+
+def user_log_dir() -> tuple[Path, str]:
+    """Where `opcompiler tune` writes records: `$OPC_LOG_DIR`, else
+    `$XDG_DATA_HOME/opcompiler/tuning_logs` (default `~/.local/share/opcompiler/tuning_logs`).
+    Never the current directory, never the package: tuning must not edit tracked or shipped files."""
+    env = os.environ.get("OPC_LOG_DIR")
+    if env:
+        return Path(env).expanduser().absolute(), "OPC_LOG_DIR"
+    data = os.environ.get("XDG_DATA_HOME") or str(Path.home() / ".local" / "share")
+    return Path(data).expanduser().absolute() / "opcompiler" / "tuning_logs", "default"
 
 
 @cache
 def settings() -> Settings:
     return Settings(
         num_threads=int(os.environ.get("OPC_NUM_THREADS", os.cpu_count() or 1)),
-        log_dir=Path(os.environ.get("OPC_LOG_DIR", "tuning_logs")),
+        log_dir=user_log_dir()[0],
+        log_dir_from=user_log_dir()[1],
         seed=int(os.environ.get("OPC_SEED", "0")),
     )
 

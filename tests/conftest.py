@@ -1,8 +1,15 @@
-"""Test-wide set-up: the repository root on sys.path, so `tests.calibration` (and the fakes
-other tests share) import the same way whichever directory pytest starts from."""
-import sys
-from pathlib import Path
+"""Test-wide set-up. The suite imports `opcompiler` the way a user does: from whatever is
+installed (editable or wheel), never by putting the repository root on `sys.path`.
 
-_ROOT = str(Path(__file__).resolve().parents[1])
-if _ROOT not in sys.path:
-    sys.path.insert(0, _ROOT)
+Every test gets its own user tuning-log directory (OPC_LOG_DIR), so no test reads records a
+user or another test wrote, and none writes outside its tmp_path."""
+import pytest
+
+
+@pytest.fixture(autouse=True)
+def _private_log_dir(tmp_path_factory, monkeypatch):
+    from opcompiler.settings import settings
+    monkeypatch.setenv("OPC_LOG_DIR", str(tmp_path_factory.mktemp("user_logs")))
+    settings.cache_clear()
+    yield
+    settings.cache_clear()

@@ -21,7 +21,8 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--trials", type=int, help="total measured configs for this workload, earlier records "
                    "included (default: 128 on simulators, 32 on cpu)")
     p.add_argument("--tuner", default="xgb", help="xgb (cost model) | random | grid (default %(default)s)")
-    p.add_argument("--log", help="tuning log (default tuning_logs/<target>/<op>.jsonl)")
+    p.add_argument("--log", help="tuning log to append to (default: <OPC_LOG_DIR or "
+                   "~/.local/share/opcompiler/tuning_logs>/<target>/<op>.jsonl)")
     p.add_argument("--workers", type=int, default=1, help="measurement processes (default %(default)s)")
     p.add_argument("--batch-size", type=int, default=8, help="configs per search round (default %(default)s)")
     p.add_argument("--timeout", type=float, default=60.0, help="seconds per candidate (default %(default)s)")
@@ -34,12 +35,13 @@ def register(sub: argparse._SubParsersAction) -> None:
 
     p = sub.add_parser("best", help="print the best verified tuning record of one workload")
     add_workload_args(p, default_target="ascend-sim", config=False)
-    p.add_argument("--log", help="tuning log to read (default tuning_logs/<target>/<op>.jsonl, then shipped logs)")
+    p.add_argument("--log", help="tuning log to read (default: your records, then those shipped with opcompiler)")
     p.set_defaults(func=cmd_best)
 
     p = sub.add_parser("logs", help="summarize the stored tuning records")
     p.add_argument("--target", help="only records of this target (name or alias)")
-    p.add_argument("--dir", help="log directory or file (default tuning_logs, or OPC_LOG_DIR)")
+    p.add_argument("--dir", help="log directory or file (default: your records, then those shipped with "
+                   "opcompiler)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_logs)
 
@@ -189,20 +191,21 @@ def _pair(best: Any, default: Any, fmt: Any) -> str:
 
 def cmd_best(args: argparse.Namespace) -> int:
     from ..target import load_target
-    from ..tune.records import best_record, _search_paths
+    from ..tune.records import find_best, search_paths
     target = load_target(args.target)
     _default_args(args)
     wl, _ = resolve(args, _default_dtype(args.op, target))
-    rec = best_record(wl, target, args.log)
-    where = [args.log] if args.log else [str(p) for p in _search_paths(target, wl.op)]
-    if rec is None:
+    found = find_best(wl, target, args.log)
+    where = [args.log] if args.log else [str(p) for p, _ in search_paths(target, wl.op)]
+    if found is None:
         raise OpcError(f"no verified record for {wl.op} {wl.dtype} {wl.shape_str()} on {target.name}",
                        arg="op", value=wl.op,
                        expected=f"a workload tuned with `opcompiler tune` (looked in {', '.join(where)})")
+    rec = found.record
     out = {"op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
            "template": rec.key["template"], "config": dict(rec.config), "cycles": rec.cycles,
            "seconds": _seconds(rec, target), "metrics": dict(rec.metrics), "verified": True,
-           "key": dict(rec.key)}
+           "key": dict(rec.key), "source": found.source, "log": str(found.path)}
     if args.json:
         emit_json(out)
         return 0
@@ -215,38 +218,48 @@ def cmd_best(args: argparse.Namespace) -> int:
     print(line)
     if "percent_of_peak" in rec.metrics:
         print(f"  {float(rec.metrics['percent_of_peak']):.1f} % of peak, bound by {rec.metrics.get('bound', '?')}")
+    print(f"  from    {found.describe()}")
     return 0
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    from ..settings import settings
-    from ..tune.records import summarize as summarize_logs
-    root = Path(args.dir) if args.dir else settings().log_dir
-    if not args.dir and not root.exists():  # nothing tuned here yet: show the records shipped with opcompiler
-        from ..tune.records import _shipped_dir
-        root = _shipped_dir()
+    """Summarize records: `--dir` when given, else the user's records and the shipped ones."""
+    from ..settings import user_log_dir
+    from ..tune.records import shipped_dir, summarize as summarize_logs
     tname = None
     if args.target:
         from ..target import load_target
         tname = load_target(args.target).name
-    if not root.exists():
-        raise OpcError("no tuning logs there", arg="--dir", value=str(root),
-                       expected="a directory written by `opcompiler tune` (or set OPC_LOG_DIR)")
-    rows = summarize_logs(root, tname)
+    if args.dir:
+        root = Path(args.dir)
+        if not root.exists():
+            raise OpcError("no tuning logs there", arg="--dir", value=str(root),
+                           expected="a directory or .jsonl file written by `opcompiler tune`")
+        roots = [(root, "given")]
+    else:
+        user, why = user_log_dir()
+        roots = [(user, "user"), (shipped_dir(), "shipped")]
+    rows: list[dict[str, Any]] = []
+    for root, source in roots:
+        rows += summarize_logs(root, tname, source) if root.exists() else []
     if args.json:
         emit_json(rows)
         return 0
+    if not args.dir:
+        print(f"your records:    {user}" + (" (set by OPC_LOG_DIR)" if why == "OPC_LOG_DIR" else "")
+              + ("" if user.exists() else " (nothing tuned yet)"))
+        print(f"shipped records: {shipped_dir()} (read-only)")
     if not rows:
-        print(f"no records in {root}" + (f" for target {tname}" if tname else ""))
+        print("no records" + (f" for target {tname}" if tname else ""))
         return 0
-    print(f"{'target':<16} {'op':<18} {'dtype':<8} {'trials':>6} {'inv':>4} {'ver':>4} {'best':>14}  shape")
+    print(f"{'from':<8} {'target':<16} {'op':<18} {'dtype':<8} {'trials':>6} {'inv':>4} {'ver':>4} {'best':>14}  shape")
     for r in rows:
         best = r["best_verified_cost"] if r["best_verified_cost"] is not None else r["best_cost"]
         bs = "-" if best is None else (f"{best:,.0f} cyc" if r["unit"] == "cycles" else f"{best * 1e3:.4g} ms")
         if r["best_verified_cost"] is None and best is not None:
             bs += "*"
         stale = "  (older opcompiler)" if r["stale"] else ""
-        print(f"{r['target']:<16} {r['op']:<18} {r['dtype']:<8} {r['trials']:>6} {r['invalid']:>4} "
+        print(f"{r['source']:<8} {r['target']:<16} {r['op']:<18} {r['dtype']:<8} {r['trials']:>6} {r['invalid']:>4} "
               f"{r['verified']:>4} {bs:>14}  {r['shape']}{stale}")
     if any(r["best_verified_cost"] is None and r["best_cost"] is not None for r in rows):
         print("(* = best not verified yet)")

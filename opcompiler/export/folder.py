@@ -60,14 +60,12 @@ def resolve(wl: Workload, target: Target, config: Any) -> ResolvedConfig:
     if config in (None, "default"):
         return ResolvedConfig(config=None, source="template default")
     if config == "best":
-        try:
-            from ..tune.records import best_record
-        except ImportError:
-            return ResolvedConfig(config=None, source="template default (no tuner records module)")
-        rec = best_record(wl, target)
-        if rec is None:
+        from ..tune.records import find_best
+        found = find_best(wl, target)
+        if found is None:
             return ResolvedConfig(config=None, source="template default (no verified record for this key)")
-        return ResolvedConfig(config=dict(rec.config), source="best verified record",
+        rec = found.record
+        return ResolvedConfig(config=dict(rec.config), source=f"best verified record ({found.describe()})",
                               record={"cycles": rec.cycles, "seconds": rec.seconds, "verified": rec.verified,
                                       "tuner": rec.tuner, "timestamp": rec.timestamp,
                                       "metrics": dict(rec.metrics)})

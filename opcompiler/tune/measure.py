@@ -14,11 +14,14 @@ from __future__ import annotations
 import copyreg
 import multiprocessing as mp
 import os
+import sys
+import threading
 import time
 import traceback
 from dataclasses import dataclass, field, replace
 from importlib import import_module
 from multiprocessing.connection import Connection, wait
+from pathlib import Path
 from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
@@ -133,8 +136,39 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:300]
 
 
+def _clean_sys_path() -> None:
+    """Drop the current directory from `sys.path` (multiprocessing copies the parent's, which has
+    it under `python -m`), unless that is where this opcompiler itself was imported from."""
+    import opcompiler
+    home = Path(opcompiler.__file__).resolve().parents[1]
+    cwd = Path.cwd().resolve()
+
+    def is_cwd(p: str) -> bool:
+        where = Path(p or ".").resolve()
+        return where == cwd and where != home
+
+    sys.path[:] = [p for p in sys.path if not is_cwd(p)]
+
+
+def _probe_path(target: Target) -> Backend:
+    """A `BackendSpec.factory` for tests: a backend whose every build fails with "clean" when the
+    worker's `sys.path` holds neither '' nor the current directory and its opcompiler was not
+    imported from the current directory; else with what is wrong."""
+    import opcompiler
+    cwd = Path.cwd().resolve()
+    bad = [p for p in sys.path if p in ("", ".") or Path(p).resolve() == cwd]
+    if Path(opcompiler.__file__).resolve().is_relative_to(cwd):
+        bad.append(f"opcompiler from {opcompiler.__file__}")
+
+    class Probe:
+        def build(self, wl: Workload, config: Any) -> Any:
+            raise RuntimeError("clean" if not bad else f"not clean: {bad}")
+    return Probe()  # type: ignore[return-value]
+
+
 def _worker_main(conn: Connection, spec: BackendSpec) -> None:
     """Worker loop: receive (wl, config, verify, seed), send back a MeasureResult."""
+    _clean_sys_path()
     os.environ.setdefault("OPC_IN_WORKER", "1")
     if spec.threads:  # share the cores among workers instead of oversubscribing them
         os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(spec.threads)
@@ -167,7 +201,29 @@ def _context() -> Any:
     thread pool is forked."""
     ctx = mp.get_context("forkserver")
     ctx.set_forkserver_preload(["tvm", "opcompiler.ops.catalogue", "opcompiler.backend", "opcompiler.tune.measure"])
+    _start_forkserver_clean()
     return ctx
+
+
+_ENV_LOCK = threading.Lock()
+
+
+def _start_forkserver_clean() -> None:
+    """Start the forkserver with a clean `sys.path`. It runs `python -c ...`, which would put the
+    current directory first on `sys.path`; from a source checkout that directory's `opcompiler/`
+    would then shadow the installed package in every worker. PYTHONSAFEPATH=1 (Python >= 3.11)
+    drops it, and the workers forked from the server (and their own subprocesses) inherit that."""
+    from multiprocessing import forkserver
+    with _ENV_LOCK:
+        old = os.environ.get("PYTHONSAFEPATH")
+        os.environ["PYTHONSAFEPATH"] = "1"
+        try:
+            forkserver.ensure_running()
+        finally:
+            if old is None:
+                del os.environ["PYTHONSAFEPATH"]
+            else:
+                os.environ["PYTHONSAFEPATH"] = old
 
 
 class _Worker:

@@ -1,4 +1,9 @@
-"""Tuning records: JSON lines under `tuning_logs/`, one measurement per line.
+"""Tuning records: JSON lines, one measurement per line.
+
+Two places hold them. The user's records (`OPC_LOG_DIR`, default
+`~/.local/share/opcompiler/tuning_logs/<target>/<op>.jsonl`) are where `tune` writes. The
+records shipped with the package (`opcompiler.tuning_logs`) are read-only data: `best`,
+`--config best` and `logs` read both, the user's first, and say which they read.
 
 Each line carries a schema version and a key holding everything that changes the result
 (op, shape params, dtype, layout, target name and description digest, template name and
@@ -21,6 +26,7 @@ from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any, Iterable, Iterator, Mapping
 
+from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
 
@@ -197,28 +203,78 @@ def fold(records: Iterable[Record]) -> dict[str, ConfigState]:
     return out
 
 
+def user_dir() -> Path:
+    """The user's record directory: `OPC_LOG_DIR`, else `~/.local/share/opcompiler/tuning_logs`."""
+    from ..settings import user_log_dir
+    return user_log_dir()[0]
+
+
 def default_log_path(target: Target, op: str) -> Path:
-    """`tuning_logs/<target>/<op>.jsonl` under the current directory (`OPC_LOG_DIR` overrides)."""
-    from ..settings import settings
-    return settings().log_dir / target.name / f"{op}.jsonl"
+    """`<user dir>/<target>/<op>.jsonl`: where `tune` writes unless given `--log`."""
+    return user_dir() / target.name / f"{op}.jsonl"
 
 
-def _shipped_dir() -> Path:
-    """The records shipped with the package (`tuning_logs/` in the repo, `opcompiler.tuning_logs` installed)."""
+def shipped_dir() -> Path:
+    """The records shipped with the package (`opcompiler.tuning_logs`): read-only for users."""
     from importlib import resources
+    return Path(str(resources.files("opcompiler.tuning_logs")))
+
+
+_shipped_dir = shipped_dir  # older name
+
+
+def is_shipped(path: str | os.PathLike) -> bool:
+    """Is `path` inside the package's shipped records (through any symlink)?"""
     try:
-        return Path(str(resources.files("opcompiler.tuning_logs")))
-    except ModuleNotFoundError:  # running from a source tree that was never installed
-        return Path(__file__).resolve().parents[2] / "tuning_logs"
+        Path(path).absolute().resolve().relative_to(shipped_dir().resolve())
+        return True
+    except ValueError:
+        return False
+
+
+def check_writable(path: str | os.PathLike, allow_shipped: bool = False) -> Path:
+    """Make sure records can be appended to `path` before any candidate is measured.
+
+    Refuses the package's shipped records (unless `allow_shipped`: the maintainer command that
+    regenerates them), a directory where a file should be, a file where a directory should be,
+    and a location this user cannot write. Raises a one-line `OpcError`; creates the directory."""
+    p = Path(path).expanduser().absolute()
+    fix = "--log FILE or OPC_LOG_DIR=DIR naming a writable place"
+    if is_shipped(p) and not allow_shipped:
+        raise OpcError("is inside the records shipped with opcompiler, which tuning never edits", arg="log",
+                       value=str(p), expected=f"{fix}; maintainers regenerate shipped records with "
+                       "benchmarks/make_tuning_logs.py")
+    if p.is_dir():
+        raise OpcError("is a directory, not a log file", arg="log", value=str(p), expected=fix)
+    for parent in [p.parent, *p.parent.parents]:
+        if parent.exists():
+            if not parent.is_dir():
+                raise OpcError(f"cannot hold the tuning log: {parent} is a file, not a directory", arg="log",
+                               value=str(p), expected=fix)
+            break
+    try:
+        p.parent.mkdir(parents=True, exist_ok=True)
+    except OSError as e:
+        raise OpcError(f"cannot create its directory ({e.strerror})", arg="log", value=str(p),
+                       expected=fix) from None
+    target = p if p.exists() else p.parent
+    if not os.access(target, os.W_OK):
+        raise OpcError(f"{'the file' if p.exists() else 'its directory'} is not writable", arg="log",
+                       value=str(p), expected=fix)
+    return p
+
+
+def search_paths(target: Target, op: str) -> list[tuple[Path, str]]:
+    """Where `best` looks, in order: the user's log ("user"), then the package's ("shipped")."""
+    paths = [(default_log_path(target, op), "user")]
+    shipped = shipped_dir() / target.name / f"{op}.jsonl"
+    if shipped.resolve() != paths[0][0].resolve():
+        paths.append((shipped, "shipped"))
+    return paths
 
 
 def _search_paths(target: Target, op: str) -> list[Path]:
-    """Where `best` looks: the user's log dir first, then the logs shipped with the package."""
-    paths = [default_log_path(target, op)]
-    shipped = _shipped_dir() / target.name / f"{op}.jsonl"
-    if shipped.resolve() != paths[0].resolve():
-        paths.append(shipped)
-    return paths
+    return [p for p, _ in search_paths(target, op)]
 
 
 def best_of(records: Iterable[Record], verified_only: bool = True) -> Record | None:
@@ -228,10 +284,23 @@ def best_of(records: Iterable[Record], verified_only: bool = True) -> Record | N
     return min(cands, key=lambda r: r.cost, default=None)
 
 
-def best_record(wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Record | None:
-    """The best VERIFIED record for `wl` on `target` (any template of the current version), or None.
+@dataclass(frozen=True)
+class Found:
+    """A best record and where it came from: its log file and "user", "shipped" or "given"."""
 
-    Looks in `log` when given, else in `tuning_logs/<target>/<op>.jsonl` and the shipped logs."""
+    record: Record
+    path: Path
+    source: str
+
+    def describe(self) -> str:
+        what = {"user": "your records", "shipped": "records shipped with opcompiler", "given": "--log"}
+        return f"{what.get(self.source, self.source)}: {self.path}"
+
+
+def find_best(wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Found | None:
+    """The best VERIFIED record for `wl` on `target` (any template of the current version) and
+    where it was found, or None. Looks in `log` when given; else in the user's log, then in the
+    shipped records (the first file holding a usable verified record wins)."""
     from ..ops import get_op
     from ..template import get_template
     try:
@@ -239,14 +308,20 @@ def best_record(wl: Workload, target: Target, log: str | os.PathLike | None = No
     except Exception:  # no template for this target: nothing can be tuned, so nothing is best
         return None
     key = record_key(wl, target, tmpl.name, tmpl.version)
-    paths = [Path(log)] if log is not None else _search_paths(target, wl.op)
-    for p in paths:
+    paths = [(Path(log), "given")] if log is not None else search_paths(target, wl.op)
+    for p, source in paths:
         states = fold(RecordLog(p).for_key(key))
-        ranked = sorted((s.record for s in states.values() if s.verified), key=lambda r: r.cost)
-        for rec in ranked:
-            if _still_valid(tmpl, wl, target, rec.config):
-                return rec
+        ranked = sorted((s for s in states.values() if s.verified), key=lambda s: s.record.cost)
+        for st in ranked:
+            if _still_valid(tmpl, wl, target, st.record.config):
+                return Found(record=st.record, path=p, source=source)
     return None
+
+
+def best_record(wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Record | None:
+    """The best VERIFIED record for `wl` on `target`, or None (see `find_best` for where it looks)."""
+    found = find_best(wl, target, log)
+    return found.record if found is not None else None
 
 
 def _still_valid(tmpl: Any, wl: Workload, target: Target, config: Mapping[str, Any]) -> bool:
@@ -267,8 +342,9 @@ def iter_logs(root: str | os.PathLike) -> Iterator[Path]:
         yield from sorted(root.rglob("*.jsonl"))
 
 
-def summarize(root: str | os.PathLike, target: str | None = None) -> list[dict[str, Any]]:
-    """One row per (log file, workload key): trials, invalid, verified, best cost."""
+def summarize(root: str | os.PathLike, target: str | None = None, source: str = "") -> list[dict[str, Any]]:
+    """One row per (log file, workload key): trials, invalid, verified, best cost; `source` labels
+    where the records come from ("user", "shipped", "given")."""
     rows = []
     for path in iter_logs(root):
         groups: dict[str, list[Record]] = {}
@@ -282,7 +358,7 @@ def summarize(root: str | os.PathLike, target: str | None = None) -> list[dict[s
             best = best_of(recs, verified_only=False)
             vbest = best_of(recs, verified_only=True)
             rows.append({
-                "log": str(path), "op": key["op"], "target": key["target"], "dtype": key["dtype"],
+                "source": source, "log": str(path), "op": key["op"], "target": key["target"], "dtype": key["dtype"],
                 "shape": ",".join(f"{a}={b}" for a, b in sorted(key["params"].items())),
                 "template": f"{key['template']} v{key['template_version']}", "opc_version": key["opc_version"],
                 "trials": len(states), "invalid": sum(1 for s in states.values() if not s.record.valid or s.wrong),

@@ -25,7 +25,8 @@ from ..template import get_template
 from ..workload import Workload
 from .cost_model import Sample
 from .measure import BackendSpec, Measurer, MeasureResult
-from .records import Record, RecordLog, best_of, config_id, default_log_path, fold, now, record_key
+from .records import (Record, RecordLog, best_of, check_writable, config_id, default_log_path, fold, now,
+                      record_key)
 from .search import TUNERS, SearchStrategy, make_strategy
 from .space import Space
 
@@ -45,7 +46,8 @@ class TuneOptions:
     verify: bool = True  # check the best against the reference before marking it verified
     verify_top: int = 5  # candidates tried in cost order until one verifies
     seed: int = 0
-    log: str | os.PathLike | None = None
+    log: str | os.PathLike | None = None  # default: the user's log (`records.default_log_path`)
+    allow_shipped: bool = False  # write into the package's shipped records (maintainers' regeneration only)
     progress: bool = True
     backend_factory: str = ""  # "module:callable" building the backend (tests use fakes)
     rpc: str = ""
@@ -119,7 +121,8 @@ class Tuner:
         self.template = get_template(get_op(wl.op).family, target.family)
         self.space = Space.of(wl, target, self.template)
         self.key = record_key(wl, target, self.template.name, self.template.version)
-        self.log = RecordLog(options.log if options.log is not None else default_log_path(target, wl.op))
+        path = options.log if options.log is not None else default_log_path(target, wl.op)
+        self.log = RecordLog(check_writable(path, allow_shipped=options.allow_shipped))
 
     # -- the loop -------------------------------------------------------------------------
 

@@ -1,15 +1,12 @@
 """Shared fixtures for the ascend-sim tests: one backend per target, the published figures."""
 from __future__ import annotations
 
-import json
-
 import pytest
 
 from opcompiler.backend import get_backend
 from opcompiler.ops import workload
 from opcompiler.target import load_target
-
-from tests.calibration import PUBLISHED  # noqa: E402
+from opcompiler.calibration import published as _published
 
 
 @pytest.fixture(scope="session")
@@ -19,10 +16,7 @@ def backend():
 
 @pytest.fixture(scope="session")
 def published() -> dict:
-    if not PUBLISHED.exists():
-        pytest.skip(f"published calibration figures not found at {PUBLISHED}")
-    data = json.loads(PUBLISHED.read_text())
-    return {row["what"]: row for row in data["ascend910"]}
+    return {row["what"]: row for row in _published("ascend910")}
 
 
 def measure(backend, op: str, shape=None, *, preset=None, batch=None, dtype="float16", config=None):

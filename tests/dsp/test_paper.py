@@ -1,6 +1,5 @@
-"""dsp-sim against seed 004 (figures read from /work/shared/calibration/published.json)."""
+"""dsp-sim against seed 004 (figures from the package's `opcompiler.calibration`)."""
 import dataclasses
-import json
 from types import MappingProxyType
 
 import pytest
@@ -8,17 +7,11 @@ import pytest
 from opcompiler.backend import get_backend
 from opcompiler.ops import workload
 from opcompiler.target import load_target
-
-from tests.calibration import PUBLISHED  # noqa: E402
+from opcompiler.calibration import figure
 
 
 def _figure(what_prefix: str) -> dict:
-    if not PUBLISHED.is_file():
-        pytest.skip(f"published figures not found at {PUBLISHED} (set OPC_PUBLISHED)")
-    for row in json.loads(PUBLISHED.read_text())["ft_m7032"]:
-        if row["what"].startswith(what_prefix):
-            return row
-    raise KeyError(what_prefix)
+    return figure("ft_m7032", what_prefix)
 
 
 @pytest.fixture(scope="module")

@@ -119,7 +119,7 @@ def test_opcompiler_device_server_serves_runs(tracker):
     import tvm
     host, port, _ = tracker.split(":")
     proc = subprocess.Popen([sys.executable, "-m", "opcompiler.rpc", "--tracker", f"{host}:{port}", "--key",
-                             "opc-dev", "--host", "127.0.0.1", "--port", "19700", "--port-end", "19800"],
+                             "opc-dev", "--port", "19700", "--port-end", "19800"],  # default host: loopback
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     try:
         deadline = time.time() + 90
@@ -138,3 +138,38 @@ def test_opcompiler_device_server_serves_runs(tracker):
     finally:
         proc.terminate()
         proc.wait(timeout=30)
+    out = proc.stdout.read()
+    assert "opcompiler rpc server on 127.0.0.1:" in out and "warning" not in out
+
+
+class _FakeServer:
+    """Stands in for tvm.rpc.server.Server: records where it was asked to listen, serves nothing."""
+    hosts: list = []
+
+    def __init__(self, host, **kw):
+        _FakeServer.hosts.append(host)
+        self.port = kw["port"]
+        self.proc = type("P", (), {"join": staticmethod(lambda: None)})()
+
+    def terminate(self):
+        pass
+
+
+@pytest.mark.parametrize("argv, host, warned", [
+    ([], "127.0.0.1", False),
+    (["--host", "0.0.0.0"], "0.0.0.0", True),
+    (["--host", "10.1.2.3"], "10.1.2.3", True),
+])
+def test_rpc_server_listens_on_loopback_unless_told(monkeypatch, capsys, argv, host, warned):
+    """The server runs any module a client uploads: loopback by default, a warning when exposed."""
+    import tvm.rpc.server
+    from opcompiler import rpc
+    monkeypatch.setattr(tvm.rpc.server, "Server", _FakeServer)
+    monkeypatch.setattr(rpc.signal, "signal", lambda *a: None)  # serve() would install a SIGTERM handler here
+    _FakeServer.hosts.clear()
+    assert rpc.main(["--tracker", "127.0.0.1:9190", "--key", "k", *argv]) == 0
+    err = capsys.readouterr().err
+    assert _FakeServer.hosts == [host]
+    assert ("warning: listening on " + host in err) is warned
+    if warned:
+        assert "run it as this user" in err and len(err.strip().splitlines()) == 1

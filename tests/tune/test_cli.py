@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 import pytest
@@ -16,22 +17,25 @@ def _json(capsys: pytest.CaptureFixture, argv: list[str]) -> tuple[int, dict]:
 
 
 def test_tune_best_logs_run_on_cpu(tmp_path: Path, capsys: pytest.CaptureFixture, monkeypatch) -> None:
-    monkeypatch.chdir(tmp_path)  # default log path is relative: tuning_logs/cpu/matmul.jsonl
+    monkeypatch.chdir(tmp_path)
     shape = "m=16,k=64,n=32"
     rc, s = _json(capsys, ["tune", "matmul", "--target", "cpu", "--shape", shape, "--trials", "6",
                            "--batch-size", "3", "--workers", "0", "--json"])
     assert rc == 0
     assert s["trials"] == 6 and s["invalid"] == 0 and s["verified"] is True
-    assert s["log"] == "tuning_logs/cpu/matmul.jsonl" and Path(s["log"]).exists()
+    # the user's log (OPC_LOG_DIR, set per test in conftest), never the current directory
+    assert s["log"] == str(Path(os.environ["OPC_LOG_DIR"]) / "cpu" / "matmul.jsonl") and Path(s["log"]).exists()
+    assert not (tmp_path / "tuning_logs").exists()
     assert s["best_seconds"] <= s["default_seconds"] and s["speedup_over_default"] >= 1.0
     assert s["tflops"] == pytest.approx(2 * 16 * 64 * 32 / s["best_seconds"] / 1e12)
     assert "opcompiler export matmul --target cpu" in s["export_command"]
 
     rc, b = _json(capsys, ["best", "matmul", "--target", "cpu", "--shape", shape, "--json"])
-    assert rc == 0 and b["config"] == s["best_config"]
+    assert rc == 0 and b["config"] == s["best_config"] and b["source"] == "user" and b["log"] == s["log"]
 
-    rc, rows = _json(capsys, ["logs", "--json"])
+    rc, rows = _json(capsys, ["logs", "--target", "cpu", "--json"])
     assert rc == 0 and len(rows) == 1 and rows[0]["trials"] == 6 and rows[0]["verified"] == 1
+    assert rows[0]["source"] == "user"
 
     from opcompiler.api import run_op
     rep = run_op("matmul", "cpu", shape=shape, config="best")
