@@ -135,6 +135,19 @@ def _deep_unwrap(obj: Any, prefix: str, sources: dict[str, str], ctx: _FileCtx) 
     return obj
 
 
+def _values_only(obj: Any) -> Any:
+    """The document with every `{value, source}` pair reduced to its value: what the digest (and so
+    every tuning record's key) depends on. Sourcing a figure, or rewording why it is assumed,
+    leaves the records valid; changing a figure does not."""
+    if isinstance(obj, dict):
+        if "value" in obj and set(obj) <= {"value", "source"}:
+            return _values_only(obj["value"])
+        return {k: _values_only(v) for k, v in obj.items()}
+    if isinstance(obj, list):
+        return [_values_only(v) for v in obj]
+    return obj
+
+
 def parse_target(path: Path) -> Target:
     """Parse and validate one target file; errors name the file, the key and the problem."""
     ctx = _FileCtx(path)
@@ -186,7 +199,7 @@ def parse_target(path: Path) -> Target:
     aliases = _split(t.get("aliases", []), "target.aliases", sources, ctx)
     if not isinstance(aliases, list) or not all(isinstance(a, str) for a in aliases):
         raise ctx.err("target.aliases", "expected a list of strings")
-    canonical = json.dumps(doc, sort_keys=True, default=str).encode()
+    canonical = json.dumps(_values_only(doc), sort_keys=True, default=str).encode()
     return Target(
         name=t["name"], family=t["family"], description=str(t.get("description", "")),
         aliases=tuple(aliases),

@@ -41,3 +41,34 @@ def test_malformed_target_names_file_key_problem(tmp_path, text, words):
     with pytest.raises(OpcError) as e:
         parse_target(p)
     assert str(p) in str(e.value) and words in str(e.value)
+
+
+def test_digest_follows_values_not_sources(tmp_path):
+    """Record keys hash the figures, not the words beside them: sourcing an assumed figure keeps
+    every tuning record valid; changing the figure invalidates them."""
+    from pathlib import Path
+    text = Path(load_target("dsp-sim").path).read_text()
+    base = parse_target(_write(tmp_path, "a.toml", text)).digest
+    resourced = text.replace('latency_cycles = { value = 200, source = "assumed" }',
+                             'latency_cycles = { value = 200, source = "some paper, Table 3" }')
+    assert resourced != text
+    assert parse_target(_write(tmp_path, "b.toml", resourced)).digest == base
+    changed = text.replace('latency_cycles = { value = 200, source = "assumed" }',
+                           'latency_cycles = { value = 240, source = "assumed" }')
+    assert parse_target(_write(tmp_path, "c.toml", changed)).digest != base
+
+
+def _write(d, name, text):
+    p = d / name
+    p.write_text(text)
+    return p
+
+
+def test_shipped_records_match_the_shipped_targets():
+    """Every shipped record's key carries the digest of the target file shipped beside it."""
+    import json
+    from opcompiler.tune.records import shipped_dir
+    for log in shipped_dir().rglob("*.jsonl"):
+        digest = load_target(log.parent.name).digest
+        keys = {json.loads(line)["key"]["target_digest"] for line in log.read_text().splitlines() if line.strip()}
+        assert keys == {digest}, log
