@@ -51,6 +51,7 @@ def test_int8_cube_is_exact(op, shape):
     ("add_relu", "n=1,c=13,h=7,w=7,bcast=1"), ("bias_add", "n=2,c=13,h=7,w=9"),
     ("batch_norm", "n=1,c=64,h=14,w=14"), ("bn_relu", "n=1,c=20,h=9,w=9,layout=NHWC"),
     ("ew_chain", "n=1,c=13,h=7,w=9,chain=sigmoid"), ("ew_chain", "n=1,c=13,h=7,w=9,chain=mul;clip:0:6"),
+    ("ew_chain", "n=1,c=13,h=7,w=9,chain=affine:0.2:0.5;clip:0:1"),
     ("ew_chain", "n=2,c=20,h=5,w=5,chain=bn;relu;add"),
     ("ew_chain", "n=1,c=8,h=5,w=5,chain=scale;bias;sigmoid,layout=NHWC"),
     ("concat", "n=2,c=13,c1=20,h=5,w=7")])
