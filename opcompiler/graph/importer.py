@@ -8,7 +8,7 @@ constant) are evaluated once at import with onnx's reference evaluator.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -18,8 +18,12 @@ from onnx import helper, numpy_helper, shape_inference
 
 from ..errors import OpcError
 
-MIN_OPSET = 9
+MIN_OPSET = 6  # older models are upgraded with onnx.version_converter
+UPGRADE_TO = 11  # models below NATIVE_OPSET are converted to this opset at import
+NATIVE_OPSET = 9
 SUPPORTED_DTYPES = ("float32",)
+# In inference these forward their input: removed at import (their optional outputs unused).
+PASS_THROUGH = ("Dropout", "Identity")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -40,7 +44,7 @@ class Graph:
 
     name: str
     path: str
-    opset: int
+    opset: int  # after any upgrade (`source_opset` is the file's own)
     nodes: tuple[Node, ...]
     inputs: tuple[tuple[str, tuple[int, ...]], ...]  # runtime inputs (float32) with static shapes
     outputs: tuple[str, ...]
@@ -49,6 +53,7 @@ class Graph:
     batch: int | None
     folded: int  # nodes removed by constant folding
     model: onnx.ModelProto  # the batch-fixed model (what onnxruntime runs as the reference)
+    source_opset: int = 0  # the opset the file declared (< NATIVE_OPSET: upgraded to `opset`)
 
     def shape(self, value: str) -> tuple[int, ...]:
         if value in self.constants:
@@ -57,9 +62,11 @@ class Graph:
 
 
 def load(path: str | Path, batch: int | None = None) -> Graph:
-    """Read, check, batch-fix and fold an ONNX model. Raises OpcError for a malformed or
-    truncated file, an opset outside 9..current, or a dynamic dimension without `batch`."""
+    """Read, check, upgrade (opset < 9), batch-fix and fold an ONNX model. Raises OpcError for a
+    malformed or truncated file, an opset outside 6..current, or a dynamic dimension without `batch`."""
     model = _read(Path(path))
+    source_opset = _opset(model)
+    model = _upgrade(model, str(path))
     opset = _opset(model)
     if batch is not None and (not isinstance(batch, int) or batch < 1):
         raise OpcError("must be a positive integer", arg="--batch", value=batch)
@@ -79,7 +86,7 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
         raise OpcError(f"the model's batch is static ({inputs[0][1][0]}); --batch sets a dynamic batch dimension",
                        arg="--batch", value=batch, expected=f"no --batch, or --batch {inputs[0][1][0]}")
     consts = dict(inits)
-    nodes, folded = _fold(_nodes(model), consts, opset)
+    nodes, folded = _fold(_skip_pass_through(_nodes(model), [o.name for o in g.output]), consts, opset)
     fixed = _with_shapes(model, dict(inputs))
     shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False)
     while known := {n.name for n in nodes if n.op_type == "Shape" and n.inputs[0] in shapes}:
@@ -95,7 +102,7 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
     return Graph(name=g.name or Path(path).stem, path=str(path), opset=opset, nodes=tuple(nodes),
                  inputs=tuple(inputs), outputs=tuple(o.name for o in g.output), constants=consts, shapes=shapes,
                  batch=batch if batch is not None else (inputs[0][1][0] if inputs and inputs[0][1] else None),
-                 folded=folded, model=fixed)
+                 folded=folded, model=fixed, source_opset=source_opset)
 
 
 def _read(path: Path) -> onnx.ModelProto:
@@ -121,6 +128,40 @@ def _read(path: Path) -> onnx.ModelProto:
         first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
         raise OpcError(f"the ONNX checker rejects the model: {first}", arg="MODEL", value=str(path)) from None
     return model
+
+
+def _upgrade(model: onnx.ModelProto, path: str) -> onnx.ModelProto:
+    """Models older than opset 9 (Caffe2 / early PyTorch exporters) go through onnx's own
+    version converter to opset 11. Weights listed as graph inputs stay initializers."""
+    if _opset(model) >= NATIVE_OPSET:
+        return model
+    from onnx import version_converter
+    try:
+        up = version_converter.convert_version(model, UPGRADE_TO)
+        onnx.checker.check_model(up)
+    except Exception as e:
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        raise OpcError(f"cannot upgrade the model from opset {_opset(model)} to {UPGRADE_TO} with "
+                       f"onnx.version_converter: {first}", arg="MODEL", value=path,
+                       expected=f"a model at opset {NATIVE_OPSET} or newer (re-export it)") from None
+    return up
+
+
+def _skip_pass_through(nodes: list[Node], graph_outputs: list[str]) -> list[Node]:
+    """Drop Dropout / Identity (inference: the output is the input), rewiring their consumers.
+    One that produces a graph output, or whose Dropout mask is read, stays (lowered as a view)."""
+    used = {x for n in nodes for x in n.inputs} | set(graph_outputs)
+    alias: dict[str, str] = {}
+    kept = []
+    for n in nodes:
+        if any(x in alias for x in n.inputs):
+            n = replace(n, inputs=tuple(alias.get(x, x) for x in n.inputs))
+        if (n.op_type in PASS_THROUGH and n.domain == "" and n.outputs[0] not in graph_outputs
+                and not any(o in used for o in n.outputs[1:] if o)):
+            alias[n.outputs[0]] = n.inputs[0]
+            continue
+        kept.append(n)
+    return kept
 
 
 def _opset(model: onnx.ModelProto) -> int:

@@ -19,8 +19,8 @@ from .importer import Graph, Node
 
 F32_MAX = float(np.finfo(np.float32).max)
 SUPPORTED = ("Conv", "BatchNormalization", "Relu", "Add", "Sum", "Mul", "Gemm", "MatMul", "MaxPool", "AveragePool",
-             "GlobalAveragePool", "Flatten", "Reshape", "Softmax", "Clip", "Concat", "Sigmoid", "Identity",
-             "Constant", "ConstantOfShape")
+             "GlobalAveragePool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Softmax", "Clip", "Concat",
+             "Sigmoid", "HardSigmoid", "HardSwish", "Identity", "Dropout", "Constant", "ConstantOfShape")
 # element-wise prims and their ew_chain step name (how they join a fused element-wise chain)
 EW_STEP = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn"}
 
@@ -265,15 +265,15 @@ def _sum(ctx: _Ctx, node: Node) -> None:
 
 def _gemm(ctx: _Ctx, node: Node) -> None:
     a = _runtime(ctx, node, node.inputs[0], "A")
-    if node.attrs.get("transA", 0):
-        raise Unsupported(node, "transA=1 on a runtime A is not supported")
+    trans_a = int(node.attrs.get("transA", 0))
     alpha, beta = float(node.attrs.get("alpha", 1.0)), float(node.attrs.get("beta", 1.0))
     b = _need_const(ctx, node, node.inputs[1], "B")
     b = (b.T if node.attrs.get("transB", 0) else b) * np.float32(alpha)  # folded at import: B is (K, N)
-    m, kk = ctx.shape(a)
+    sa = ctx.shape(a)
+    m, kk = (sa[1], sa[0]) if trans_a else sa
     n = b.shape[1]
     out = node.outputs[0]
-    params = {"m": m, "k": kk, "n": n, "trans_a": 0, "trans_b": 0}
+    params = {"m": m, "k": kk, "n": n, "trans_a": trans_a, "trans_b": 0}
     bname = ctx.const(f"{node.name}:B", b)
     if len(node.inputs) < 3 or not node.inputs[2]:
         ctx.emit("matmul", params, (a, bname), out, node, (m, n))
@@ -336,12 +336,22 @@ def _view(ctx: _Ctx, node: Node) -> None:
 
 
 def _softmax(ctx: _Ctx, node: Node) -> None:
+    """Softmax over rows of a 2-D view: before opset 13 `axis` flattens the tensor into
+    [prod(shape[:axis]), prod(shape[axis:])]; from 13 on it must be the last axis."""
     x = _runtime(ctx, node, node.inputs[0], "input")
     xs = ctx.shape(x)
-    axis = int(node.attrs.get("axis", 1 if ctx.graph.opset < 13 else -1))
-    if len(xs) != 2 or axis % 2 != 1:
-        raise Unsupported(node, f"softmax is supported over the last axis of a 2-D tensor, got {list(xs)} axis {axis}")
-    ctx.emit("softmax", {"m": xs[0], "n": xs[1]}, (x,), node.outputs[0], node)
+    axis = int(node.attrs.get("axis", 1 if ctx.graph.opset < 13 else -1)) % max(len(xs), 1)
+    if ctx.graph.opset >= 13 and axis != len(xs) - 1:
+        raise Unsupported(node, f"softmax over axis {axis} of a {len(xs)}-D tensor (only the last axis; "
+                                "a transpose around it is not lowered)")
+    m, n = int(np.prod(xs[:axis], dtype=np.int64)), int(np.prod(xs[axis:], dtype=np.int64))
+    out = node.outputs[0]
+    if len(xs) == 2 and axis == 1:
+        ctx.emit("softmax", {"m": m, "n": n}, (x,), out, node)
+        return
+    flat = ctx.emit("view", {}, (x,), f"{out}:2d", node, (m, n))
+    mid = ctx.emit("softmax", {"m": m, "n": n}, (flat,), f"{out}:sm", node, (m, n))
+    ctx.emit("view", {}, (mid,), out, node, xs)
 
 
 def _concat(ctx: _Ctx, node: Node) -> None:
@@ -349,11 +359,12 @@ def _concat(ctx: _Ctx, node: Node) -> None:
     shapes = [ctx.shape(v) for v in ins]
     rank = len(shapes[0])
     axis = int(node.attrs["axis"]) % rank
-    if rank not in (2, 4) or axis != 1:
-        raise Unsupported(node, f"concat is supported along axis 1 of 2-D or 4-D tensors, got rank {rank} axis {axis}")
     for v in ins:
         if v in ctx.consts:
             ctx.const(v, ctx.consts[v])
+    if rank not in (2, 4) or axis != 1:
+        _concat_flat(ctx, node, ins, shapes, axis)
+        return
     acc, acc_shape = ins[0], shapes[0]
     for i, (v, s) in enumerate(zip(ins[1:], shapes[1:])):
         n, h, w = (acc_shape[0], *acc_shape[2:]) if rank == 4 else (acc_shape[0], 1, 1)
@@ -364,9 +375,54 @@ def _concat(ctx: _Ctx, node: Node) -> None:
         acc, acc_shape = out, out_shape
 
 
+def _concat_flat(ctx: _Ctx, node: Node, ins: list[str], shapes: list[tuple[int, ...]], axis: int) -> None:
+    """Concat on any axis of any rank: each input is an (outer, inner_i) block row, with outer =
+    prod(shape[:axis]) and inner_i = prod(shape_i[axis:]); viewed as (outer, inner_i, 1, 1) the
+    result is the channel concat of those views, viewed back."""
+    outer = int(np.prod(shapes[0][:axis], dtype=np.int64))
+    out = node.outputs[0]
+    views = []
+    for i, (v, sh) in enumerate(zip(ins, shapes)):
+        inner = int(np.prod(sh[axis:], dtype=np.int64))
+        views.append((ctx.emit("view", {}, (v,), f"{out}:in{i}", node, (outer, inner, 1, 1)), inner))
+    acc, acc_c = views[0]
+    for i, (v, inner) in enumerate(views[1:]):
+        last = i == len(views) - 2
+        name = f"{out}:flat" if last else f"{out}:cat{i}"
+        ctx.emit("concat", {"n": outer, "c": acc_c, "c1": inner, "h": 1, "w": 1, "layout": "NCHW"}, (acc, v), name,
+                 node, (outer, acc_c + inner, 1, 1))
+        acc, acc_c = name, acc_c + inner
+    ctx.emit("view", {}, (acc,), out, node, ctx.shapes[out])
+
+
+def _dropout(ctx: _Ctx, node: Node) -> None:
+    """Inference Dropout: the identity (kept only when it produces a graph output)."""
+    if len(node.outputs) > 1 and node.outputs[1]:
+        raise Unsupported(node, "the Dropout mask output is read; in inference it is all ones, export without it")
+    _view(ctx, node)
+
+
+def _hard_sigmoid(ctx: _Ctx, node: Node) -> None:
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    a, b = float(node.attrs.get("alpha", 0.2)), float(node.attrs.get("beta", 0.5))
+    ctx.emit("ew_chain", {**ew_params(ctx.shape(x)), "chain": f"affine:{a!r}:{b!r};clip:0.0:1.0"}, (x,),
+             node.outputs[0], node)
+
+
+def _hard_swish(ctx: _Ctx, node: Node) -> None:
+    """x * HardSigmoid(x) with alpha 1/6, beta 0.5: two element-wise kernels (fusable)."""
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    shape = ctx.shape(x)
+    hs = ctx.emit("ew_chain", {**ew_params(shape), "chain": f"affine:{1 / 6!r}:0.5;clip:0.0:1.0"}, (x,),
+                  f"{node.outputs[0]}:hsig", node, shape)
+    ctx.emit("ew_chain", {**ew_params(shape), "chain": "mul"}, (hs, x), node.outputs[0], node, shape)
+
+
 _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "Conv": _conv, "BatchNormalization": _batch_norm, "Relu": _relu, "Add": _add, "Sum": _sum, "Mul": _mul,
     "Gemm": _gemm, "MatMul": _matmul, "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Identity": _view,
+    "Squeeze": _view, "Unsqueeze": _view, "Dropout": _dropout,
     "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish,
 }

@@ -45,10 +45,10 @@ def test_truncated_and_garbage_files(models, tmp_path):
 
 def test_old_opset_and_dynamic_spatial_dims(tmp_path):
     m = op_zoo(opset=9)
-    m.opset_import[0].version = 8
+    m.opset_import[0].version = 5  # older than anything onnx.version_converter upgrades here
     p = tmp_path / "old.onnx"
     onnx.save(m, str(p))
-    with pytest.raises(OpcError, match="opset 8"):
+    with pytest.raises(OpcError, match="opset 5"):
         load(p, batch=1)
     node = helper.make_node("Relu", ["x"], ["y"], name="r")
     g = helper.make_graph([node], "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, ["N", 4, "H", 4])],
