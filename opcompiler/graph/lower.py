@@ -136,8 +136,11 @@ def _conv(ctx: _Ctx, node: Node) -> None:
     strides = list(node.attrs.get("strides", [1, 1]))
     dil = list(node.attrs.get("dilations", [1, 1]))
     pads = _pads(node, xs[2:], (r, s), strides, dil)
-    if len(set(strides)) != 1 or len(set(dil)) != 1 or len(set(pads)) != 1:
-        raise Unsupported(node, f"strides {strides}, dilations {dil} and pads {pads} must each be symmetric")
+    if len(set(strides)) != 1 or len(set(dil)) != 1:
+        raise Unsupported(node, f"strides {strides} and dilations {dil} must each be the same along H and W")
+    if len(set(pads)) != 1:  # asymmetric (SAME_UPPER with stride 2, TF exports): pad explicitly
+        x, xs = _explicit_pad(ctx, node, x, xs, pads, "zero")
+        pads = [0, 0, 0, 0]
     params = {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "k": k, "r": r, "s": s, "stride": strides[0],
               "pad": pads[0], "dilation": dil[0], "groups": int(node.attrs.get("group", 1)), "layout": "NCHW"}
     out = node.outputs[0]
@@ -148,6 +151,16 @@ def _conv(ctx: _Ctx, node: Node) -> None:
         ctx.emit("bias_add", ew_params(ctx.shapes[out]), (mid, ctx.const(node.inputs[2], b)), out, node)
     else:
         ctx.emit("conv2d", params, (x, wname), out, node)
+
+
+def _explicit_pad(ctx: _Ctx, node: Node, x: str, xs: tuple[int, ...], pads: list[int], fill: str
+                  ) -> tuple[str, tuple[int, ...]]:
+    """A `pad` kernel (ONNX order [top, left, bottom, right]) in front of a conv or pool."""
+    t, l, b, r = pads
+    shape = (xs[0], xs[1], xs[2] + t + b, xs[3] + l + r)
+    name = ctx.emit("pad", {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "pt": t, "pl": l, "pb": b, "pr": r,
+                            "fill": fill, "layout": "NCHW"}, (x,), f"{node.outputs[0]}:pad", node, shape)
+    return name, shape
 
 
 def _pads(node: Node, hw, kernel, strides, dil) -> list[int]:
@@ -306,14 +319,27 @@ def _pool(mode: str) -> Callable[[_Ctx, Node], None]:
         ks = list(node.attrs["kernel_shape"])
         strides = list(node.attrs.get("strides", [1, 1]))
         pads = _pads(node, xs[2:], ks, strides, [1, 1])
-        if node.attrs.get("ceil_mode", 0) or any(d != 1 for d in node.attrs.get("dilations", [1, 1])):
-            raise Unsupported(node, "ceil_mode=1 and dilated pooling are not supported")
-        if len(set(ks)) != 1 or len(set(strides)) != 1 or len(set(pads)) != 1:
-            raise Unsupported(node, f"kernel {ks}, strides {strides} and pads {pads} must each be square/symmetric")
-        if mode == "avg" and node.attrs.get("count_include_pad", 0) and pads[0]:
-            raise Unsupported(node, "count_include_pad=1 with padding is not supported")
+        if any(d != 1 for d in node.attrs.get("dilations", [1, 1])):
+            raise Unsupported(node, "dilated pooling is not supported")
+        if len(set(ks)) != 1 or len(set(strides)) != 1:
+            raise Unsupported(node, f"kernel {ks} and strides {strides} must each be square")
         if len(node.outputs) > 1 and node.outputs[1]:
             raise Unsupported(node, "the MaxPool Indices output is not supported")
+        # ceil_mode: the inferred output is larger; the windows past the edge read padding only
+        # beyond the input, so for max pooling extra bottom/right padding (lowest) is exact
+        ho, wo = ctx.shapes[node.outputs[0]][2:]
+        extra = [max((o - 1) * st + kk - (n + p0 + p1), 0)
+                 for o, st, kk, n, p0, p1 in zip((ho, wo), strides, ks, xs[2:], pads[:2], pads[2:])]
+        pads = [pads[0], pads[1], pads[2] + extra[0], pads[3] + extra[1]]
+        if len(set(pads)) != 1:
+            if mode == "avg" and not node.attrs.get("count_include_pad", 0):
+                raise Unsupported(node, f"average pooling with asymmetric pads {pads} (or ceil_mode) that "
+                                        "exclude padding from the count")
+            x, xs = _explicit_pad(ctx, node, x, xs, pads, "lowest" if mode == "max" else "zero")
+            pads = [0, 0, 0, 0]
+        if mode == "avg" and node.attrs.get("count_include_pad", 0) and pads[0]:
+            x, xs = _explicit_pad(ctx, node, x, xs, pads, "zero")
+            pads = [0, 0, 0, 0]
         ctx.emit("pool2d", {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "kernel": ks[0], "stride": strides[0],
                             "pad": pads[0], "mode": mode, "layout": "NCHW"}, (x,), node.outputs[0], node)
     return fn

@@ -567,6 +567,45 @@ register_op(OpDef(
     validate_fn=_validate_concat,
 ))
 
+PAD_DEFAULTS = {"n": 1, "c": 64, "h": 56, "w": 56, "pt": 0, "pl": 0, "pb": 1, "pr": 1, "fill": "zero",
+                "layout": "NCHW"}
+PAD_FILLS = ("zero", "lowest")  # lowest: the dtype's most negative finite value (max pooling's identity)
+
+
+def _pad_value(wl: Workload) -> float:
+    return 0.0 if wl["fill"] == "zero" else float(np.finfo(wl.dtype).min)
+
+
+def _validate_pad(wl: Workload) -> None:
+    _validate_ew(wl)
+    for key in ("pt", "pl", "pb", "pr"):
+        if wl[key] < 0:
+            raise OpcError("must be >= 0", arg=key, value=wl[key])
+    if wl["fill"] not in PAD_FILLS:
+        raise OpcError("unknown fill", arg="fill", value=wl["fill"], expected=" or ".join(PAD_FILLS))
+
+
+def _pad_compute(wl: Workload):
+    ins = _placeholders([("x", _ew_shape(wl), wl.dtype)])
+    from ..dsl.nn import pad_input
+    out = pad_input(ins[0], (wl["pt"], wl["pl"], wl["pb"], wl["pr"]), wl.layout, _pad_value(wl), name="pad_out")
+    if out is ins[0]:  # no padding at all: still a kernel (a copy)
+        out = te.compute(out.shape, lambda *i: ins[0](*i), name="pad_out", tag="elemwise")
+    return ins, out
+
+
+def _pad_ref(wl: Workload, ins) -> np.ndarray:
+    hw = ((wl["pt"], wl["pb"]), (wl["pl"], wl["pr"]))
+    widths = ((0, 0), (0, 0), *hw) if wl.layout == "NCHW" else ((0, 0), *hw, (0, 0))
+    return np.pad(ins[0], widths, constant_values=np.asarray(_pad_value(wl), wl.dtype))
+
+
+register_op(OpDef(
+    name="pad", summary="explicit spatial padding (pt, pl, pb, pr; fill zero|lowest)",
+    family="elemwise", defaults=PAD_DEFAULTS, dtypes=_EW_DTYPES, compute_fn=_pad_compute, reference_fn=_pad_ref,
+    input_specs=lambda wl: [("x", _ew_shape(wl), wl.dtype)], flops_fn=lambda wl: 0, validate_fn=_validate_pad,
+))
+
 SOFTMAX_DEFAULTS = {"m": 16, "n": 1000}
 
 

@@ -14,7 +14,7 @@ each input's contiguous channel block per image through UB (MTE2 -> UB -> MTE3, 
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -58,18 +58,18 @@ def _steps(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
 
 
 def _kind(wl: Workload) -> str:
-    if wl.op == "concat":
-        return "concat"
+    if wl.op in ("concat", "pad"):
+        return wl.op
     steps = _steps(wl)
     return "channel" if any("chan" in STEP_OPERANDS[n] for n, _ in steps) else "flat"
 
 
 def _n_full(wl: Workload) -> int:
-    return 0 if wl.op == "concat" else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad") else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
 
 
 def _n_chan(wl: Workload) -> int:
-    return 0 if wl.op == "concat" else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad") else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
 
 
 def _shape(wl: Workload) -> tuple[int, int, int, int]:
@@ -137,6 +137,8 @@ class AscendElemwise(AscendTemplate):
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
         m = machine(target)
         kind = _kind(wl)
+        if kind == "pad":
+            return self._apply_pad(wl, target, cfg, m)
         steps = [] if kind == "concat" else _steps(wl)
         dt = wl.dtype
         n, c, h, w = _shape(wl)
@@ -229,6 +231,51 @@ class AscendElemwise(AscendTemplate):
                           "layout_change": ("NCHW/NHWC <-> NC1HWC0 on the host" if kind == "channel"
                                             else "none (streams the tensor in its own layout)"),
                           "channel_padding_waste": round(1 - c / (c1 * C0), 4) if kind == "channel" else 0.0})
+
+    def _apply_pad(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+        """Explicit padding: per channel plane, tiles of whole padded rows in UB; a tile that
+        holds padding is filled (vector dup) first, then MTE2 writes the input rows into it (a
+        strided region: `w` elements per row at column `pl`), then MTE3 moves the rows out."""
+        from opcompiler.errors import OpcError
+        dt = wl.dtype
+        n, c, h, w = _shape(wl)
+        pt, pl, pb, pr = wl["pt"], wl["pl"], wl["pb"], wl["pr"]
+        hp, wp = h + pt + pb, w + pl + pr
+        if wl.layout != "NCHW":
+            raise OpcError("the ascend pad kernel pads NCHW planes", arg="layout", value=wl.layout, expected="NCHW")
+        if wp > cfg["ub_tile"]:
+            raise OpcError(f"one padded row ({wp} elements) does not fit the UB tile", arg="ub_tile",
+                           value=cfg["ub_tile"], expected=f">= {wp}")
+        rows = min(hp, cfg["ub_tile"] // wp)
+        slots = 2 if cfg["double_buffer"] else 1
+        value = 0.0 if wl["fill"] == "zero" else float(np.finfo(dt).min)
+        units = [(p, r0, min(rows, hp - r0)) for p in range(n * c) for r0 in range(0, hp, rows)]
+        active = min(cfg["block_dim"], len(units))
+
+        def program(core: int):
+            kb = KernelBuilder(m, core, active)
+            x = kb.gm("x0", (n * c, h, w), dt)
+            y = kb.gm("y", (n * c, hp, wp), dt)
+            bufs = [kb.alloc("UB", f"x0_{s}", (rows, wp), dt) for s in range(slots)]
+            lo, hi = split_even(len(units), active, core)
+            for j, (p, r0, cnt) in enumerate(units[lo:hi]):
+                ub = bufs[j % slots]
+                a, b = max(r0, pt), min(r0 + cnt, pt + h)  # padded rows that hold input rows
+                if a >= b or pl or pr or a > r0 or b < r0 + cnt:
+                    kb.vec("dup", VOp(ub), (), cnt * wp, scalar=value)
+                if a < b:
+                    kb.data_move(ub, (slice(a - r0, b - r0), slice(pl, pl + w)), x, (p, slice(a - pt, b - pt),
+                                                                                    slice(None)))
+                kb.data_move(y, (p, slice(r0, r0 + cnt), slice(None)), ub, (slice(0, cnt), slice(None)))
+                kb.loop()
+            return kb.finish(gm_inputs=("x0",))
+
+        return Plan(active_cores=active, make_program=program,
+                    pack=lambda inputs: {"x0": np.ascontiguousarray(inputs[0]).reshape(n * c, h, w)},
+                    out_name="y", out_shape=(n * c, hp, wp), out_dtype=dt,
+                    unpack=lambda yv: yv.reshape(n, c, hp, wp), flops=0, unit="vector",
+                    info={"gm_layouts": {"x": "NCHW (N*C, H, W)"}, "steps": "pad",
+                          "layout_change": "none (NCHW planes)", "channel_padding_waste": 0.0})
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)

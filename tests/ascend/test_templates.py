@@ -54,7 +54,8 @@ def test_int8_cube_is_exact(op, shape):
     ("ew_chain", "n=1,c=13,h=7,w=9,chain=affine:0.2:0.5;clip:0:1"),
     ("ew_chain", "n=2,c=20,h=5,w=5,chain=bn;relu;add"),
     ("ew_chain", "n=1,c=8,h=5,w=5,chain=scale;bias;sigmoid,layout=NHWC"),
-    ("concat", "n=2,c=13,c1=20,h=5,w=7")])
+    ("concat", "n=2,c=13,c1=20,h=5,w=7"), ("pad", "n=2,c=3,h=7,w=6,pt=0,pl=0,pb=1,pr=1,fill=lowest"),
+    ("pad", "n=1,c=5,h=9,w=40,pt=2,pl=3,pb=0,pr=1,fill=zero")])
 def test_elemwise_family(op, shape, dtype):
     rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype)
     assert rep["correct"], rep["max_abs_err"]

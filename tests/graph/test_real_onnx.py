@@ -139,3 +139,36 @@ def test_hard_sigmoid_and_hard_swish(tmp_path):
     nodes = [helper.make_node("HardSigmoid", ["x"], ["h"], alpha=0.25, beta=0.4),
              helper.make_node("HardSwish", ["h"], ["y"])]
     _check(_save(tmp_path, "hard", nodes, [("x", [1, 5, 6, 6])], [("y", [1, 5, 6, 6])], opset=14))
+
+
+@pytest.mark.parametrize("pool", [
+    dict(op="MaxPool", kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1]),  # Caffe2's asymmetric pads
+    dict(op="MaxPool", kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),  # torch ceil_mode=True (SqueezeNet)
+    dict(op="MaxPool", kernel_shape=[3, 3], strides=[2, 2], auto_pad="SAME_UPPER"),
+    dict(op="AveragePool", kernel_shape=[3, 3], strides=[1, 1], pads=[1, 1, 1, 1], count_include_pad=1),
+    dict(op="AveragePool", kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1], count_include_pad=1)])
+def test_pool_asymmetric_pads_and_ceil_mode(tmp_path, pool):
+    pool = dict(pool)
+    op = pool.pop("op")
+    node = helper.make_node(op, ["x"], ["y"], **pool)
+    out = 10 if pool["strides"] == [1, 1] else 5  # 10x10 input; ceil_mode makes 5 where floor gives 4
+    g = _check(_save(tmp_path, "pool", [node], [("x", [1, 5, 10, 10])], [("y", [1, 5, out, out])]))
+    prims = lower(g)[0]
+    assert prims[-1].kind == "pool2d" and prims[-1].params["pad"] in (0, 1)
+
+
+def test_conv_same_upper_stride2_pads_explicitly(tmp_path):
+    nodes = [helper.make_node("Conv", ["x", "W", "B"], ["y"], kernel_shape=[3, 3], strides=[2, 2],
+                              auto_pad="SAME_UPPER")]
+    p = _save(tmp_path, "conv_same", nodes, [("x", [1, 4, 8, 8])], [("y", [1, 6, 4, 4])], [_t("W", 6, 4, 3, 3),
+                                                                                         _t("B", 6)])
+    g = _check(p)
+    kinds = [q.kind for q in lower(g)[0]]
+    assert kinds == ["pad", "conv2d", "bias_add"]
+
+
+def test_avg_pool_asymmetric_excluding_pad_is_a_clear_error(tmp_path):
+    node = helper.make_node("AveragePool", ["x"], ["y"], kernel_shape=[2, 2], strides=[2, 2], pads=[0, 0, 1, 1])
+    p = _save(tmp_path, "avg_asym", [node], [("x", [1, 2, 5, 5])], [("y", [1, 2, 3, 3])])
+    with pytest.raises(OpcError, match="asymmetric pads.*exclude padding from the count"):
+        lower(load(p))
