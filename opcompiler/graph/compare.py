@@ -12,10 +12,19 @@ from .plan import make_plan
 
 @dataclass(kw_only=True)
 class Comparison:
-    """Both runs of one graph on one target."""
+    """The runs of one graph on one target: fuse every pattern, fuse nothing, and (when run)
+    the cost-chosen plan that fuses a group only where that is measured to pay."""
 
     fused: GraphRun
     unfused: GraphRun
+    cost: GraphRun | None = None
+
+    @property
+    def runs(self) -> dict[str, GraphRun]:
+        out = {"unfused": self.unfused, "fused": self.fused}
+        if self.cost is not None:
+            out["cost"] = self.cost
+        return out
 
     def summary(self) -> dict[str, Any]:
         f, u = self.fused.totals(), self.unfused.totals()
@@ -26,26 +35,39 @@ class Comparison:
         if f["cycles"] is not None and u["cycles"] is not None:
             out["cycles"] = (f["cycles"], u["cycles"])
             out["speedup"] = u["cycles"] / f["cycles"] if f["cycles"] else None
+        if self.cost is not None:
+            c = self.cost.totals()
+            base = ("cycles" if "cycles" in out and c["cycles"] is not None else "seconds")
+            out["cost_plan"] = {"kernels": c["kernels"], "seconds": c["seconds"], "cycles": c["cycles"],
+                                "offchip_bytes": c["offchip_bytes"],
+                                "speedup_vs_unfused": u[base] / c[base] if c[base] else None,
+                                "speedup_vs_fused": f[base] / c[base] if c[base] else None}
         return out
 
     def as_dict(self) -> dict[str, Any]:
         s = self.summary()
-        return {"model": self.fused.plan.graph.name, "target": self.fused.plan.target.name,
-                "dtype": self.fused.plan.dtype, "batch": self.fused.plan.graph.batch,
-                "correct": {"fused": self.fused.correct, "unfused": self.unfused.correct},
-                "speedup": s["speedup"], "offchip_ratio": s["offchip_ratio"],
-                "fused": self.fused.as_dict(), "unfused": self.unfused.as_dict()}
+        out = {"model": self.fused.plan.graph.name, "target": self.fused.plan.target.name,
+               "dtype": self.fused.plan.dtype, "batch": self.fused.plan.graph.batch,
+               "correct": {k: r.correct for k, r in self.runs.items()},
+               "speedup": s["speedup"], "offchip_ratio": s["offchip_ratio"],
+               "fused": self.fused.as_dict(), "unfused": self.unfused.as_dict()}
+        if self.cost is not None:
+            out["cost"] = self.cost.as_dict()
+            out["cost_plan"] = s["cost_plan"]
+        return out
 
 
 def compare(graph: Graph, target: str | Target = "cpu", *, fallback: str | None = None, check: bool = True,
-            config: str = "best", seed: int = 0, progress: bool = False, repeat: int = 1) -> Comparison:
-    """Run `graph` fused and unfused on `target` with the same inputs (see `run_plan`)."""
+            config: str = "best", seed: int = 0, progress: bool = False, repeat: int = 1,
+            cost_plan: bool = True) -> Comparison:
+    """Run `graph` fused, unfused and (with `cost_plan`) cost-chosen on `target` with the same
+    inputs (see `run_plan`). Kernels are built once and shared between the plans."""
     tgt = target if isinstance(target, Target) else load_target(target)
     runs = {}
-    for fused in (True, False):
-        p = make_plan(graph, tgt, fused=fused, fallback=fallback)
-        runs[fused] = run_plan(p, check=check, config=config, seed=seed, progress=progress, repeat=repeat)
-    return Comparison(fused=runs[True], unfused=runs[False])
+    for mode in ("fused", "unfused") + (("cost",) if cost_plan else ()):
+        p = make_plan(graph, tgt, mode=mode, fallback=fallback, config=config)
+        runs[mode] = run_plan(p, check=check, config=config, seed=seed, progress=progress, repeat=repeat)
+    return Comparison(fused=runs["fused"], unfused=runs["unfused"], cost=runs.get("cost"))
 
 
 def _si(x: float, unit: str) -> str:
@@ -85,7 +107,9 @@ def format_compare(c: Comparison) -> str:
     s = c.summary()
     f, u = c.fused.totals(), c.unfused.totals()
     lines = [f"{c.fused.plan.graph.name} on {c.fused.plan.target.name} ({c.fused.plan.dtype}, batch "
-             f"{c.fused.plan.graph.batch})", format_run(c.fused), "", format_run(c.unfused), ""]
+             f"{c.fused.plan.graph.batch})"]
+    for r in c.runs.values():
+        lines += [format_run(r), ""]
     if "cycles" in s:
         lines.append(f"total cycles:     fused {s['cycles'][0]:,}  unfused {s['cycles'][1]:,}  "
                      f"speedup {s['speedup']:.2f}x")
@@ -93,10 +117,15 @@ def format_compare(c: Comparison) -> str:
                  + ("" if "cycles" in s else f"  speedup {s['speedup']:.2f}x" if s["speedup"] else ""))
     lines.append(f"off-chip bytes:   fused {_si(f['offchip_bytes'], 'B')}  unfused {_si(u['offchip_bytes'], 'B')}  "
                  f"ratio {s['offchip_ratio']:.2f}x" if s["offchip_ratio"] else "off-chip bytes: -")
+    if "cost_plan" in s:
+        cp = s["cost_plan"]
+        cost_s = (f"{cp['cycles']:,} cycles, " if cp["cycles"] is not None else "") + _si(cp["seconds"], "s")
+        lines.append(f"cost-chosen plan: {cost_s}, off-chip {_si(cp['offchip_bytes'], 'B')}; "
+                     f"{cp['speedup_vs_unfused']:.2f}x vs unfused, {cp['speedup_vs_fused']:.2f}x vs fused")
     if f["host_nodes"] or u["host_nodes"]:
         lines.append(f"host (fallback):  fused {f['host_nodes']} nodes {_si(f['host_seconds'], 's')}  unfused "
                      f"{u['host_nodes']} nodes {_si(u['host_seconds'], 's')} (not in the totals above)")
-    for name, r in (("fused", c.fused), ("unfused", c.unfused)):
+    for name, r in c.runs.items():
         if r.correct is not None:
             errs = ", ".join(f"{k} {v:.3g}" for k, v in r.max_abs_err.items())
             lines.append(f"{name} vs onnxruntime: {'OK' if r.correct else 'MISMATCH'} (max abs err {errs})")

@@ -1,8 +1,9 @@
 """Compile every kernel of a plan for its target and run the graph end to end, checked against
 onnxruntime.
 
-Each kernel is built with its best verified record from `tuning_logs/` (`resolve_config(wl,
-target, "best")`) or, when there is none, its template's default; the report says which.
+Each kernel is built with its best verified record (the user's records, then the shipped ones:
+`resolve_config(wl, target, "best")`) or, when there is none, its template's default; the report
+says which. Kernels are built once per process and shared between plans (`graph.cost`).
 A kernel the target cannot build (no template) and ONNX nodes we do not compile run on the host
 only when the plan was made with `fallback="cpu"`, and are reported separately.
 """
@@ -15,7 +16,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from ..api import resolve_config
 from ..backend import Backend, Kernel, get_backend
 from ..errors import OpcError, OpcFailure
 from ..ops import get_op
@@ -117,7 +117,8 @@ def compile_plan(plan: Plan, config: str = "best", progress: bool = False
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    backend = get_backend(plan.target)
+    from .cost import backend_for
+    backend = backend_for(plan.target)
     cache: dict[str, _Built] = {}
     host: list[Backend] = []
     out: list[tuple[Group, _Built | None]] = []
@@ -145,14 +146,11 @@ def compile_plan(plan: Plan, config: str = "best", progress: bool = False
 
 
 def _build(plan: Plan, g: Group, backend: Backend, config: str, cache: dict[str, _Built]) -> _Built:
-    wl = plan.workload(g)
-    key = f"{backend.target.name}|{wl.key_str()}"
-    if key not in cache:
-        cfg = resolve_config(wl, backend.target, config)
-        kernel = backend.build(wl, cfg)
-        cache[key] = _Built(kernel, backend, backend.target.name if backend.target is plan.target else "host",
-                            "tuning record" if cfg is not None else "template default")
-    return cache[key]
+    """Each distinct (target, workload, config) is built once per process (`cost.built`)."""
+    from .cost import built
+    b = built(backend.target, plan.workload(g), config, backend)
+    return _Built(b.kernel, backend, backend.target.name if backend.target is plan.target else "host",
+                  b.config_source)
 
 
 def _why(e: Exception) -> str:

@@ -8,7 +8,7 @@ A run of element-wise primitives no named pattern covers becomes one `ew_chain` 
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from functools import cache
 from typing import Any, Mapping, Sequence
 
@@ -28,6 +28,7 @@ class Group:
     inputs: tuple[str, ...]
     outputs: tuple[str, ...]
     prims: tuple[Prim, ...]
+    why: str = ""  # cost-chosen plans: why this group was (or was not) fused
 
     @property
     def nodes(self) -> tuple[str, ...]:
@@ -164,5 +165,13 @@ def _toposort(groups: list[Group]) -> list[Group]:
         pending.remove(ready)
         done.add(ready.name)
         order.append(ready)
-    return [Group(name=f"k{i}", op=g.op, params=g.params, inputs=g.inputs, outputs=g.outputs, prims=g.prims)
-            for i, g in enumerate(order)]
+    return [replace(g, name=f"k{i}") for i, g in enumerate(order)]
+
+
+def split(g: Group) -> list[Group]:
+    """A fused group as one kernel per primitive (what the unfused plan runs for it)."""
+    return [replace(_single(i, p), name=f"{g.name}.{i}") for i, p in enumerate(g.prims)]
+
+
+def toposort(groups: list[Group]) -> list[Group]:
+    return _toposort(groups)

@@ -1,8 +1,8 @@
 """A plan: one graph, one target, fused or unfused; its kernels with the workloads they compile."""
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Mapping
+from dataclasses import dataclass, replace
+from typing import Callable, Mapping
 
 import numpy as np
 
@@ -12,7 +12,7 @@ from ..target import Target, load_target
 from ..workload import Workload
 from .importer import Graph
 from .lower import lower
-from .partition import Group, partition
+from .partition import Group, partition, split, toposort
 
 # The dtype each target family computes graphs in: Ascend's cube is fp16 (fp32 accumulate).
 FAMILY_DTYPE = {"ascend": "float16"}
@@ -30,10 +30,11 @@ class Plan:
     constants: Mapping[str, np.ndarray]
     shapes: Mapping[str, tuple[int, ...]]
     fallback: str | None
+    mode: str = ""  # "fused" (every pattern), "unfused" (nothing) or "cost" (each group by measured cost)
 
     @property
     def kind(self) -> str:
-        return "fused" if self.fused else "unfused"
+        return self.mode or ("fused" if self.fused else "unfused")
 
     def workload(self, g: Group) -> Workload | None:
         """The catalogue workload a group compiles (None for views and host nodes)."""
@@ -45,15 +46,27 @@ class Plan:
         return tuple(self.constants[v].shape) if v in self.constants else tuple(self.shapes[v])
 
 
+MODES = ("fused", "unfused", "cost")
+
+
 def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True, fallback: str | None = None,
-              dtype: str | None = None) -> Plan:
-    """Lower and partition `graph` for `target` (unsupported nodes raise OpcError unless `fallback`)."""
+              dtype: str | None = None, mode: str | None = None, config: str = "best") -> Plan:
+    """Lower and partition `graph` for `target` (unsupported nodes raise OpcError unless `fallback`).
+
+    `mode` "fused" fuses every pattern, "unfused" nothing, "cost" keeps a fused group only where
+    the fused kernel is measured no slower than its parts (with `config`'s records: see `choose`)."""
     tgt = target if isinstance(target, Target) else load_target(target)
+    mode = mode or ("fused" if fused else "unfused")
+    if mode not in MODES:
+        raise OpcError("unknown plan", arg="--plan", value=mode, expected=" | ".join(MODES))
     prims, consts, shapes = lower(graph, fallback)
-    groups = partition(prims, graph.outputs, fused)
+    groups = partition(prims, graph.outputs, mode != "unfused")
     dt = dtype or FAMILY_DTYPE.get(tgt.family, "float32")
-    plan = Plan(graph=graph, target=tgt, fused=fused, dtype=dt, groups=tuple(groups), constants=consts,
-                shapes=shapes, fallback=fallback)
+    if mode == "cost":
+        from .cost import cost
+        groups = choose(groups, lambda op, params: cost(tgt, op, params, dt, config), tgt)
+    plan = Plan(graph=graph, target=tgt, fused=mode != "unfused", dtype=dt, groups=tuple(groups), constants=consts,
+                shapes=shapes, fallback=fallback, mode=mode)
     for g in groups:  # every kernel's workload is valid before anything compiles
         if g.op not in ("view", "host"):
             try:
@@ -62,6 +75,45 @@ def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True,
                 raise OpcError(f"node {g.nodes[0]!r} ({'+'.join(g.onnx_ops)}) maps to {g.op} with an invalid "
                                f"shape: {e}", arg="MODEL", value=graph.path) from None
     return plan
+
+
+def choose(groups: list[Group], cost: Callable[[str, Mapping], float], target: Target) -> list[Group]:
+    """Keep each fused group only where its kernel costs no more than its parts run one by one.
+
+    Costs are per kernel and add up (kernels run one after another), so the chosen plan costs
+    no more than fusing everything and no more than fusing nothing. A fused kernel the target
+    cannot build is split; every decision is written into `Group.why`."""
+    out: list[Group] = []
+    for g in groups:
+        if len(g.prims) < 2 or g.op in ("view", "host"):
+            out.append(g)
+            continue
+        parts = split(g)
+        try:
+            fused = cost(g.op, g.params)
+        except OpcError as e:  # no template / does not fit: the parts may still build
+            why = f"split: the fused {g.op} cannot be built for {target.name} ({_short(e)})"
+            out += [replace(p, why=why) for p in parts]
+            continue
+        try:
+            apart = sum(cost(p.op, p.params) for p in parts)
+        except OpcError as e:
+            out.append(replace(g, why=f"fused: its parts cannot all be built alone ({_short(e)})"))
+            continue
+        if fused <= apart:
+            out.append(replace(g, why=f"fused: {_us(fused)} <= {_us(apart)} for its {len(parts)} parts"))
+        else:
+            why = f"split: fused {g.op} {_us(fused)} > {_us(apart)} for its {len(parts)} parts"
+            out += [replace(p, why=why) for p in parts]
+    return toposort(out)
+
+
+def _us(seconds: float) -> str:
+    return f"{seconds * 1e6:.4g} us"
+
+
+def _short(e: Exception) -> str:
+    return " ".join(str(e).split())[:90]
 
 
 def describe(g: Group) -> str:
@@ -84,6 +136,8 @@ def format_plan(plan: Plan) -> str:
     for g in plan.groups:
         lines.append(f"  {g.name:<4} {describe(g)}")
         lines.append(f"       <- {', '.join(f'{n} ({p})' for n, p in zip(g.nodes, _node_ops(g)))}")
+        if g.why:
+            lines.append(f"       {g.why}")
     return "\n".join(lines)
 
 
@@ -99,4 +153,4 @@ def flops(plan: Plan, g: Group) -> int:
     return get_op(wl.op).flops(wl) if wl is not None else 0
 
 
-__all__ = ["Plan", "make_plan", "format_plan", "describe", "flops", "FAMILY_DTYPE"]
+__all__ = ["Plan", "make_plan", "choose", "format_plan", "describe", "flops", "FAMILY_DTYPE", "MODES"]

@@ -14,17 +14,23 @@ def test_compare_json_and_plot(models, tmp_path, capsys):
     assert main(["compare", str(models["resnet_block"]), "--target", "cpu", "--batch", "1", "--json",
                  "--plot", str(png)]) == 0
     d = json.loads(capsys.readouterr().out)
-    assert d["correct"] == {"fused": True, "unfused": True}
+    assert d["correct"] == {"fused": True, "unfused": True, "cost": True}
     assert [k["op"] for k in d["fused"]["kernels"]] == ["conv2d_bn_relu", "conv2d_bn", "add_relu"]
     assert d["offchip_ratio"] > 1.5 and d["plot"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
 
 def test_graph_run_show_plan(models, capsys):
-    assert main(["graph", "run", str(models["resnet50_stage"]), "--batch", "1", "--show-plan"]) == 0
+    assert main(["graph", "run", str(models["resnet50_stage"]), "--batch", "1", "--show-plan", "--plan", "fused"]) == 0
     out = capsys.readouterr().out
     assert "fused plan of resnet50_stage for cpu" in out
     assert "conv2d_bn_relu" in out and "<- " in out and "vs onnxruntime: OK" in out
+    # the default plan is cost-chosen: every fused group says why it was (not) fused
+    assert main(["graph", "run", str(models["resnet50_stage"]), "--batch", "1", "--show-plan",
+                 "--target", "ascend-sim"]) == 0
+    out = capsys.readouterr().out
+    assert "cost plan of resnet50_stage for ascend910-sim" in out and "vs onnxruntime: OK" in out
+    assert " us <= " in out or " us > " in out
 
 
 def test_graph_plan_lists_both(models, capsys):

@@ -123,5 +123,5 @@ def test_dsp_splits_fusions_it_lacks(models):
 def test_json_roundtrip(models):
     c = compare(load(models["resnet_block"], batch=1), "cpu", check=False)
     d = json.loads(json.dumps(c.as_dict()))
-    assert d["correct"] == {"fused": None, "unfused": None}
+    assert d["correct"] == {"fused": None, "unfused": None, "cost": None}
     assert len(d["fused"]["kernels"]) == 3 and d["speedup"] > 0

@@ -87,6 +87,6 @@ def test_unsupported_op_names_node_and_fallback(tmp_path):
 
 def test_unsupported_variant_is_explained(tmp_path):
     w = np.ones((4, 4, 3, 3), np.float32)
-    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="odd_conv", pads=[0, 0, 1, 1])]
-    with pytest.raises(OpcError, match=r"'odd_conv' \(Conv\).*pads \[0, 0, 1, 1\]"):
+    nodes = [helper.make_node("Conv", ["x", "w"], ["y"], name="odd_conv", strides=[1, 2])]
+    with pytest.raises(OpcError, match=r"'odd_conv' \(Conv\).*strides \[1, 2\]"):
         make_plan(load(_model(tmp_path, nodes, {"w": w}, ["y"])), "cpu")

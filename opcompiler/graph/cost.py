@@ -1,0 +1,90 @@
+"""Kernels built once, and what each costs: the shared cache behind plans, runs and fusion choices.
+
+A graph's plans (fuse nothing, fuse every pattern, cost-chosen) and a whole-model tuning run ask
+for the same kernels over and over. `built()` builds each distinct (target, workload, config)
+once per process; `cost()` measures it once: simulated cycles on the simulators (deterministic),
+the median of repeated runs on real devices. `config` is "best" (the best verified tuning
+record, the template default when none: `api.resolve_config`) or "default".
+"""
+from __future__ import annotations
+
+import json
+import threading
+from dataclasses import dataclass
+from typing import Any, Mapping
+
+from ..api import resolve_config
+from ..backend import Backend, Kernel, get_backend
+from ..ops import workload
+from ..target import Target
+from ..workload import Workload
+
+_LOCK = threading.Lock()
+_KERNELS: dict[tuple, "Built"] = {}
+_COSTS: dict[tuple, float] = {}
+_BACKENDS: dict[tuple[str, str], Backend] = {}
+MAX_CACHED = 4096  # kernels kept per process (a DenseNet-121 has a few hundred distinct ones)
+
+
+@dataclass(frozen=True)
+class Built:
+    kernel: Kernel
+    config_source: str  # "tuning record" or "template default"
+
+
+def backend_for(target: Target) -> Backend:
+    key = (target.name, target.digest)
+    if key not in _BACKENDS:
+        _BACKENDS[key] = get_backend(target)
+    return _BACKENDS[key]
+
+
+def _key(target: Target, wl: Workload, cfg: Mapping[str, Any] | None) -> tuple:
+    return (target.name, target.digest, wl.key_str(), json.dumps(cfg, sort_keys=True, default=str))
+
+
+def built(target: Target, wl: Workload, config: str = "best", backend: Backend | None = None) -> Built:
+    """The kernel of `wl` on `target` with its best record (or default), built once per process.
+    Raises what `backend.build` raises (an `OpcError` when the target cannot build it)."""
+    cfg = None if config in (None, "default") else resolve_config(wl, target, config)
+    key = _key(target, wl, cfg)
+    with _LOCK:
+        hit = _KERNELS.get(key)
+    if hit is not None:
+        return hit
+    kernel = (backend or backend_for(target)).build(wl, cfg)
+    b = Built(kernel, "tuning record" if cfg is not None else "template default")
+    with _LOCK:
+        if len(_KERNELS) >= MAX_CACHED:
+            _KERNELS.pop(next(iter(_KERNELS)))
+        _KERNELS[key] = b
+    return b
+
+
+def cost(target: Target, op: str, params: Mapping[str, Any], dtype: str, config: str = "best") -> float:
+    """Seconds one kernel takes on `target` (simulated or measured), measured once per process."""
+    wl = workload(op, dict(params), dtype=dtype)
+    b = built(target, wl, config)
+    key = _key(target, wl, dict(b.kernel.config)) + ("cost",)
+    with _LOCK:
+        hit = _COSTS.get(key)
+    if hit is not None:
+        return hit
+    res = backend_for(target).measure(b.kernel)
+    secs = float(res.seconds)
+    if res.cycles is None:  # a real device: the median of a few more runs
+        import statistics
+        secs = statistics.median([secs] + [float(backend_for(target).measure(b.kernel).seconds) for _ in range(2)])
+    with _LOCK:
+        _COSTS[key] = secs
+    return secs
+
+
+def clear() -> None:
+    """Forget every built kernel and measured cost (tests; after tuning changed the records)."""
+    with _LOCK:
+        _KERNELS.clear()
+        _COSTS.clear()
+
+
+__all__ = ["Built", "built", "cost", "clear", "backend_for"]
