@@ -18,6 +18,8 @@ def _graph_args(p: argparse.ArgumentParser) -> None:
                    "why the cost-chosen plan fused each group or not")
     p.add_argument("--config", choices=("best", "default"), default="best",
                    help="best verified tuning record per kernel (template default when none), or always default")
+    p.add_argument("--fp32-nodes", metavar="auto|NODE,...", help="run these ONNX nodes (auto: every one whose "
+                   "low-precision output overflows, until values fit again) in fp32 on the host")
     p.add_argument("--json", action="store_true", help="print one JSON object")
 
 
@@ -76,7 +78,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     plan_s = time.perf_counter() - t0  # the cost-chosen plan builds and times kernels to decide
     if args.show_plan and not args.json:
         print(format_plan(p) + "\n")
-    r = run_plan(p, config=args.config, progress=sys.stderr.isatty())
+    r = run_plan(p, config=args.config, progress=sys.stderr.isatty(), fp32_nodes=args.fp32_nodes)
     if args.json:
         emit_json(r.as_dict())
     else:
@@ -87,7 +89,7 @@ def cmd_run(args: argparse.Namespace) -> int:
         print(f"vs onnxruntime: {'OK' if r.correct else 'MISMATCH'} (max abs err "
               + ", ".join(f"{k} {v:.3g}" for k, v in r.max_abs_err.items()) + ")")
     if not r.correct:
-        raise OpcFailure(f"{g.name} on {p.target.name} ({p.kind}) does not match onnxruntime")
+        raise OpcFailure(r.diagnosis() or f"{g.name} on {p.target.name} ({p.kind}) does not match onnxruntime")
     return 0
 
 
@@ -99,7 +101,7 @@ def cmd_compare(args: argparse.Namespace) -> int:
             print(format_plan(make_plan(g, args.target, mode=mode, fallback=args.fallback, config=args.config))
                   + "\n")
     c = compare(g, args.target, fallback=args.fallback, check=not args.timing_only, config=args.config,
-                progress=sys.stderr.isatty())
+                progress=sys.stderr.isatty(), fp32_nodes=args.fp32_nodes)
     out = c.as_dict()
     if args.plot:
         out["plot"] = str(plot_compare(c, args.plot))
@@ -110,7 +112,8 @@ def cmd_compare(args: argparse.Namespace) -> int:
         if args.plot:
             print(f"plot: {out['plot']}")
     if False in [r.correct for r in c.runs.values()]:
-        raise OpcFailure(f"{g.name} on {c.fused.plan.target.name} does not match onnxruntime")
+        why = next((r.diagnosis() for r in c.runs.values() if r.diagnosis()), "")
+        raise OpcFailure(why or f"{g.name} on {c.fused.plan.target.name} does not match onnxruntime")
     return 0
 
 

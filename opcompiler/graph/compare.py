@@ -59,14 +59,15 @@ class Comparison:
 
 def compare(graph: Graph, target: str | Target = "cpu", *, fallback: str | None = None, check: bool = True,
             config: str = "best", seed: int = 0, progress: bool = False, repeat: int = 1,
-            cost_plan: bool = True) -> Comparison:
+            cost_plan: bool = True, fp32_nodes: str | set[str] | None = None) -> Comparison:
     """Run `graph` fused, unfused and (with `cost_plan`) cost-chosen on `target` with the same
     inputs (see `run_plan`). Kernels are built once and shared between the plans."""
     tgt = target if isinstance(target, Target) else load_target(target)
     runs = {}
     for mode in ("fused", "unfused") + (("cost",) if cost_plan else ()):
         p = make_plan(graph, tgt, mode=mode, fallback=fallback, config=config)
-        runs[mode] = run_plan(p, check=check, config=config, seed=seed, progress=progress, repeat=repeat)
+        runs[mode] = run_plan(p, check=check, config=config, seed=seed, progress=progress, repeat=repeat,
+                              fp32_nodes=fp32_nodes)
     return Comparison(fused=runs["fused"], unfused=runs["unfused"], cost=runs.get("cost"))
 
 
@@ -128,5 +129,8 @@ def format_compare(c: Comparison) -> str:
     for name, r in c.runs.items():
         if r.correct is not None:
             errs = ", ".join(f"{k} {v:.3g}" for k, v in r.max_abs_err.items())
-            lines.append(f"{name} vs onnxruntime: {'OK' if r.correct else 'MISMATCH'} (max abs err {errs})")
+            lines.append(f"{name} vs onnxruntime: {'OK' if r.correct else 'MISMATCH'} (max abs err {errs})"
+                         + (f"; fp32 on the host: {', '.join(r.fp32_kernels)}" if r.fp32_kernels else ""))
+            if r.overflow and not r.correct:
+                lines.append(f"  {r.diagnosis()}")
     return "\n".join(lines)

@@ -18,7 +18,7 @@ import numpy as np
 
 from ..backend import Backend, Kernel, get_backend
 from ..errors import OpcError, OpcFailure
-from ..ops import get_op
+from ..ops import get_op, workload
 from ..target import Target, load_target
 from .importer import _to_proto
 from .partition import Group
@@ -66,6 +66,20 @@ class GraphRun:
     outputs: dict[str, np.ndarray] = field(default_factory=dict)
     max_abs_err: dict[str, float] = field(default_factory=dict)
     correct: bool | None = None  # None when run in timing-only mode
+    overflow: dict[str, Any] | None = None  # the first kernel whose low-precision output overflowed
+    fp32_kernels: list[str] = field(default_factory=list)  # kernels re-run in fp32 on the host
+
+    def diagnosis(self) -> str:
+        """One line: which node overflowed, its fp32 value range, the dtype's limit, the remedy."""
+        o = self.overflow
+        if not o:
+            return ""
+        rng = (f"its fp32 values span [{o['fp32_min']:.4g}, {o['fp32_max']:.4g}]" if o.get("fp32_max") is not None
+               else "its fp32 values are not finite either")
+        return (f"{o['dtype']} overflow in node {o['nodes'][0]!r} ({'+'.join(o['onnx_ops'])} as {o['op']}, kernel "
+                f"{o['kernel']}): {rng}, beyond {o['dtype']}'s largest finite {o['limit']:.6g}; "
+                f"rerun with --fp32-nodes auto (or --fp32-nodes {','.join(o['nodes'])}) to run such nodes in "
+                "fp32 on the host")
 
     def on_target(self) -> list[KernelReport]:
         return [k for k in self.kernels if k.where != "host" and k.op != "view"]
@@ -87,6 +101,7 @@ class GraphRun:
                 "max_abs_err": self.max_abs_err, "tolerance": dict(zip(("rtol", "atol_of_max"),
                                                                        GRAPH_TOLERANCE[self.plan.dtype])),
                 "compile_seconds": self.compile_seconds, "totals": self.totals(),
+                "overflow": self.overflow, "diagnosis": self.diagnosis() or None, "fp32_kernels": self.fp32_kernels,
                 "kernels": [k.as_dict() for k in self.kernels]}
 
 
@@ -172,11 +187,18 @@ def _on_host(plan: Plan, g: Group, err: Exception, config: str, cache: dict[str,
 
 
 def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, check: bool = True,
-             config: str = "best", seed: int = 0, progress: bool = False, repeat: int = 1) -> GraphRun:
+             config: str = "best", seed: int = 0, progress: bool = False, repeat: int = 1,
+             fp32_nodes: str | set[str] | None = None) -> GraphRun:
     """Compile and run `plan`. With `check`, compute real values and compare the graph outputs with
     onnxruntime (raises nothing on mismatch: see `GraphRun.correct`); without, time only.
     `repeat` > 1 re-times each wall-clock kernel and keeps the fastest (a shared machine is noisy;
-    simulated cycles are deterministic and are not repeated)."""
+    simulated cycles are deterministic and are not repeated).
+
+    Low-precision plans (fp16 on Ascend) are watched for overflow: the first kernel whose output
+    holds inf/NaN from finite inputs is recorded in `GraphRun.overflow`, with the fp32 range of
+    that output (the kernel recomputed in fp32 on the host). `fp32_nodes` is the remedy: "auto"
+    re-runs every kernel that overflows, or whose input no longer fits the dtype, in fp32 on the
+    host (and keeps its output in fp32); a set of ONNX node names does so for those nodes."""
     from tqdm import tqdm
 
     built, compile_s = compile_plan(plan, config, progress)
@@ -184,6 +206,14 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
     values: dict[str, np.ndarray] = {k: v.astype(plan.dtype) for k, v in feeds.items()}
     level = offchip_level(plan.target)
     reports = []
+    watch: dict[str, Any] = {}
+    if isinstance(fp32_nodes, str) and fp32_nodes != "auto":
+        fp32_nodes = {n for n in fp32_nodes.split(",") if n}
+    if isinstance(fp32_nodes, set):
+        names = {n.name for n in plan.graph.nodes}
+        if unknown := sorted(fp32_nodes - names):
+            raise OpcError(f"no node named {unknown[0]!r} in the model", arg="--fp32-nodes", value=",".join(unknown),
+                           expected="ONNX node names (see --show-plan) or auto")
     for g, b in tqdm(built, desc=f"run {plan.kind}", unit="kernel", disable=not progress, leave=False):
         if g.op == "view":
             if check:
@@ -192,8 +222,13 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
         elif g.op == "host":
             reports.append(_run_host(plan, g, values, check))
         else:
-            reports.append(_run_kernel(plan, g, b, values, check, level, repeat))
-    run = GraphRun(plan=plan, kernels=reports, compile_seconds=compile_s)
+            with np.errstate(over="ignore", invalid="ignore"):  # overflow is diagnosed below, not warned about
+                rep = _run_kernel(plan, g, b, values, check, level, repeat)
+            if check and plan.dtype != "float32":
+                rep = _watch_precision(plan, g, b, values, rep, watch, fp32_nodes, config)
+            reports.append(rep)
+    run = GraphRun(plan=plan, kernels=reports, compile_seconds=compile_s, overflow=watch.get("overflow"),
+                   fp32_kernels=watch.get("fp32", []))
     if check:
         run.outputs = {o: values[o] for o in plan.graph.outputs}
         ref = reference(plan, feeds)
@@ -209,6 +244,46 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
             ok &= bool(np.all(err <= atol * scale + rtol * np.abs(want))) and not np.isnan(got).any()
         run.correct = ok
     return run
+
+
+def _watch_precision(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], rep: KernelReport,
+                     watch: dict[str, Any], fp32_nodes: str | set[str] | None, config: str) -> KernelReport:
+    """Record the first overflow; with `fp32_nodes`, recompute the kernel in fp32 on the host."""
+    out = g.outputs[0]
+    limit = float(np.finfo(plan.dtype).max)
+    ins = [values[v] if v in values else plan.constants[v] for v in g.inputs]
+    ins_finite = all(np.isfinite(a).all() for a in ins)
+    bad = not np.isfinite(values[out]).all()
+    wide_input = any(np.abs(a).max(initial=0) > limit for a in ins if a.dtype == np.float32 and a.size)
+    # a named node starts an fp32 region; the region goes on while values do not fit the dtype
+    forced = isinstance(fp32_nodes, set) and bool(fp32_nodes & set(g.nodes))
+    auto = (fp32_nodes == "auto" and bad) or wide_input
+    if not (bad and ins_finite and "overflow" not in watch) and not forced and not auto:
+        return rep
+    ref32 = _fp32_on_host(plan, g, ins, config) if ins_finite or forced or auto else None
+    if bad and ins_finite and "overflow" not in watch:
+        fin = ref32 is not None and np.isfinite(ref32).all()
+        watch["overflow"] = {"kernel": g.name, "op": g.op, "nodes": list(g.nodes), "onnx_ops": list(g.onnx_ops),
+                             "dtype": plan.dtype, "limit": limit,
+                             "fp32_min": float(ref32.min()) if fin else None,
+                             "fp32_max": float(ref32.max()) if fin else None}
+    if (forced or auto) and ref32 is not None:
+        values[out] = ref32.reshape(plan.shape(out))  # stays fp32 until it fits the dtype again
+        watch.setdefault("fp32", []).append(g.name)
+        rep.note = "; ".join(x for x in (rep.note, f"fp32 on the host ({plan.dtype} would overflow)"
+                                         if not forced else "fp32 on the host (--fp32-nodes)") if x)
+    return rep
+
+
+def _fp32_on_host(plan: Plan, g: Group, ins: list[np.ndarray], config: str) -> np.ndarray:
+    """The kernel's output computed in fp32 by the cpu backend from the same inputs."""
+    from .cost import backend_for, built
+    host = load_target("cpu")
+    wl = workload(g.op, dict(g.params), dtype="float32")
+    kernel = built(host, wl, "default").kernel
+    args = [np.ascontiguousarray(a.astype(np.float32).reshape(shape))
+            for a, (_, shape, _) in zip(ins, get_op(wl.op).inputs(wl))]
+    return backend_for(host).run(kernel, args).outputs[0].astype(np.float32)
 
 
 def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:

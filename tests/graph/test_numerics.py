@@ -1,0 +1,58 @@
+"""fp16 overflow that explains itself: the first node that overflowed, its fp32 range, float16's
+limit, and a remedy (--fp32-nodes) that makes the run match onnxruntime."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from opcompiler.cli import main
+from opcompiler.graph import load, make_plan, run_plan
+
+
+@pytest.fixture(scope="module")
+def overflowing(tmp_path_factory):
+    """Conv whose fp32 output reaches ~7e4 (> 65504), then ReLU and a BN that scales it back down:
+    an unnormalised network in miniature."""
+    rng = np.random.default_rng(0)
+    inits = [numpy_helper.from_array((rng.standard_normal((8, 4, 3, 3)) * 3000).astype(np.float32), "W"),
+             numpy_helper.from_array(np.full(8, 1e-3, np.float32), "g"),
+             numpy_helper.from_array(np.zeros(8, np.float32), "b"), numpy_helper.from_array(np.zeros(8, np.float32), "m"),
+             numpy_helper.from_array(np.ones(8, np.float32), "v")]
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1], name="big_conv"),
+             helper.make_node("Relu", ["c"], ["r"], name="relu1"),
+             helper.make_node("BatchNormalization", ["r", "g", "b", "m", "v"], ["y"], name="bn")]
+    g = helper.make_graph(nodes, "overflow", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 8, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 8, 8, 8])], initializer=inits)
+    p = tmp_path_factory.mktemp("ovf") / "overflow.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    return p
+
+
+def test_first_overflowing_node_is_named_with_its_range(overflowing):
+    r = run_plan(make_plan(load(overflowing), "ascend-sim", mode="unfused"))
+    assert r.correct is False
+    o = r.overflow
+    assert o["nodes"] == ["big_conv"] and o["op"] == "conv2d" and o["limit"] == 65504.0
+    assert o["fp32_max"] > 65504 and np.isfinite(o["fp32_min"])
+    d = r.diagnosis()
+    assert d.startswith("float16 overflow in node 'big_conv' (Conv as conv2d, kernel k0): its fp32 values span [")
+    assert "beyond float16's largest finite 65504" in d and "--fp32-nodes auto" in d and "\n" not in d
+
+
+@pytest.mark.parametrize("remedy", ["auto", "big_conv"])
+def test_fp32_remedy_matches_onnxruntime(overflowing, remedy):
+    r = run_plan(make_plan(load(overflowing), "ascend-sim", mode="fused"), fp32_nodes=remedy)
+    assert r.correct, r.max_abs_err
+    assert r.fp32_kernels and r.fp32_kernels[0] == "k0"
+
+
+def test_cli_exits_1_with_the_diagnosis_in_one_line(overflowing, capsys):
+    assert main(["compare", str(overflowing), "--target", "ascend-sim"]) == 1
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "float16 overflow in node 'big_conv'" in err and "Traceback" not in err
+    assert main(["compare", str(overflowing), "--target", "ascend-sim", "--fp32-nodes", "auto"]) == 0
+    capsys.readouterr()
+    assert main(["graph", "run", str(overflowing), "--target", "ascend-sim", "--fp32-nodes", "nosuch"]) == 2
+    assert "no node named 'nosuch'" in capsys.readouterr().err
