@@ -16,7 +16,8 @@ DEFAULT_TRIALS = {"ascend": 128, "dsp": 128, "cpu": 32, "cuda": 64}  # a few min
 
 
 def register(sub: argparse._SubParsersAction) -> None:
-    p = sub.add_parser("tune", help="autotune one operator's schedule knobs for a target")
+    p = sub.add_parser("tune", help="autotune one operator's schedule knobs for a target, or every kernel of an "
+                       "ONNX model (opcompiler tune MODEL.onnx --target T --trials N)")
     add_workload_args(p, default_target="ascend-sim", config=False)
     p.add_argument("--trials", type=int, help="total measured configs for this workload, earlier records "
                    "included (default: 128 on simulators, 32 on cpu)")
@@ -62,6 +63,8 @@ def _default_dtype(op: str, target: Target) -> str | None:
 def cmd_tune(args: argparse.Namespace) -> int:
     from ..target import load_target
     from ..tune import tune
+    if args.op.endswith(".onnx"):
+        return cmd_tune_model(args)
     target = load_target(args.target)
     _default_args(args)
     if target.family == "cuda":
@@ -87,6 +90,46 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if res.best is None:
         raise OpcFailure(f"no candidate passed verification against the reference (see {res.log})")
     return 0
+
+
+def cmd_tune_model(args: argparse.Namespace) -> int:
+    """`opcompiler tune MODEL.onnx`: every distinct kernel, trials allocated by share of model time."""
+    from ..graph import load
+    from ..target import load_target
+    from ..tune.model import tune_model
+    target = load_target(args.target)
+    if target.family == "cuda":
+        _require_cuda(args.rpc, args.target)
+    if args.log:
+        raise OpcError("a model's kernels each go to their own log", arg="--log", value=args.log,
+                       expected="OPC_LOG_DIR=DIR to choose where the records go")
+    graph = load(args.op, batch=args.batch)
+    trials = args.trials if args.trials is not None else 16 * DEFAULT_TRIALS.get(target.family, 64) // 8
+    res = tune_model(graph, target, trials, workers=args.workers, batch_size=max(8, args.batch_size),
+                     progress=not args.json, seed=args.seed, timeout=args.timeout)
+    if args.json:
+        emit_json(res.as_dict())
+        return 0
+    print(f"  {'kernel':<58} {'uses f/u':>8} {'trials':>6} {'before':>12} {'after':>12}")
+    for t in sorted(res.tasks, key=lambda t: -t.before * sum(t.uses.values())):
+        uses = f"{t.uses.get('fused', 0)}/{t.uses.get('unfused', 0)}"
+        print(f"  {t.label[:58]:<58} {uses:>8} {t.trials:>6} {t.before * 1e6:>9.4g} us {t.now * 1e6:>9.4g} us")
+    for s in res.skipped:
+        print(f"  not tuned: {s}")
+    print(f"{res.model} on {target.name}: {res.trials} trials ({res.new_trials} this run) over {len(res.tasks)} "
+          f"kernels in {res.elapsed:.0f} s; records in {default_log_dir()}")
+    for plan in ("unfused", "fused", "cost"):
+        b, a = res.before[plan], res.after[plan]
+        print(f"  estimated model time, {plan + ' plan':<13} {b * 1e3:.4g} ms -> {a * 1e3:.4g} ms"
+              + (f" ({b / a:.2f}x)" if a else ""))
+    print(f"  next: opcompiler compare {shlex.quote(args.op)} --target {target.name}"
+          + (f" --batch {args.batch}" if args.batch else "") + " --config best")
+    return 0
+
+
+def default_log_dir() -> str:
+    from ..settings import user_log_dir
+    return str(user_log_dir()[0])
 
 
 def _require_cuda(rpc: str | None, name: str) -> None:

@@ -3,7 +3,8 @@
 Two places hold them. The user's records (`OPC_LOG_DIR`, default
 `~/.local/share/opcompiler/tuning_logs/<target>/<op>.jsonl`) are where `tune` writes. The
 records shipped with the package (`opcompiler.tuning_logs`) are read-only data: `best`,
-`--config best` and `logs` read both, the user's first, and say which they read.
+`--config best` and `logs` read both (the faster record wins, the user's on a tie) and say
+which they read.
 
 Each line carries a schema version and a key holding everything that changes the result
 (op, shape params, dtype, layout, target name and description digest, template name and
@@ -115,6 +116,9 @@ def same_key(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
     return all(a.get(f) == b.get(f) for f in _KEY_FIELDS)
 
 
+_READ_CACHE: dict[str, tuple[tuple[int, int], tuple["Record", ...], int]] = {}
+
+
 class RecordLog:
     """One JSON-lines file of records: locked atomic appends, tolerant reads."""
 
@@ -145,9 +149,21 @@ class RecordLog:
             os.close(fd)
 
     def read(self, warn: bool = True) -> list[Record]:
-        """Every parseable record; corrupt or foreign lines are skipped with one warning."""
-        if not self.path.exists():
+        """Every parseable record; corrupt or foreign lines are skipped with one warning. A file
+        unchanged since the last read (same size and mtime) is not parsed again."""
+        try:
+            st = self.path.stat()
+        except (FileNotFoundError, NotADirectoryError):
             return []
+        stamp = (str(self.path.absolute()), st.st_mtime_ns, st.st_size)
+        hit = _READ_CACHE.get(stamp[0])
+        if hit is not None and hit[0] == stamp[1:] and not (warn and hit[2]):
+            return list(hit[1])
+        recs, bad = self._parse(warn)
+        _READ_CACHE[stamp[0]] = (stamp[1:], tuple(recs), bad)
+        return recs
+
+    def _parse(self, warn: bool) -> tuple[list[Record], int]:
         with open(self.path, "rb") as f:
             fcntl.flock(f.fileno(), fcntl.LOCK_SH)  # a writer's line is either all there or absent
             try:
@@ -166,8 +182,8 @@ class RecordLog:
                 first_bad = first_bad or lineno
         if bad and warn:
             warnings.warn(f"tuning log {self.path}: skipped {bad} corrupt or foreign line(s) (first at line "
-                          f"{first_bad}); the file is left as it is", RuntimeWarning, stacklevel=2)
-        return out
+                          f"{first_bad}); the file is left as it is", RuntimeWarning, stacklevel=3)
+        return out, bad
 
     def for_key(self, key: Mapping[str, Any], warn: bool = True) -> list[Record]:
         return [r for r in self.read(warn) if same_key(r.key, key)]
@@ -299,8 +315,8 @@ class Found:
 
 def find_best(wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Found | None:
     """The best VERIFIED record for `wl` on `target` (any template of the current version) and
-    where it was found, or None. Looks in `log` when given; else in the user's log, then in the
-    shipped records (the first file holding a usable verified record wins)."""
+    where it was found, or None. Looks in `log` when given; else in the user's log and in the
+    shipped records, and returns the fastest of both (the user's on a tie)."""
     from ..ops import get_op
     from ..template import get_template
     try:
@@ -309,13 +325,15 @@ def find_best(wl: Workload, target: Target, log: str | os.PathLike | None = None
         return None
     key = record_key(wl, target, tmpl.name, tmpl.version)
     paths = [(Path(log), "given")] if log is not None else search_paths(target, wl.op)
+    found: list[Found] = []
     for p, source in paths:
         states = fold(RecordLog(p).for_key(key))
         ranked = sorted((s for s in states.values() if s.verified), key=lambda s: s.record.cost)
         for st in ranked:
             if _still_valid(tmpl, wl, target, st.record.config):
-                return Found(record=st.record, path=p, source=source)
-    return None
+                found.append(Found(record=st.record, path=p, source=source))
+                break
+    return min(found, key=lambda f: f.record.cost, default=None)  # min keeps the first (the user's) on ties
 
 
 def best_record(wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Record | None:

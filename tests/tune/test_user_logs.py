@@ -115,3 +115,26 @@ def test_logs_lists_both_sources(capsys, tmp_path):
     assert f"shipped records: {shipped_dir()} (read-only)" in out
     rows = [line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith("(")]
     assert "user" in rows and "shipped" in rows
+
+
+def test_best_is_the_faster_of_user_and_shipped(tmp_path):
+    """A user's slower verified record does not hide the shipped one (and says where it came from)."""
+    from opcompiler.tune.records import Record, RecordLog, fold
+    wl = workload("conv2d", preset="resnet50.res2_3x3", dtype="float16")
+    t = load_target("ascend-sim")
+    shipped = find_best(wl, t)
+    assert shipped.source == "shipped"
+    worse = Record(key=shipped.record.key, config={}, status="ok", cycles=shipped.record.cycles * 2, verified=True)
+    default_cfg = __import__("opcompiler.template", fromlist=["get_template"]).get_template(
+        "conv2d", "ascend").config(wl, t, None)
+    worse = Record(key=worse.key, config=default_cfg, status="ok", cycles=worse.cycles, verified=True)
+    user = Path(os.environ["OPC_LOG_DIR"]) / "ascend910-sim" / "conv2d.jsonl"
+    RecordLog(user).append(worse)
+    assert fold(RecordLog(user).read())  # the user's record is there and verified
+    found = find_best(wl, t)
+    assert found.source == "shipped" and found.record.cycles == shipped.record.cycles
+    better = Record(key=worse.key, config=dict(shipped.record.config), status="ok",
+                    cycles=shipped.record.cycles - 1, verified=True)
+    RecordLog(user).append(better)
+    found = find_best(wl, t)
+    assert found.source == "user" and found.record.cycles == shipped.record.cycles - 1
