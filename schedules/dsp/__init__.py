@@ -1,3 +1,5 @@
 """Templates for the FT-M7032 DSP simulator (dsp-sim): direct convolution, fully connected
-layers and element-wise ops (fused BN+ReLU), after seed 004. Every module is imported here."""
-from . import conv2d, elemwise, matmul  # noqa: F401
+layers and element-wise ops (fused BN+ReLU), after seed 004; pooling, grouped / depthwise
+convolution, element-wise chains, concat, softmax and reductions as vector instruction streams
+(`stream.py`). Every module is imported here."""
+from . import conv2d, elemwise, matmul, pool  # noqa: F401

@@ -1,0 +1,335 @@
+"""VPU vector programs: the instructions one core's vector unit issues, executed and timed.
+
+The direct convolution describes its VPU pass by a micro-kernel signature (`core.mk_out`);
+the templates for pooling, grouped convolution, element-wise chains, softmax and reductions
+instead spell out the instructions themselves. A `VKernel` is one VPU pass: a sequence of loop
+nests (`Nest`), each a list of vector instructions (`VI`) over 32-lane registers and AM / SM
+operands (`Mem`) whose addresses are affine in the nest's loop indices.
+
+* **Functional mode** executes the instructions on the simulated memories, opcode by opcode
+  (`SEM`): nothing here knows which operator a kernel computes. The outer loops of a nest are
+  independent iterations (no iteration reads what another writes), so each instruction is
+  evaluated for all of them at once (numpy over the iterations x 32 lanes); the inner loops run
+  one step at a time with their registers carried (accumulators). `EXECUTED` counts the issue
+  slots the execution used, per unit, independently of the timing.
+* **Timing** list-schedules the same instruction stream (`core._run`): every outer iteration
+  issues `pre`, the inner loops' bodies and `post`, on the VPU's issue slots (FMACs, vector
+  load/store, scalar load, vector ALU) with each unit's latency and the register dependencies;
+  the register window bounds how many iterations are in flight, and a nest whose registers
+  exceed the register file does not build (CapacityError).
+
+ISA figures that seed 004 does not publish (assumed, named here so they can be changed):
+* an AM vector load reads 32 fp32 at any element offset and at an element stride `lane`
+  (through the crossbar between the AM banks and the VPEs); a load touching L 256-byte AM rows
+  (L = the stride) takes L load/store slots. Stores write 32 contiguous lanes, predicated to
+  the first `lanes` lanes.
+* `vrot` rotates the lanes through the VPEs' shuffle network in one vector-ALU slot;
+  `vrcpe` is an 8-bit reciprocal estimate (as ARM FRECPE), `vfloor` / `vldexp` are vector-ALU
+  conversions (ldexp adds to the exponent field). There is no hardware exp or divide: `emit_exp`
+  and `emit_rcp` expand them into these instructions (Cody-Waite reduction + degree-6 polynomial;
+  two Newton steps), as a math library for the VPU does.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+from math import prod
+from typing import Any
+
+import numpy as np
+
+from ...errors import CapacityError, OpcError
+from .core import Instr, MkCost, _check_regs, _run
+from .machine import DspMachine
+from .program import View
+
+LANES_DEFAULT = 32
+
+
+@dataclass(frozen=True)
+class Mem:
+    """A vector operand in AM (lane stride `lane`) or a scalar in SM broadcast to every lane
+    (`lane` 0). The element address of lane l in iteration (i_0, ..., i_k) of a nest is
+    base + sum(i_d * steps[d]) + l * lane, the indices being the nest's outer then inner loops."""
+
+    level: str
+    base: int
+    steps: tuple[int, ...]
+    lane: int = 1
+
+
+@dataclass(frozen=True)
+class VI:
+    """One vector instruction: opcode, destination (a register name, or a Mem for `vst`), sources
+    (register names, Mems for loads, float immediates); `lanes`: active lanes of a store."""
+
+    op: str
+    dst: Any
+    srcs: tuple = ()
+    lanes: int = LANES_DEFAULT
+
+
+@dataclass(frozen=True)
+class Nest:
+    """for i in outer (independent): pre; for j in inner (sequential): body; post."""
+
+    outer: tuple[int, ...]
+    body: tuple[VI, ...] = ()
+    inner: tuple[int, ...] = ()
+    pre: tuple[VI, ...] = ()
+    post: tuple[VI, ...] = ()
+
+    @property
+    def count(self) -> int:
+        return prod(self.outer)
+
+
+@dataclass(frozen=True)
+class VKernel:
+    nests: tuple[Nest, ...]
+    label: str = ""
+
+
+def _fma(a, b, c):
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+def _rcpe(a):
+    r = 1.0 / np.asarray(a, np.float64)
+    mant, ex = np.frexp(r)
+    return np.ldexp(np.round(mant * 256.0) / 256.0, ex).astype(np.float32)
+
+
+def _ldexp(a, b):
+    return np.ldexp(np.asarray(a, np.float32), np.asarray(np.nan_to_num(b), np.float64).astype(np.int32))
+
+
+def _rot(a, k):
+    return np.roll(np.asarray(a, np.float32), -int(k), axis=-1)
+
+
+# opcode -> (unit, semantics on float32 arrays of (iterations, lanes) or immediates)
+SEM: dict[str, tuple[str, Any]] = {
+    "vadd": ("fmac", lambda a, b: np.add(a, b, dtype=np.float32)),
+    "vsub": ("fmac", lambda a, b: np.subtract(a, b, dtype=np.float32)),
+    "vmul": ("fmac", lambda a, b: np.multiply(a, b, dtype=np.float32)),
+    "vfma": ("fmac", _fma),  # a * b + c, rounded once
+    "vfnma": ("fmac", lambda a, b, c: _fma(-np.asarray(a, np.float64), b, c)),  # c - a * b
+    "vmax": ("valu", lambda a, b: np.maximum(a, b, dtype=np.float32)),
+    "vmin": ("valu", lambda a, b: np.minimum(a, b, dtype=np.float32)),
+    "vmov": ("valu", lambda a: np.asarray(a, np.float32)),
+    "vfloor": ("valu", lambda a: np.floor(a).astype(np.float32)),
+    "vldexp": ("valu", _ldexp),
+    "vrcpe": ("valu", _rcpe),
+    "vrot": ("valu", _rot),
+}
+MEMOPS = {"vld": "ldst", "vst": "ldst", "sld": "sld"}
+
+EXECUTED: dict[str, int] = defaultdict(int)  # issue slots used by functional execution, per unit
+
+
+def unit(ins: VI) -> str:
+    if ins.op in MEMOPS:
+        return MEMOPS[ins.op]
+    if ins.op not in SEM:
+        raise OpcError(f"unknown VPU instruction {ins.op}", arg="instruction", value=ins.op,
+                       expected=", ".join(sorted(SEM) + sorted(MEMOPS)))
+    return SEM[ins.op][0]
+
+
+def slots(ins: VI) -> int:
+    """Issue slots of the instruction's unit (a strided AM load touches `lane` AM rows)."""
+    if ins.op == "vld":
+        return max(1, abs(ins.srcs[0].lane))
+    return 1
+
+
+# ------------------------------------------------------------------ timing
+
+
+def _instrs(m: DspMachine, ins: VI) -> list[Instr]:
+    """The instruction as the core scheduler sees it: (unit, destination, register sources, latency)."""
+    u = unit(ins)
+    if ins.op == "vld":
+        lat = m.vld_latency
+        return [("ldst", None, (), lat)] * (slots(ins) - 1) + [("ldst", ins.dst, (), lat)]
+    if ins.op == "sld":
+        return [("sld", ins.dst, (), m.sld_latency)]
+    regs = tuple(s for s in ins.srcs if isinstance(s, str))
+    if ins.op == "vst":
+        return [("ldst", None, regs, m.vld_latency)]
+    return [(u, ins.dst, regs, m.fmac_latency if u == "fmac" else m.valu_latency)]
+
+
+def _sig(ins: VI) -> tuple:
+    def one(x):
+        if isinstance(x, Mem):
+            return ("M", x.level, x.lane)
+        return x if isinstance(x, str) else "imm"
+    return (ins.op, one(ins.dst), tuple(one(s) for s in ins.srcs))
+
+
+def nest_signature(n: Nest) -> tuple:
+    """What a nest's timing depends on (not its addresses)."""
+    return (n.count, n.inner, tuple(map(_sig, n.pre)), tuple(map(_sig, n.body)), tuple(map(_sig, n.post)))
+
+
+def registers(n: Nest) -> tuple[int, int]:
+    """(live-in registers read before any write in the nest, registers written per iteration)."""
+    written: set = set()
+    live: set = set()
+    for ins in n.pre + n.body + n.post:
+        for s in ins.srcs:
+            if isinstance(s, str) and s not in written:
+                live.add(s)
+        if isinstance(ins.dst, str):
+            written.add(ins.dst)
+    return len(live - written), len(written)
+
+
+_COST: dict[tuple, MkCost] = {}
+
+
+def nest_cost(m: DspMachine, n: Nest, what: str = "VPU nest") -> MkCost:
+    key = (m, nest_signature(n))
+    if key not in _COST:
+        if n.count == 0:
+            _COST[key] = MkCost(cycles=0, fmas=0, vldst=0, slds=0, valu=0)
+        else:
+            live, per_iter = registers(n)
+            if live + per_iter > m.registers:
+                raise CapacityError(what, "vector registers", (live + per_iter) * m.lanes * 4, m.registers * m.lanes * 4,
+                                    f"{live} live + {per_iter} per iteration > {m.registers} registers")
+            depth = _check_regs(m, live, per_iter, what)
+            seq: list[Instr] = [t for ins in n.pre for t in _instrs(m, ins)]
+            body = [t for ins in n.body for t in _instrs(m, ins)]
+            seq += body * prod(n.inner)
+            seq += [t for ins in n.post for t in _instrs(m, ins)]
+            _COST[key] = _run(m, [], lambda _i: seq, n.count, lambda _i: [], depth)
+    return _COST[key]
+
+
+def kernel_cost(m: DspMachine, k: VKernel) -> MkCost:
+    """Cycles of the pass: its nests one after the other (each a loop with its exit)."""
+    costs = [nest_cost(m, n, f"{k.label} nest {i}") for i, n in enumerate(k.nests)]
+    return MkCost(cycles=sum(c.cycles for c in costs), fmas=sum(c.fmas for c in costs),
+                  vldst=sum(c.vldst for c in costs), slds=sum(c.slds for c in costs), valu=sum(c.valu for c in costs))
+
+
+def nest_regs(n: Nest) -> int:
+    live, per_iter = registers(n)
+    return live + per_iter
+
+
+# ------------------------------------------------------------------ functional execution
+
+
+def _view(mem: Any, op: Mem, outer: tuple[int, ...], idx: tuple[int, ...], width: int) -> np.ndarray:
+    no = len(outer)
+    if len(op.steps) != no + len(idx):
+        raise OpcError(f"operand {op} has {len(op.steps)} steps for a nest of {no}+{len(idx)} loops")
+    off = op.base + sum(i * s for i, s in zip(idx, op.steps[no:]))
+    return mem.view(View((op.level,), off, tuple(outer) + (width,), tuple(op.steps[:no]) + (op.lane,)))
+
+
+def _exec(mem: Any, ins: VI, regs: dict, outer: tuple[int, ...], idx: tuple[int, ...], lanes: int) -> None:
+    p = prod(outer)
+    EXECUTED[unit(ins)] += p * slots(ins)
+    if ins.op == "vld":
+        regs[ins.dst] = np.array(_view(mem, ins.srcs[0], outer, idx, lanes), np.float32).reshape(p, lanes)
+    elif ins.op == "sld":
+        v = _view(mem, ins.srcs[0], outer, idx, 1)
+        regs[ins.dst] = np.broadcast_to(np.array(v, np.float32).reshape(p, 1), (p, lanes))
+    elif ins.op == "vst":
+        src = regs[ins.srcs[0]]
+        dst = _view(mem, ins.dst, outer, idx, ins.lanes)
+        dst[...] = np.broadcast_to(src, (p, lanes))[:, :ins.lanes].reshape(dst.shape)
+    else:
+        args = [regs[s] if isinstance(s, str) else s for s in ins.srcs]
+        regs[ins.dst] = np.broadcast_to(SEM[ins.op][1](*args), (p, lanes))
+
+
+def execute(mem: Any, k: VKernel, lanes: int) -> int:
+    """Run the pass on the simulated memories; returns the number of loop nests executed."""
+    with np.errstate(all="ignore"):  # idle lanes compute on whatever the memory held; never stored
+        for n in k.nests:
+            if n.count == 0:
+                continue
+            regs: dict[str, np.ndarray] = {}
+            zero = (0,) * len(n.inner)
+            for ins in n.pre:
+                _exec(mem, ins, regs, n.outer, zero, lanes)
+            for idx in np.ndindex(*n.inner) if n.inner else [()]:
+                for ins in n.body:
+                    _exec(mem, ins, regs, n.outer, idx, lanes)
+            for ins in n.post:
+                _exec(mem, ins, regs, n.outer, zero, lanes)
+    return len(k.nests)
+
+
+# ------------------------------------------------------------------ instruction sequences (a VPU math library)
+
+LOG2E = 1.4426950408889634
+LN2_HI = 0.693145751953125  # ln 2 split in two (Cody-Waite): n * LN2_HI is exact for |n| < 2^11
+LN2_LO = 1.4286068203094172e-06
+EXP_POLY = tuple(1.0 / np.prod(np.arange(1, k + 1, dtype=np.float64)) for k in range(6, -1, -1))  # 1/6! .. 1/0!
+EXP_LO, EXP_HI = -87.33, 88.37  # exp stays a normal, finite fp32 inside
+
+
+def emit_exp(x: str, y: str, r: str, nreg: str) -> list[VI]:
+    """y = exp(x): clamp, n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2], y = P6(r) * 2^n.
+    Registers r and nreg are scratch; x is kept."""
+    out = [VI("vmax", r, (x, EXP_LO)), VI("vmin", r, (r, EXP_HI)),
+           VI("vfma", nreg, (r, LOG2E, 0.5)), VI("vfloor", nreg, (nreg,)),
+           VI("vfnma", r, (nreg, LN2_HI, r)), VI("vfnma", r, (nreg, LN2_LO, r)),
+           VI("vfma", y, (r, EXP_POLY[0], EXP_POLY[1]))]
+    out += [VI("vfma", y, (y, r, c)) for c in EXP_POLY[2:]]
+    out.append(VI("vldexp", y, (y, nreg)))
+    return out
+
+
+def emit_rcp(d: str, y: str, e: str) -> list[VI]:
+    """y = 1 / d: 8-bit estimate, two Newton steps y <- y (2 - d y). Register e is scratch."""
+    out = [VI("vrcpe", y, (d,))]
+    for _ in range(2):
+        out += [VI("vfnma", e, (d, y, 2.0)), VI("vmul", y, (y, e))]
+    return out
+
+
+def emit_hreduce(op: str, x: str, tmp: str, lanes: int) -> list[VI]:
+    """Every lane of x <- op over the lanes of x (log2(lanes) rotate-and-combine steps)."""
+    out: list[VI] = []
+    k = lanes // 2
+    while k >= 1:
+        out += [VI("vrot", tmp, (x, float(k))), VI(op, x, (x, tmp))]
+        k //= 2
+    return out
+
+
+@dataclass
+class Fill:
+    """Helper: vector stores of a constant over a (planes, rows, cols) box of AM."""
+
+    value: float
+    base: int
+    shape: tuple[int, int, int]
+    pitches: tuple[int, int]  # elements between planes, between rows
+    lanes: int = LANES_DEFAULT
+    nests: list[Nest] = field(default_factory=list)
+
+    def build(self) -> list[Nest]:
+        np_, nr, nc = self.shape
+        if np_ * nr * nc == 0:
+            return []
+        full, tail = divmod(nc, self.lanes)
+        out = []
+        st = (VI("vmov", "fill", (float(self.value),)),)
+        if full:
+            out.append(Nest(outer=(np_, nr, full), pre=st,
+                            post=(VI("vst", Mem("AM", self.base, (self.pitches[0], self.pitches[1], self.lanes)),
+                                     ("fill",)),)))
+        if tail:
+            out.append(Nest(outer=(np_, nr), pre=st,
+                            post=(VI("vst", Mem("AM", self.base + full * self.lanes, self.pitches), ("fill",),
+                                     lanes=tail),)))
+        return out
