@@ -20,7 +20,7 @@ from .importer import Graph, Node
 F32_MAX = float(np.finfo(np.float32).max)
 SUPPORTED = ("Conv", "BatchNormalization", "Relu", "Add", "Sum", "Mul", "Gemm", "MatMul", "MaxPool", "AveragePool",
              "GlobalAveragePool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Softmax", "Clip", "Concat",
-             "Sigmoid", "HardSigmoid", "HardSwish", "Identity", "Dropout", "Constant", "ConstantOfShape")
+             "Sigmoid", "HardSigmoid", "HardSwish", "Transpose", "Identity", "Dropout", "Constant", "ConstantOfShape")
 # element-wise prims and their ew_chain step name (how they join a fused element-wise chain)
 EW_STEP = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn"}
 
@@ -421,6 +421,20 @@ def _concat_flat(ctx: _Ctx, node: Node, ins: list[str], shapes: list[tuple[int, 
     ctx.emit("view", {}, (acc,), out, node, ctx.shapes[out])
 
 
+def _transpose(ctx: _Ctx, node: Node) -> None:
+    """Transpose (ShuffleNet's channel shuffle, NHWC<->NCHW at a model's edges): a data-movement kernel."""
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    xs = ctx.shape(x)
+    perm = list(node.attrs.get("perm", list(range(len(xs)))[::-1]))
+    if len(xs) > 8:
+        raise Unsupported(node, f"transpose of a {len(xs)}-D tensor (up to 8 axes)")
+    if perm == sorted(perm):
+        ctx.emit("view", {}, (x,), node.outputs[0], node)
+        return
+    ctx.emit("transpose", {"dims": "x".join(map(str, xs)), "perm": "".join(map(str, perm))}, (x,), node.outputs[0],
+             node)
+
+
 def _dropout(ctx: _Ctx, node: Node) -> None:
     """Inference Dropout: the identity (kept only when it produces a graph output)."""
     if len(node.outputs) > 1 and node.outputs[1]:
@@ -450,5 +464,5 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Identity": _view,
     "Squeeze": _view, "Unsqueeze": _view, "Dropout": _dropout,
     "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish,
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Transpose": _transpose,
 }

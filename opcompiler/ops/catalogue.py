@@ -606,6 +606,46 @@ register_op(OpDef(
     input_specs=lambda wl: [("x", _ew_shape(wl), wl.dtype)], flops_fn=lambda wl: 0, validate_fn=_validate_pad,
 ))
 
+TRANSPOSE_DEFAULTS = {"dims": "1x2x4x8x8", "perm": "02134"}  # a channel shuffle of 2 groups of 4
+
+
+def transpose_dims(wl: Workload) -> tuple[tuple[int, ...], tuple[int, ...]]:
+    """(input shape, permutation) of a transpose workload: dims=AxBxC..., perm=digits (rank <= 8)."""
+    try:
+        dims = tuple(int(d) for d in str(wl["dims"]).split("x"))
+        perm = tuple(int(c) for c in str(wl["perm"]).zfill(len(dims)))  # "0213" may arrive as the int 213
+    except ValueError:
+        raise OpcError("dims must read like 2x3x4 and perm like 021", arg="dims", value=f"{wl['dims']}/{wl['perm']}",
+                       expected="dims=AxBxC (up to 8 axes), perm=a digit per axis") from None
+    return dims, perm
+
+
+def _validate_transpose(wl: Workload) -> None:
+    dims, perm = transpose_dims(wl)
+    if not 1 <= len(dims) <= 8 or any(d < 1 for d in dims):
+        raise OpcError("1 to 8 positive dimensions", arg="dims", value=wl["dims"], expected="e.g. 1x2x4x8x8")
+    if sorted(perm) != list(range(len(dims))):
+        raise OpcError(f"not a permutation of the {len(dims)} axes", arg="perm", value=wl["perm"],
+                       expected="".join(map(str, range(len(dims)))) + " reordered")
+
+
+def _transpose_compute(wl: Workload):
+    dims, perm = transpose_dims(wl)
+    ins = _placeholders([("x", dims, wl.dtype)])
+    inv = [perm.index(k) for k in range(len(dims))]
+    out = te.compute([dims[p] for p in perm], lambda *i: ins[0](*[i[j] for j in inv]), name="transpose",
+                     tag="elemwise|transpose")
+    return ins, out
+
+
+register_op(OpDef(
+    name="transpose", summary="permute the axes of a tensor (dims=AxBxC..., perm=digits): a data movement",
+    family="elemwise", defaults=TRANSPOSE_DEFAULTS, dtypes=_EW_DTYPES, compute_fn=_transpose_compute,
+    reference_fn=lambda wl, ins: np.ascontiguousarray(np.transpose(ins[0], transpose_dims(wl)[1])),
+    input_specs=lambda wl: [("x", transpose_dims(wl)[0], wl.dtype)], flops_fn=lambda wl: 0,
+    validate_fn=_validate_transpose,
+))
+
 SOFTMAX_DEFAULTS = {"m": 16, "n": 1000}
 
 

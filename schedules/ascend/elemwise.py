@@ -58,18 +58,18 @@ def _steps(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
 
 
 def _kind(wl: Workload) -> str:
-    if wl.op in ("concat", "pad"):
+    if wl.op in ("concat", "pad", "transpose"):
         return wl.op
     steps = _steps(wl)
     return "channel" if any("chan" in STEP_OPERANDS[n] for n, _ in steps) else "flat"
 
 
 def _n_full(wl: Workload) -> int:
-    return 0 if wl.op in ("concat", "pad") else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad", "transpose") else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
 
 
 def _n_chan(wl: Workload) -> int:
-    return 0 if wl.op in ("concat", "pad") else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad", "transpose") else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
 
 
 def _shape(wl: Workload) -> tuple[int, int, int, int]:
@@ -128,7 +128,7 @@ class AscendElemwise(AscendTemplate):
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         isz = np.dtype(wl.dtype).itemsize
         slots = 2 if cfg["double_buffer"] else 1
-        c1 = ceil_div(wl["c"], C0)
+        c1 = ceil_div(wl.p.get("c", 1), C0)
         out = [("UB", f"param{i}", c1 * C0 * isz) for i in range(_n_chan(wl))]
         for s in range(slots):
             out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(1 + _n_full(wl))]
@@ -139,6 +139,8 @@ class AscendElemwise(AscendTemplate):
         kind = _kind(wl)
         if kind == "pad":
             return self._apply_pad(wl, target, cfg, m)
+        if kind == "transpose":
+            return self._apply_transpose(wl, target, cfg, m)
         steps = [] if kind == "concat" else _steps(wl)
         dt = wl.dtype
         n, c, h, w = _shape(wl)
@@ -232,6 +234,60 @@ class AscendElemwise(AscendTemplate):
                                             else "none (streams the tensor in its own layout)"),
                           "channel_padding_waste": round(1 - c / (c1 * C0), 4) if kind == "channel" else 0.0})
 
+    def _apply_transpose(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+        """A transpose as block moves: the trailing input axes the permutation leaves in place form
+        contiguous runs; MTE2 gathers the runs of consecutive output blocks into a UB tile (one
+        burst each), MTE3 writes the tile out in one contiguous move. A permutation that moves
+        the innermost axis leaves runs of one element: refused when that means more than 65536
+        single-element moves (the chip would use its vector transpose, not modelled here)."""
+        from opcompiler.errors import OpcError
+        from opcompiler.ops.catalogue import transpose_dims
+        dt = wl.dtype
+        dims, perm = transpose_dims(wl)
+        rank = len(dims)
+        t = 0
+        while t < rank and perm[rank - 1 - t] == rank - 1 - t:
+            t += 1
+        lead, run = dims[:rank - t], int(np.prod(dims[rank - t:], dtype=np.int64))
+        blocks = int(np.prod(lead, dtype=np.int64))
+        # for each output block (row-major over the permuted leading axes) the input block it copies
+        src_block = np.arange(blocks).reshape(lead or (1,)).transpose(perm[:rank - t] or (0,)).reshape(-1)
+        if run < 8 and blocks > 65536:
+            raise OpcError(f"this transpose moves the innermost axis: {blocks} runs of {run} element(s)", arg="perm",
+                           value=wl["perm"], expected="a permutation that keeps the last axis (or --fallback cpu)")
+        tile = cfg["ub_tile"]
+        chunk = min(run, tile)  # a run longer than the tile goes in chunks
+        per_tile = max(1, tile // chunk) if chunk == run else 1
+        units = ([(b0, min(per_tile, blocks - b0), 0, run) for b0 in range(0, blocks, per_tile)] if chunk == run else
+                 [(b, 1, c0, min(chunk, run - c0)) for b in range(blocks) for c0 in range(0, run, chunk)])
+        slots = 2 if cfg["double_buffer"] else 1
+        active = min(cfg["block_dim"], len(units))
+
+        def program(core: int):
+            kb = KernelBuilder(m, core, active)
+            x = kb.gm("x0", (blocks, run), dt)
+            y = kb.gm("y", (blocks, run), dt)
+            bufs = [kb.alloc("UB", f"x0_{s}", (tile,), dt) for s in range(slots)]
+            lo, hi = split_even(len(units), active, core)
+            for j, (b0, nb, c0, cnt) in enumerate(units[lo:hi]):
+                ub = bufs[j % slots]
+                for i in range(nb):
+                    kb.data_move(ub, (slice(i * cnt, (i + 1) * cnt),), x, (int(src_block[b0 + i]), slice(c0, c0 + cnt)))
+                if nb > 1:
+                    kb.data_move(y, (slice(b0, b0 + nb), slice(None)), ub, (slice(0, nb * cnt),))
+                else:
+                    kb.data_move(y, (b0, slice(c0, c0 + cnt)), ub, (slice(0, cnt),))
+                kb.loop()
+            return kb.finish(gm_inputs=("x0",))
+
+        out_dims = tuple(dims[p] for p in perm)
+        return Plan(active_cores=active, make_program=program,
+                    pack=lambda inputs: {"x0": np.ascontiguousarray(inputs[0]).reshape(blocks, run)},
+                    out_name="y", out_shape=(blocks, run), out_dtype=dt,
+                    unpack=lambda yv: yv.reshape(out_dims), flops=0, unit="vector",
+                    info={"gm_layouts": {"x": f"blocks of {run} contiguous elements"}, "steps": "transpose",
+                          "layout_change": "none", "channel_padding_waste": 0.0})
+
     def _apply_pad(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
         """Explicit padding: per channel plane, tiles of whole padded rows in UB; a tile that
         holds padding is filled (vector dup) first, then MTE2 writes the input rows into it (a
@@ -280,8 +336,12 @@ class AscendElemwise(AscendTemplate):
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
         isz = np.dtype(wl.dtype).itemsize
-        n, c, h, w = _shape(wl)
         kind = _kind(wl)
+        if kind == "transpose":
+            from opcompiler.ops.catalogue import transpose_dims
+            n, c, h, w = 1, 1, 1, int(np.prod(transpose_dims(wl)[0]))
+        else:
+            n, c, h, w = _shape(wl)
         elems = {"flat": n * c * h * w, "channel": n * ceil_div(c, C0) * C0 * h * w}.get(
             kind, n * (c + wl.p.get("c1", 0)) * h * w)
         tiles = ceil_div(elems, cfg["ub_tile"])

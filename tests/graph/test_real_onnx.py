@@ -172,3 +172,17 @@ def test_avg_pool_asymmetric_excluding_pad_is_a_clear_error(tmp_path):
     p = _save(tmp_path, "avg_asym", [node], [("x", [1, 2, 5, 5])], [("y", [1, 2, 3, 3])])
     with pytest.raises(OpcError, match="asymmetric pads.*exclude padding from the count"):
         lower(load(p))
+
+
+def test_channel_shuffle_and_transpose(tmp_path):
+    """ShuffleNet's channel shuffle (Reshape -> Transpose -> Reshape) and an NCHW -> NHWC transpose."""
+    shape = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Relu", ["x"], ["r"]),
+             helper.make_node("Reshape", ["r", "s5"], ["g"]),
+             helper.make_node("Transpose", ["g"], ["t"], perm=[0, 2, 1, 3, 4]),
+             helper.make_node("Reshape", ["t", "s4"], ["sh"]),
+             helper.make_node("Transpose", ["sh"], ["y"], perm=[0, 2, 3, 1])]
+    p = _save(tmp_path, "shuffle", nodes, [("x", [1, 6, 5, 5])], [("y", [1, 5, 5, 6])],
+              [shape("s5", [1, 2, 3, 5, 5]), shape("s4", [1, 6, 5, 5])])
+    g = _check(p)
+    assert [q.kind for q in lower(g)[0]].count("transpose") == 2
