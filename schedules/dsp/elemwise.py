@@ -20,6 +20,8 @@ from opcompiler.template import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
+from .chain import DspChain
+from .concat import DspConcat
 from .conv2d import require_fp32
 from .direct import stage_order
 
@@ -36,9 +38,15 @@ def _shape(wl: Workload) -> tuple[int, int, int, int]:
     return wl["n"], wl["c"], wl["h"], wl["w"]
 
 
+# ops of the family with their own template (one template is registered per family): the
+# element-wise chain (VPU instruction streams, `chain.py`) and concat (DMA only, `concat.py`)
+DELEGATE: dict[str, Template] = {"ew_chain": DspChain(), "concat": DspConcat()}
+
+
 def _kind(wl: Workload) -> tuple[int, int, int, int]:
     if wl.op not in OPS:  # e.g. ew_chain, concat: no VPU lowering (graphs fall back to the host)
-        raise OpcError(f"no dsp element-wise lowering for {wl.op}", arg="op", value=wl.op, expected=", ".join(OPS))
+        raise OpcError(f"no dsp element-wise lowering for {wl.op}", arg="op", value=wl.op,
+                       expected=", ".join(list(OPS) + list(DELEGATE)))
     n_in, npar, fm, va = OPS[wl.op]
     if wl.op == "add_relu" and wl.p.get("bcast"):
         n_in, npar = 1, 1  # y is per channel: a parameter
@@ -57,15 +65,20 @@ class DspElemwise(Template):
     def _check_op(self, wl: Workload, target: Target) -> None:
         require_fp32(wl, target)
         if wl.op not in OPS:
-            raise OpcError(f"no dsp element-wise lowering for {wl.op}", arg="op", value=wl.op, expected=", ".join(OPS))
+            raise OpcError(f"no dsp element-wise lowering for {wl.op}", arg="op", value=wl.op,
+                           expected=", ".join(list(OPS) + list(DELEGATE)))
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
+        if wl.op in DELEGATE:
+            return DELEGATE[wl.op].space(wl, target)
         self._check_op(wl, target)
         return [Knob("tile", TILES, "elements per DMA stage (rounded to whole pixels / planes)"),
                 Knob("dbuf", (1, 0), "double-buffer the AM tiles"),
                 Knob("split", ("items", "batch"), "stages across cores, or whole images per core (paper)")]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        if wl.op in DELEGATE:
+            return DELEGATE[wl.op].default(wl, target)
         for tile in (8192, 4096, 2048, 1024):
             cfg = {"tile": tile, "dbuf": 1, "split": "items"}
             if self.check(wl, target, cfg) is None:
@@ -74,6 +87,9 @@ class DspElemwise(Template):
 
     def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
         """Seed 004 §2.1.3: images across the cores, one image per stage, no double buffering."""
+        if wl.op in DELEGATE:
+            raise OpcError(f"no paper schedule for {wl.op} (seed 004 has none)", arg="--config", value="paper",
+                           expected="default, best or a JSON object of knobs")
         n, c, h, w = _shape(wl)
         img = c * h * w
         tile = max([t for t in TILES if t <= img] or [TILES[0]])
@@ -91,6 +107,8 @@ class DspElemwise(Template):
         return ((n_in + 1) * (1 + cfg["dbuf"]) * tile + npar * wl["c"]) * F32
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
+        if wl.op in DELEGATE:
+            return DELEGATE[wl.op].check(wl, target, config)
         m = machine(target)
         need = self._footprint(m, wl, config)
         if need > m.cap("AM"):
@@ -110,6 +128,8 @@ class DspElemwise(Template):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
         """Lower to the cluster program (timing-only ops unless `functional`)."""
+        if wl.op in DELEGATE:
+            return DELEGATE[wl.op].apply(wl, target, config, functional)
         self._check_op(wl, target)
         m = machine(target)
         op = get_op(wl.op)
@@ -210,6 +230,8 @@ class DspElemwise(Template):
         return run
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        if wl.op in DELEGATE:
+            return DELEGATE[wl.op].features(wl, target, config)
         m = machine(target)
         n, c, h, w = _shape(wl)
         n_in, npar, fm, va = _kind(wl)
