@@ -20,7 +20,7 @@ from .importer import Graph, Node
 F32_MAX = float(np.finfo(np.float32).max)
 SUPPORTED = ("Conv", "BatchNormalization", "Relu", "Add", "Sum", "Mul", "Gemm", "MatMul", "MaxPool", "AveragePool",
              "GlobalAveragePool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Softmax", "Clip", "Concat",
-             "Sigmoid", "HardSigmoid", "HardSwish", "Transpose", "Identity", "Dropout", "Constant", "ConstantOfShape")
+             "Sigmoid", "HardSigmoid", "HardSwish", "Transpose", "LRN", "Identity", "Dropout", "Constant", "ConstantOfShape")
 # element-wise prims and their ew_chain step name (how they join a fused element-wise chain)
 EW_STEP = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn"}
 
@@ -435,6 +435,31 @@ def _transpose(ctx: _Ctx, node: Node) -> None:
              node)
 
 
+def _lrn(ctx: _Ctx, node: Node) -> None:
+    """LRN as the hardware would run it: x*x (vector), the sum over the channel window as a 1x1
+    convolution with a banded weight scaled by alpha/size (cube), (bias + s)**-beta (vector),
+    times x (vector)."""
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    xs = ctx.shape(x)
+    if len(xs) != 4:
+        raise Unsupported(node, f"LRN over a {len(xs)}-D tensor (4-D NCHW only)")
+    size = int(node.attrs["size"])
+    alpha, beta, bias = (float(node.attrs.get(k, d)) for k, d in (("alpha", 1e-4), ("beta", 0.75), ("bias", 1.0)))
+    n, c, h, w = xs
+    lo, hi = (size - 1) // 2, -(-(size - 1) // 2)
+    band = np.zeros((c, c, 1, 1), np.float32)
+    for k in range(c):
+        band[k, max(0, k - lo):min(c, k + hi + 1), 0, 0] = alpha / size
+    out = node.outputs[0]
+    ew = ew_params(xs)
+    sq = ctx.emit("ew_chain", {**ew, "chain": "mul"}, (x, x), f"{out}:sq", node, xs)
+    s = ctx.emit("conv2d", {"n": n, "c": c, "h": h, "w": w, "k": c, "r": 1, "s": 1, "stride": 1, "pad": 0,
+                            "dilation": 1, "groups": 1, "layout": "NCHW"},
+                 (sq, ctx.const(f"{node.name}:band", band)), f"{out}:sum", node, xs)
+    den = ctx.emit("ew_chain", {**ew, "chain": f"affine:1.0:{bias!r};pow:{-beta!r}"}, (s,), f"{out}:den", node, xs)
+    ctx.emit("ew_chain", {**ew, "chain": "mul"}, (den, x), out, node, xs)
+
+
 def _dropout(ctx: _Ctx, node: Node) -> None:
     """Inference Dropout: the identity (kept only when it produces a graph output)."""
     if len(node.outputs) > 1 and node.outputs[1]:
@@ -464,5 +489,5 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Identity": _view,
     "Squeeze": _view, "Unsqueeze": _view, "Dropout": _dropout,
     "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Transpose": _transpose,
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Transpose": _transpose, "LRN": _lrn,
 }

@@ -457,10 +457,11 @@ register_op(OpDef(
     ],
 ))
 
-# ew_chain: steps separated by ";" applied in order to x. Unary: relu, sigmoid, clip:LO:HI, affine:A:B (x*A+B).
+# ew_chain: steps separated by ";" applied in order to x. Unary: relu, sigmoid, clip:LO:HI, affine:A:B (x*A+B),
+# pow:P (x**P for x > 0, as exp(P*ln x): LRN's denominator).
 # With a full-shape operand: add, mul. With per-channel (C,) operands: bias, scale, bn (scale, shift).
 EW_CHAIN_DEFAULTS = {**EW_DEFAULTS, "chain": "sigmoid"}
-_CHAIN_EXTRA = {"relu": (), "sigmoid": (), "clip": (), "affine": (), "add": ("full",), "mul": ("full",), "bias": ("chan",),
+_CHAIN_EXTRA = {"relu": (), "sigmoid": (), "clip": (), "affine": (), "pow": (), "add": ("full",), "mul": ("full",), "bias": ("chan",),
                 "scale": ("chan",), "bn": ("chan", "chan")}
 
 
@@ -471,8 +472,10 @@ def _chain_steps(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
         if name not in _CHAIN_EXTRA:
             raise OpcError(f"unknown element-wise step {name!r}", arg="chain", value=wl["chain"],
                            expected="steps among " + ", ".join(_CHAIN_EXTRA) + " separated by ';'")
-        if (name in ("clip", "affine")) != (len(args) == 2):
-            want = {"clip": "2 bounds (clip:LO:HI)", "affine": "2 numbers (affine:A:B = x*A+B)"}
+        arity = {"clip": 2, "affine": 2, "pow": 1}.get(name, 0)
+        if len(args) != arity:
+            want = {"clip": "2 bounds (clip:LO:HI)", "affine": "2 numbers (affine:A:B = x*A+B)",
+                    "pow": "1 exponent (pow:P)"}
             raise OpcError(f"step {item!r} takes {want.get(name, 'no arguments')}", arg="chain", value=wl["chain"])
         steps.append((name, tuple(float(a) for a in args)))
     if not steps:
@@ -499,6 +502,7 @@ def _chain_apply(wl: Workload, ins: list, xp) -> object:
             x = {"relu": lambda: np.maximum(x, 0), "sigmoid": lambda: one / (one + np.exp(-x)),
                  "clip": lambda: np.clip(x, *np.asarray(args, wl.dtype)), "add": lambda: x + vals[0],
                  "affine": lambda: x * np.asarray(args[0], wl.dtype) + np.asarray(args[1], wl.dtype),
+                 "pow": lambda: np.exp(np.log(x.astype(np.float32)) * np.float32(args[0])),
                  "mul": lambda: x * vals[0], "bias": lambda: x + vals[0], "scale": lambda: x * vals[0],
                  "bn": lambda: x * vals[0] + vals[1]}[name]().astype(wl.dtype)
             continue
@@ -508,6 +512,7 @@ def _chain_apply(wl: Workload, ins: list, xp) -> object:
              "clip": lambda: dsl.vmax(dsl.vmin(x, dsl.broadcast(args[1], shape, wl.dtype)),
                                       dsl.broadcast(args[0], shape, wl.dtype)),
              "affine": lambda: dsl.vadds(dsl.vmuls(x, args[0]), args[1]),
+             "pow": lambda: dsl.vexp(dsl.vmuls(dsl.vlog(x), args[0])),
              "add": lambda: dsl.vadd(x, vals[0]), "mul": lambda: dsl.vmul(x, vals[0]),
              "bias": lambda: dsl.vadd(x, vals[0]), "scale": lambda: dsl.vmul(x, vals[0]),
              "bn": lambda: dsl.vadd(dsl.vmul(x, vals[0]), vals[1])}[name]()
@@ -523,7 +528,7 @@ register_op(OpDef(
     name="ew_chain", summary="element-wise chain in one kernel: chain='bn;relu', 'sigmoid', 'mul;clip:0:6', ...",
     family="elemwise", defaults=EW_CHAIN_DEFAULTS, dtypes=_EW_DTYPES, fusion="fuse_elemwise_chain",
     compute_fn=_chain_compute, reference_fn=lambda wl, ins: _chain_apply(wl, ins, np), input_specs=_chain_inputs,
-    flops_fn=lambda wl: sum({"sigmoid": 4, "clip": 2, "bn": 2, "affine": 2}.get(n, 1) for n, _ in _chain_steps(wl))
+    flops_fn=lambda wl: sum({"sigmoid": 4, "clip": 2, "bn": 2, "affine": 2, "pow": 3}.get(n, 1) for n, _ in _chain_steps(wl))
     * int(np.prod(_ew_shape(wl))),
     validate_fn=lambda wl: (_validate_ew(wl), _chain_steps(wl)) and None,
     unfused_fn=lambda wl: [

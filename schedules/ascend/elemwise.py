@@ -31,7 +31,7 @@ from .common import AscendTemplate, channel_op, core_values, from_5hd, machine, 
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 C0 = 16
 # how many extra operands each step reads: "full" (same shape as x) or "chan" (one per channel)
-STEP_OPERANDS = {"relu": (), "sigmoid": (), "clip": (), "affine": (), "add": ("full",), "mul": ("full",), "bias": ("chan",),
+STEP_OPERANDS = {"relu": (), "sigmoid": (), "clip": (), "affine": (), "pow": (), "add": ("full",), "mul": ("full",), "bias": ("chan",),
                  "scale": ("chan",), "bn": ("chan", "chan")}
 
 
@@ -93,6 +93,10 @@ def emit_steps(kb: KernelBuilder, steps, x: Buf, fulls: list[Buf], params: list[
         elif name == "clip":
             kb.vec("mins", vx, (vx,), cnt_elems, scalar=args[1])
             kb.vec("maxs", vx, (vx,), cnt_elems, scalar=args[0])
+        elif name == "pow":  # x ** P = exp(P * ln x), x > 0 (LRN's denominator)
+            kb.vec("ln", vx, (vx,), cnt_elems)
+            kb.vec("muls", vx, (vx,), cnt_elems, scalar=args[0])
+            kb.vec("exp", vx, (vx,), cnt_elems)
         elif name == "affine":  # x * A + B (HardSigmoid's first half)
             kb.vec("muls", vx, (vx,), cnt_elems, scalar=args[0])
             kb.vec("adds", vx, (vx,), cnt_elems, scalar=args[1])

@@ -186,3 +186,13 @@ def test_channel_shuffle_and_transpose(tmp_path):
               [shape("s5", [1, 2, 3, 5, 5]), shape("s4", [1, 6, 5, 5])])
     g = _check(p)
     assert [q.kind for q in lower(g)[0]].count("transpose") == 2
+
+
+@pytest.mark.parametrize("size", [5, 3])  # onnxruntime (the reference) takes odd sizes only
+def test_lrn(tmp_path, size):
+    """AlexNet/GoogLeNet-style LRN after a conv."""
+    nodes = [helper.make_node("Conv", ["x", "W"], ["c"], pads=[1, 1, 1, 1]),
+             helper.make_node("Relu", ["c"], ["r"]),
+             helper.make_node("LRN", ["r"], ["y"], size=size, alpha=1e-2, beta=0.75, bias=2.0)]
+    g = _check(_save(tmp_path, f"lrn{size}", nodes, [("x", [1, 3, 6, 6])], [("y", [1, 7, 6, 6])], [_t("W", 7, 3, 3, 3)]))
+    assert "conv2d" in [q.kind for q in lower(g)[0]][1:]
