@@ -27,6 +27,7 @@ from .direct import (
     in_rows,
     pass_cost,
 )
+from .grouped import DspGroupedConv
 
 EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu")}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
@@ -164,6 +165,9 @@ class DspDirectConv2d(DirectTemplate):
     op_families = ("conv2d",)
     target_family = "dsp"
     version = 1
+    # groups > 1 (depthwise, grouped): output channels cannot share the lanes' input scalars;
+    # those workloads go to the grouped template (VPU instruction streams, `grouped.py`)
+    grouped = DspGroupedConv()
 
     def spec(self, wl: Workload, target: Target) -> ConvSpec:
         require_fp32(wl, target)
@@ -179,6 +183,8 @@ class DspDirectConv2d(DirectTemplate):
                         pad=p["pad"], dil=p["dilation"], ho=ho, wo=wo, epi=EPI[wl.op], layout=p["layout"])
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
+        if wl.p["groups"] != 1:
+            return self.grouped.space(wl, target)
         sp = self.spec(wl, target)
         lanes = machine(target).lanes
         kvmax = max(1, min(4, -(-sp.k // lanes)))
@@ -199,6 +205,8 @@ class DspDirectConv2d(DirectTemplate):
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        if wl.p["groups"] != 1:
+            return self.grouped.default(wl, target)
         sp = self.spec(wl, target)
         knobs = {k.name: k.values for k in self.space(wl, target)}
         kvs = sorted((v for v in knobs["kv"] if v <= 2), reverse=True)
@@ -220,6 +228,9 @@ class DspDirectConv2d(DirectTemplate):
         at a time, a weight-stationary pass per input channel with partial sums in AM, the
         output through GSM, W replicated per core, no double buffering; the image is staged
         into SM whole when it fits, else in the largest row blocks that fit."""
+        if wl.p["groups"] != 1:
+            raise OpcError("no paper schedule for grouped convolution (seed 004 has none)", arg="--config",
+                           value="paper", expected="default, best or a JSON object of knobs")
         sp = self.spec(wl, target)
         m = machine(target)
         kv = max(1, -(-sp.k // m.lanes))
@@ -233,6 +244,8 @@ class DspDirectConv2d(DirectTemplate):
         return cfg
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
+        if wl.p["groups"] != 1:
+            return self.grouped.check(wl, target, config)
         sp = self.spec(wl, target)
         cf = DirectConfig.of(config)
         if cf.w_path == "host_copies" and sp.layout != "NHWC":
@@ -243,6 +256,21 @@ class DspDirectConv2d(DirectTemplate):
             if why is not None:
                 return why
         return check(machine(target), sp, cf)
+
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+        if wl.p["groups"] != 1:
+            return self.grouped.apply(wl, target, config, functional)
+        return super().apply(wl, target, config, functional)
+
+    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        if wl.p["groups"] != 1:
+            return self.grouped.features(wl, target, config)
+        return super().features(wl, target, config)
+
+    def tir_check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        if wl.p["groups"] != 1:
+            return None  # no TIR form of the grouped template yet
+        return super().tir_check(wl, target, config)
 
     def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
         """(lowering names, DDR tensors, pre relayouts, post relayouts, output shape)."""
