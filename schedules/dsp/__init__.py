@@ -2,4 +2,4 @@
 layers and element-wise ops (fused BN+ReLU), after seed 004; pooling, grouped / depthwise
 convolution, element-wise chains, concat, softmax and reductions as vector instruction streams
 (`stream.py`). Every module is imported here."""
-from . import conv2d, elemwise, matmul, pool  # noqa: F401
+from . import conv2d, elemwise, matmul, pool, reduce  # noqa: F401
