@@ -9,6 +9,7 @@ record, the template default when none: `api.resolve_config`) or "default".
 from __future__ import annotations
 
 import json
+import os
 import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
@@ -61,6 +62,39 @@ def built(target: Target, wl: Workload, config: str = "best", backend: Backend |
     return b
 
 
+def prebuild(target: Target, wls: list[Workload], config: str = "best", workers: int | None = None) -> int:
+    """Build every kernel of `wls` not built yet, `workers` at a time. On the CPU each build is
+    mostly LLVM, which runs outside Python's lock, so threads build in parallel (2x on 2 cores);
+    the simulators' builds are Python and are left to `built` on demand. Returns how many were
+    built here; a kernel that fails to build is left for `built` to report."""
+    if target.family != "cpu":
+        return 0
+    todo: dict[tuple, tuple[Workload, Any]] = {}
+    for wl in wls:
+        cfg = None if config in (None, "default") else resolve_config(wl, target, config)
+        key = _key(target, wl, cfg)
+        if key not in _KERNELS and key not in todo:
+            todo[key] = (wl, cfg)
+    workers = workers or min(os.cpu_count() or 1, 8)
+    if workers < 2 or len(todo) < 2:
+        return 0
+    from concurrent.futures import ThreadPoolExecutor
+    backend = backend_for(target)
+
+    def one(item: tuple[tuple, tuple[Workload, Any]]) -> bool:
+        key, (wl, cfg) = item
+        try:
+            kernel = backend.build(wl, cfg)
+        except Exception:  # `built` raises the real error, in order, when the plan asks for it
+            return False
+        with _LOCK:
+            _KERNELS[key] = Built(kernel, "tuning record" if cfg is not None else "template default")
+        return True
+
+    with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="opc-build") as pool:
+        return sum(pool.map(one, todo.items()))
+
+
 def cost(target: Target, op: str, params: Mapping[str, Any], dtype: str, config: str = "best") -> float:
     """Seconds one kernel takes on `target` (simulated or measured), measured once per process."""
     wl = workload(op, dict(params), dtype=dtype)
@@ -70,11 +104,7 @@ def cost(target: Target, op: str, params: Mapping[str, Any], dtype: str, config:
         hit = _COSTS.get(key)
     if hit is not None:
         return hit
-    res = backend_for(target).measure(b.kernel)
-    secs = float(res.seconds)
-    if res.cycles is None:  # a real device: the median of a few more runs
-        import statistics
-        secs = statistics.median([secs] + [float(backend_for(target).measure(b.kernel).seconds) for _ in range(2)])
+    secs = float(backend_for(target).measure(b.kernel).seconds)  # a device's measure is a median of repeats
     with _LOCK:
         _COSTS[key] = secs
     return secs
@@ -87,4 +117,4 @@ def clear() -> None:
         _COSTS.clear()
 
 
-__all__ = ["Built", "built", "cost", "clear", "backend_for"]
+__all__ = ["Built", "built", "prebuild", "cost", "clear", "backend_for"]

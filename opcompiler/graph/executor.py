@@ -132,8 +132,9 @@ def compile_plan(plan: Plan, config: str = "best", progress: bool = False
     from tqdm import tqdm
 
     t0 = time.perf_counter()
-    from .cost import backend_for
+    from .cost import backend_for, prebuild
     backend = backend_for(plan.target)
+    prebuild(plan.target, [wl for g in plan.groups if (wl := plan.workload(g)) is not None], config)
     cache: dict[str, _Built] = {}
     host: list[Backend] = []
     out: list[tuple[Group, _Built | None]] = []

@@ -63,7 +63,9 @@ def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True,
     groups = partition(prims, graph.outputs, mode != "unfused")
     dt = dtype or FAMILY_DTYPE.get(tgt.family, "float32")
     if mode == "cost":
-        from .cost import cost
+        from .cost import cost, prebuild
+        prebuild(tgt, [workload(x.op, dict(x.params), dtype=dt) for g in groups if len(g.prims) > 1
+                       for x in [g, *split(g)]], config)
         groups = choose(groups, lambda op, params: cost(tgt, op, params, dt, config), tgt)
     plan = Plan(graph=graph, target=tgt, fused=mode != "unfused", dtype=dt, groups=tuple(groups), constants=consts,
                 shapes=shapes, fallback=fallback, mode=mode)
