@@ -1,11 +1,11 @@
 """dsp-sim template for ew_chain: a chain of element-wise steps in one kernel, as VPU instructions.
 
 Steps (the ew_chain vocabulary, `opcompiler.ops.catalogue._chain_apply`): relu, sigmoid,
-clip:LO:HI, affine:A:B, add / mul with a full-shape operand, bias / scale / bn with per-channel
+clip:LO:HI, affine:A:B, pow:P (x > 0), add / mul with a full-shape operand, bias / scale / bn with per-channel
 operands. Each step is a few vector instructions on a register holding 32 elements of x
 (`emit_steps`): relu is a vector max, clip a min and a max, affine and bn one FMA, sigmoid
-1 / (1 + exp(-x)) through the VPU's exp and reciprocal sequences (`vector.emit_exp`,
-`vector.emit_rcp`); full-shape operands are vector loads of their own AM tiles.
+1 / (1 + exp(-x)) and pow exp(P ln x) through the VPU's exp, log and reciprocal sequences
+(`vector.emit_exp`, `emit_log`, `emit_rcp`); full-shape operands are vector loads of their own AM tiles.
 
 The tensor is cut into stages of about `tile` elements, split over the cores, DMAed DDR -> AM
 (x and each full-shape operand), computed in place and DMAed back. How elements map to lanes
@@ -58,6 +58,10 @@ def emit_steps(steps: list[tuple[str, tuple[float, ...]]], fulls: list[Mem], cha
             out += [VI("vmin", x, (x, args[1])), VI("vmax", x, (x, args[0]))]
         elif name == "affine":
             out.append(VI("vfma", x, (x, args[0], args[1])))
+        elif name == "pow":  # x ** P = exp(P ln x), x > 0
+            out += vx.emit_log(x, "t", "n")
+            out.append(VI("vmul", "t", ("t", args[0])))
+            out += vx.emit_exp("t", x, "r", "n")
         elif name in ("add", "mul"):
             out += [VI("vld", f"f{fi % 2}", (fulls[fi],)), VI("vadd" if name == "add" else "vmul", x, (x, f"f{fi % 2}"))]
             fi += 1

@@ -24,10 +24,11 @@ ISA figures that seed 004 does not publish (assumed, named here so they can be c
   (L = the stride) takes L load/store slots. Stores write 32 contiguous lanes, predicated to
   the first `lanes` lanes.
 * `vrot` rotates the lanes through the VPEs' shuffle network in one vector-ALU slot;
-  `vrcpe` is an 8-bit reciprocal estimate (as ARM FRECPE), `vfloor` / `vldexp` are vector-ALU
-  conversions (ldexp adds to the exponent field). There is no hardware exp or divide: `emit_exp`
-  and `emit_rcp` expand them into these instructions (Cody-Waite reduction + degree-6 polynomial;
-  two Newton steps), as a math library for the VPU does.
+  `vrcpe` is an 8-bit reciprocal estimate (as ARM FRECPE), `vfloor`, `vldexp`, `vgetexp`,
+  `vgetmant` are vector-ALU conversions on the exponent field (as AVX-512's). There is no
+  hardware exp, log or divide: `emit_exp`, `emit_log` and `emit_rcp` expand them into these
+  instructions (Cody-Waite reduction + degree-6 polynomial; exponent / mantissa split + degree-9
+  polynomial; two Newton steps), as a math library for the VPU does.
 """
 from __future__ import annotations
 
@@ -104,6 +105,14 @@ def _ldexp(a, b):
     return np.ldexp(np.asarray(a, np.float32), np.asarray(np.nan_to_num(b), np.float64).astype(np.int32))
 
 
+def _getexp(a):
+    return (np.frexp(np.asarray(a, np.float32))[1] - 1).astype(np.float32)  # floor(log2 |a|)
+
+
+def _getmant(a):
+    return (np.frexp(np.asarray(a, np.float32))[0] * 2).astype(np.float32)  # |a| / 2^floor(log2 |a|), in [1, 2)
+
+
 def _rot(a, k):
     return np.roll(np.asarray(a, np.float32), -int(k), axis=-1)
 
@@ -120,6 +129,8 @@ SEM: dict[str, tuple[str, Any]] = {
     "vmov": ("valu", lambda a: np.asarray(a, np.float32)),
     "vfloor": ("valu", lambda a: np.floor(a).astype(np.float32)),
     "vldexp": ("valu", _ldexp),
+    "vgetexp": ("valu", _getexp),
+    "vgetmant": ("valu", _getmant),
     "vrcpe": ("valu", _rcpe),
     "vrot": ("valu", _rot),
 }
@@ -285,6 +296,21 @@ def emit_exp(x: str, y: str, r: str, nreg: str) -> list[VI]:
            VI("vfma", y, (r, EXP_POLY[0], EXP_POLY[1]))]
     out += [VI("vfma", y, (y, r, c)) for c in EXP_POLY[2:]]
     out.append(VI("vldexp", y, (y, nreg)))
+    return out
+
+
+_F = 0.5 - 0.5 * np.cos(np.pi * (np.arange(400) + 0.5) / 400)
+LOG_POLY = tuple(float(c) for c in np.polyfit(_F, np.log1p(_F), 9))  # ln(1 + f) on [0, 1), |error| < 6e-9
+LN2 = 0.6931471805599453
+
+
+def emit_log(x: str, y: str, e: str) -> list[VI]:
+    """y = ln(x) for x > 0: x = m 2^e with m in [1, 2), ln x = e ln 2 + P9(m - 1). Register e is
+    scratch; x is kept."""
+    out = [VI("vgetexp", e, (x,)), VI("vgetmant", y, (x,)), VI("vsub", y, (y, 1.0)),
+           VI("vfma", "lp", (y, LOG_POLY[0], LOG_POLY[1]))]
+    out += [VI("vfma", "lp", ("lp", y, c)) for c in LOG_POLY[2:]]
+    out.append(VI("vfma", y, (e, LN2, "lp")))
     return out
 
 
