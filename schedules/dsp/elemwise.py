@@ -24,6 +24,7 @@ from .chain import DspChain
 from .concat import DspConcat
 from .conv2d import require_fp32
 from .direct import stage_order
+from .pad import DspPad
 
 # op -> (data inputs, per-channel parameter inputs, FMAC ops, vector-ALU ops) per vector
 OPS = {
@@ -39,8 +40,9 @@ def _shape(wl: Workload) -> tuple[int, int, int, int]:
 
 
 # ops of the family with their own template (one template is registered per family): the
-# element-wise chain (VPU instruction streams, `chain.py`) and concat (DMA only, `concat.py`)
-DELEGATE: dict[str, Template] = {"ew_chain": DspChain(), "concat": DspConcat()}
+# element-wise chain (VPU instruction streams, `chain.py`), concat (DMA only, `concat.py`) and
+# explicit padding (`pad.py`)
+DELEGATE: dict[str, Template] = {"ew_chain": DspChain(), "concat": DspConcat(), "pad": DspPad()}
 
 
 def _kind(wl: Workload) -> tuple[int, int, int, int]:

@@ -1,6 +1,6 @@
 """The dsp-sim templates a common CNN needs besides the direct convolution: pool2d, ew_chain,
-grouped / depthwise conv2d, concat, softmax, reduce_sum / reduce_max (VPU instruction streams,
-`opcompiler.backend.dsp.vector`; concat is DMA only).
+grouped / depthwise conv2d, concat, pad, softmax, reduce_sum / reduce_max (VPU instruction
+streams, `opcompiler.backend.dsp.vector`; concat is DMA only, pad DMA and fills).
 
 Values: functional mode against the op's numpy reference (tolerances stated per test). Cycles:
 hand counts for instruction streams and DDR-bound kernels, cycles growing with the work, knobs
@@ -99,6 +99,16 @@ def test_ew_chain_matches_reference(shape: str, cfg, inputs) -> None:
                                  {"path": "am", "tile": 4096, "dbuf": 0, "cores": 1}])
 def test_concat_matches_reference(cfg) -> None:
     out, ref, _, _ = _run("concat", "n=2,c=3,c1=5,h=17,w=19", cfg)
+    np.testing.assert_array_equal(out, ref)
+
+
+@pytest.mark.parametrize("shape, cfg", [
+    ("n=2,c=3,h=7,w=9,pt=2,pl=1,pb=0,pr=3,fill=lowest", None),  # asymmetric, max pooling's identity
+    ("n=1,c=5,h=9,w=40,pt=0,pl=0,pb=1,pr=1", {"planes": 2, "rows": 4, "dbuf": 0, "cores": 8}),
+    ("n=1,c=2,h=3,w=3,pt=5,pl=0,pb=4,pr=2", {"planes": 1, "rows": 2, "dbuf": 1, "cores": 2}),  # rows of fill only
+])
+def test_pad_matches_reference(shape: str, cfg) -> None:
+    out, ref, _, _ = _run("pad", shape, cfg)
     np.testing.assert_array_equal(out, ref)
 
 
