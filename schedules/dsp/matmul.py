@@ -20,7 +20,7 @@ from .direct import ConvSpec, DirectConfig, check
 from .ksplit import chunks, footprint_k
 from .ksplit import core_ops as ksplit_ops
 
-EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu")}
+EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu"), "matmul_bias": ("bias",)}
 
 
 @register_template

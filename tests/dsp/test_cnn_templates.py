@@ -156,6 +156,17 @@ def test_softmax_and_reductions_match_reference(op: str, shape: str, cfg) -> Non
         np.testing.assert_allclose(out, ref, rtol=2e-6, atol=1e-8)
 
 
+@pytest.mark.parametrize("op, shape, cfg", [
+    ("conv2d_bn", "n=2,c=5,h=9,w=13,k=40,stride=2,pad=1,layout=NCHW", None),  # groups=1: the direct conv
+    ("conv2d_bn", "n=1,c=8,h=6,w=6,k=16,pad=1,layout=NHWC", {"order": "ws"}),
+    ("matmul_bias", "m=5,k=33,n=70,trans_b=1", None),  # Gemm with bias, no activation
+    ("matmul_bias", "m=1,k=200,n=40", {"split": "k", "w_path": "ddr"}),
+])
+def test_epilogues_without_activation(op: str, shape: str, cfg) -> None:
+    out, ref, _, _ = _run(op, shape, cfg)
+    np.testing.assert_allclose(out, ref, rtol=1e-5, atol=1e-6 * float(np.abs(ref).max()))
+
+
 def test_grouped_nhwc_and_paper_configs_fail_with_a_reason() -> None:
     from opcompiler.errors import OpcError
     with pytest.raises(OpcError, match="NCHW"):
