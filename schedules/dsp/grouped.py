@@ -137,16 +137,17 @@ class DspGroupedConv(Template):
         m = machine(target)
         knobs = {k.name: k.values for k in self.space(wl, target)}
         cfg: dict[str, Any] = {}
-        for rows in sorted(knobs["rows"], reverse=True):
-            for planes in sorted(knobs["planes"], reverse=True):
-                for w_path in ("resident", "stage"):
-                    cfg = {"planes": planes, "rows": rows, "rb": max(v for v in knobs["rb"] if v <= 4),
-                           "w_path": w_path, "dbuf": 1, "cores": m.cores}
-                    g = _Geo(m, wl, cfg)
-                    if len(g.items()) < min(2 * m.cores, wl["n"] * wl["k"] * cdiv(g.ho, rows)):
-                        continue
-                    if self.check(wl, target, cfg) is None:
-                        return cfg
+        for dbuf in (1, 0):
+            for rows in sorted(knobs["rows"], reverse=True):
+                for planes in sorted(knobs["planes"], reverse=True):
+                    for w_path in ("resident", "stage"):
+                        cfg = {"planes": planes, "rows": rows, "rb": max(v for v in knobs["rb"] if v <= 4),
+                               "w_path": w_path, "dbuf": dbuf, "cores": m.cores}
+                        g = _Geo(m, wl, cfg)
+                        if len(g.items()) < min(2 * m.cores, wl["n"] * wl["k"] * cdiv(g.ho, rows)):
+                            continue
+                        if self.check(wl, target, cfg) is None:
+                            return cfg
         return {**cfg, "planes": 1, "rows": 1, "rb": 1}
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
