@@ -65,7 +65,7 @@ def group_key(items: Sequence, key: Callable[[Any], Hashable]) -> Hashable:
 
 def fill_kernel(value: float, base: int, shape: tuple[int, int, int], pitches: tuple[int, int], lanes: int,
                 label: str) -> vx.VKernel:
-    return vx.VKernel(tuple(vx.Fill(value, base, shape, pitches, lanes).build()), label)
+    return vx.VKernel(tuple(vx.fill_nests(value, base, shape, pitches, lanes)), label)
 
 
 def cdiv(a: int, b: int) -> int:

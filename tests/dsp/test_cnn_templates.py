@@ -17,7 +17,7 @@ from opcompiler.backend import get_backend
 from opcompiler.backend.dsp import vector as vx
 from opcompiler.backend.dsp.engine import timing
 from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.vector import Mem, Nest, VI, VKernel
+from opcompiler.backend.dsp.vector import Mem, Nest, VI
 from opcompiler.cli import main
 from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target

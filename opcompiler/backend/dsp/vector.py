@@ -33,7 +33,7 @@ ISA figures that seed 004 does not publish (assumed, named here so they can be c
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from math import prod
 from typing import Any
 
@@ -43,9 +43,6 @@ from ...errors import CapacityError, OpcError
 from .core import Instr, MkCost, _check_regs, _run
 from .machine import DspMachine
 from .program import View
-
-LANES_DEFAULT = 32
-
 
 @dataclass(frozen=True)
 class Mem:
@@ -62,12 +59,13 @@ class Mem:
 @dataclass(frozen=True)
 class VI:
     """One vector instruction: opcode, destination (a register name, or a Mem for `vst`), sources
-    (register names, Mems for loads, float immediates); `lanes`: active lanes of a store."""
+    (register names, Mems for loads, float immediates); `lanes`: active lanes of a store (all
+    when None)."""
 
     op: str
     dst: Any
     srcs: tuple = ()
-    lanes: int = LANES_DEFAULT
+    lanes: int | None = None
 
 
 @dataclass(frozen=True)
@@ -227,11 +225,6 @@ def kernel_cost(m: DspMachine, k: VKernel) -> MkCost:
                   vldst=sum(c.vldst for c in costs), slds=sum(c.slds for c in costs), valu=sum(c.valu for c in costs))
 
 
-def nest_regs(n: Nest) -> int:
-    live, per_iter = registers(n)
-    return live + per_iter
-
-
 # ------------------------------------------------------------------ functional execution
 
 
@@ -253,8 +246,9 @@ def _exec(mem: Any, ins: VI, regs: dict, outer: tuple[int, ...], idx: tuple[int,
         regs[ins.dst] = np.broadcast_to(np.array(v, np.float32).reshape(p, 1), (p, lanes))
     elif ins.op == "vst":
         src = regs[ins.srcs[0]]
-        dst = _view(mem, ins.dst, outer, idx, ins.lanes)
-        dst[...] = np.broadcast_to(src, (p, lanes))[:, :ins.lanes].reshape(dst.shape)
+        width = ins.lanes or lanes
+        dst = _view(mem, ins.dst, outer, idx, width)
+        dst[...] = np.broadcast_to(src, (p, lanes))[:, :width].reshape(dst.shape)
     else:
         args = [regs[s] if isinstance(s, str) else s for s in ins.srcs]
         regs[ins.dst] = np.broadcast_to(SEM[ins.op][1](*args), (p, lanes))
@@ -332,30 +326,20 @@ def emit_hreduce(op: str, x: str, tmp: str, lanes: int) -> list[VI]:
     return out
 
 
-@dataclass
-class Fill:
-    """Helper: vector stores of a constant over a (planes, rows, cols) box of AM."""
-
-    value: float
-    base: int
-    shape: tuple[int, int, int]
-    pitches: tuple[int, int]  # elements between planes, between rows
-    lanes: int = LANES_DEFAULT
-    nests: list[Nest] = field(default_factory=list)
-
-    def build(self) -> list[Nest]:
-        np_, nr, nc = self.shape
-        if np_ * nr * nc == 0:
-            return []
-        full, tail = divmod(nc, self.lanes)
-        out = []
-        st = (VI("vmov", "fill", (float(self.value),)),)
-        if full:
-            out.append(Nest(outer=(np_, nr, full), pre=st,
-                            post=(VI("vst", Mem("AM", self.base, (self.pitches[0], self.pitches[1], self.lanes)),
-                                     ("fill",)),)))
-        if tail:
-            out.append(Nest(outer=(np_, nr), pre=st,
-                            post=(VI("vst", Mem("AM", self.base + full * self.lanes, self.pitches), ("fill",),
-                                     lanes=tail),)))
-        return out
+def fill_nests(value: float, base: int, shape: tuple[int, int, int], pitches: tuple[int, int], lanes: int
+               ) -> list[Nest]:
+    """Vector stores of a constant over a (planes, rows, cols) box of AM (elements between planes
+    and between rows in `pitches`); the last vector of a row is predicated to the box's width."""
+    np_, nr, nc = shape
+    if np_ * nr * nc == 0:
+        return []
+    full, tail = divmod(nc, lanes)
+    out = []
+    st = (VI("vmov", "fill", (float(value),)),)
+    if full:
+        out.append(Nest(outer=(np_, nr, full), pre=st,
+                        post=(VI("vst", Mem("AM", base, (pitches[0], pitches[1], lanes)), ("fill",)),)))
+    if tail:
+        out.append(Nest(outer=(np_, nr), pre=st,
+                        post=(VI("vst", Mem("AM", base + full * lanes, pitches), ("fill",), lanes=tail),)))
+    return out
