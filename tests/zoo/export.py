@@ -39,7 +39,7 @@ DOWN = {"squeezenet1_1_opset8": ("squeezenet1_1", 9, 8), "resnet18_opset8": ("re
 # on an eval model), so opcompiler's own BN folding and BN-after-Concat / BN-before-ReLU are checked.
 TORCH_FOLDS_BN = {"resnet18", "mobilenet_v2"}
 NAMES = tuple(OPSETS) + tuple(DOWN)
-RTOL, ATOL = 1e-4, 1e-5
+RTOL, ATOL = 1e-4, 1e-4  # atol: 1e-4 of the output's largest magnitude (near-zero logits)
 
 
 def _torch_export(model: torch.nn.Module, x: torch.Tensor, opset: int, keep_bn: bool = True,

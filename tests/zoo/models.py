@@ -2,9 +2,9 @@
 
 Each builder takes `size`: "ci" (reduced widths / depths, 32x32 input, seconds to compile) or
 "full" (torchvision's widths and depths at 224x224). Weights are deterministic
-(`torch.manual_seed`); every BatchNorm gets real running statistics by running a few seeded
-random batches through the model in training mode (so mean != 0, var != 1 and BN folding is
-actually exercised), then random affine gamma / beta; the model is returned in eval mode.
+(`torch.manual_seed`); every BatchNorm gets random affine gamma / beta and real running statistics
+from a few seeded random batches run through the model in training mode (so mean != 0, var != 1
+and BN folding is actually exercised); the model is returned in eval mode.
 
 `Dropout` here is `ExportedDropout`: identity in eval, as nn.Dropout, but it writes an ONNX
 `Dropout` node (with its unused mask output) the way non-PyTorch exporters and training-mode
@@ -512,8 +512,9 @@ MODELS: dict[str, Callable[[str], tuple[nn.Module, tuple[int, ...]]]] = {
 
 
 def _init(model: nn.Module, shape: tuple[int, ...], seed: int) -> None:
-    """Kaiming weights as torchvision initialises them, then BN statistics measured on seeded
-    random batches (cumulative average), then random gamma / beta."""
+    """Kaiming weights as torchvision initialises them, random BN gamma / beta, then BN running
+    statistics measured on seeded random batches (cumulative average), as training would leave
+    them: every BN's eval-mode output is then ~ gamma * N(0, 1) + beta, however deep the model."""
     g = torch.Generator().manual_seed(seed)
     for m in model.modules():
         if isinstance(m, nn.Conv2d):
@@ -526,6 +527,9 @@ def _init(model: nn.Module, shape: tuple[int, ...], seed: int) -> None:
         elif isinstance(m, nn.BatchNorm2d):
             m.reset_running_stats()
             m.momentum = None  # cumulative moving average over the calibration batches
+            with torch.no_grad():
+                m.weight.copy_(torch.empty_like(m.weight).uniform_(0.5, 1.5, generator=g))
+                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
     model.train()
     batch = (4,) + tuple(shape[1:])
     with torch.no_grad():
@@ -534,9 +538,6 @@ def _init(model: nn.Module, shape: tuple[int, ...], seed: int) -> None:
     for m in model.modules():
         if isinstance(m, nn.BatchNorm2d):
             m.momentum = 0.1
-            with torch.no_grad():
-                m.weight.copy_(torch.empty_like(m.weight).uniform_(0.5, 1.5, generator=g))
-                m.bias.copy_(torch.randn(m.bias.shape, generator=g) * 0.2)
     model.eval()
 
 
