@@ -223,8 +223,13 @@ def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
         a, b = b, a
     if a in ctx.consts:
         raise Unsupported(node, "both operands are constant (should have been folded)")
+    if b not in ctx.consts and tuple(ctx.shape(b)) == oshape and tuple(ctx.shape(a)) != oshape:
+        a, b = b, a  # the full-shape operand first
     if tuple(ctx.shape(a)) != oshape:
         raise Unsupported(node, f"broadcasting the runtime operand {a!r} {list(ctx.shape(a))} to {list(oshape)}")
+    if b not in ctx.consts and _per_image_channel(ctx.shape(b), oshape):
+        _runtime_channel_op(ctx, node, a, b, out, kind, oshape)
+        return
     same = "add" if kind == "add" else "ew_chain"
     same_params = ew_params(oshape) | ({} if kind == "add" else {"chain": "mul"})
     if b not in ctx.consts:
@@ -243,6 +248,24 @@ def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
         return
     full = ctx.const(f"{node.name}:{b}:full", np.broadcast_to(c, oshape))  # materialized: costs its bytes
     ctx.emit(same, same_params, (a, full), out, node, oshape)
+
+
+def _per_image_channel(bshape: tuple[int, ...], oshape: tuple[int, ...]) -> bool:
+    """A runtime (N, C, 1, 1) operand of an (N, C, H, W) result: squeeze-and-excite's gate."""
+    return (len(oshape) == 4 and len(bshape) == 4 and tuple(bshape[:2]) == tuple(oshape[:2])
+            and tuple(bshape[2:]) == (1, 1) and oshape[2] * oshape[3] > 1)
+
+
+def _runtime_channel_op(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str, oshape: tuple[int, ...]) -> None:
+    """x * g or x + g with g of shape (N, C, 1, 1), computed at run time: viewed as one image of N*C
+    channels, g is a per-channel operand (the `scale` / `bias` step), and the result is viewed back."""
+    n, c, h, w = oshape
+    flat = (1, n * c, h, w)
+    xa = ctx.emit("view", {}, (a,), f"{out}:x", node, flat)
+    gb = ctx.emit("view", {}, (b,), f"{out}:g", node, (n * c,))
+    step = "scale" if kind == "mul" else "bias"
+    y = ctx.emit("ew_chain", {**ew_params(flat), "chain": step}, (xa, gb), f"{out}:y", node, flat)
+    ctx.emit("view", {}, (y,), out, node, oshape)
 
 
 def _per_channel(c: np.ndarray, oshape: tuple[int, ...]) -> np.ndarray | None:

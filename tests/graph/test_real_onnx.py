@@ -196,3 +196,15 @@ def test_lrn(tmp_path, size):
              helper.make_node("LRN", ["r"], ["y"], size=size, alpha=1e-2, beta=0.75, bias=2.0)]
     g = _check(_save(tmp_path, f"lrn{size}", nodes, [("x", [1, 3, 6, 6])], [("y", [1, 7, 6, 6])], [_t("W", 7, 3, 3, 3)]))
     assert "conv2d" in [q.kind for q in lower(g)[0]][1:]
+
+
+@pytest.mark.parametrize("batch", [1, 2])
+def test_squeeze_excite_runtime_channel_gate(tmp_path, batch):
+    """EfficientNet's SE block: x * sigmoid(fc(GAP(x))) with the gate (N, C, 1, 1) computed at run time."""
+    nodes = [helper.make_node("GlobalAveragePool", ["x"], ["p"]),
+             helper.make_node("Conv", ["p", "W"], ["q"]),
+             helper.make_node("Sigmoid", ["q"], ["gate"]),
+             helper.make_node("Mul", ["x", "gate"], ["m"]),
+             helper.make_node("Add", ["gate", "m"], ["y"])]
+    _check(_save(tmp_path, f"se{batch}", nodes, [("x", [batch, 6, 5, 5])], [("y", [batch, 6, 5, 5])], [_t("W", 6, 6, 1, 1)]),
+           targets=("cpu", "ascend-sim", "dsp-sim"))
