@@ -20,7 +20,7 @@ from .importer import Graph, Node
 F32_MAX = float(np.finfo(np.float32).max)
 SUPPORTED = ("Conv", "BatchNormalization", "Relu", "Add", "Sum", "Mul", "Gemm", "MatMul", "MaxPool", "AveragePool",
              "GlobalAveragePool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Softmax", "Clip", "Concat",
-             "Sigmoid", "HardSigmoid", "HardSwish", "Transpose", "LRN", "Identity", "Dropout", "Constant", "ConstantOfShape")
+             "Sigmoid", "HardSigmoid", "HardSwish", "Transpose", "Slice", "ReduceMean", "ReduceSum", "ReduceMax", "LRN", "Identity", "Dropout", "Constant", "ConstantOfShape")
 # element-wise prims and their ew_chain step name (how they join a fused element-wise chain)
 EW_STEP = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn"}
 
@@ -458,6 +458,71 @@ def _transpose(ctx: _Ctx, node: Node) -> None:
              node)
 
 
+def _slice(ctx: _Ctx, node: Node) -> None:
+    """Slice with step 1 (ShuffleNet's channel split): one data-movement kernel per sliced axis."""
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    xs = list(ctx.shape(x))
+    if ctx.graph.opset < 10:
+        starts, ends = list(node.attrs["starts"]), list(node.attrs["ends"])
+        axes, steps = list(node.attrs.get("axes", range(len(starts)))), [1] * len(starts)
+    else:
+        ins = list(node.inputs) + ["", ""]
+        starts = [int(v) for v in _need_const(ctx, node, ins[1], "starts").astype(np.int64).reshape(-1)]
+        ends = [int(v) for v in ctx.consts[ins[2]].astype(np.int64).reshape(-1)] if ins[2] in ctx.consts else None
+        if ends is None:
+            raise Unsupported(node, "ends must be a constant")
+        axes = ([int(v) for v in ctx.consts[ins[3]].reshape(-1)] if ins[3] else list(range(len(starts))))
+        steps = [int(v) for v in ctx.consts[ins[4]].reshape(-1)] if ins[4] else [1] * len(starts)
+    cur, shape = x, list(xs)
+    todo = []
+    for st, en, ax, sp in zip(starts, ends, axes, steps):
+        ax %= len(xs)
+        if sp != 1:
+            raise Unsupported(node, f"Slice with step {sp} (only step 1)")
+        d = shape[ax]
+        st = min(max(st + d if st < 0 else st, 0), d)
+        en = min(max(en + d if en < 0 else en, 0), d)
+        if en <= st:
+            raise Unsupported(node, f"an empty slice [{st}:{en}] of axis {ax}")
+        if (st, en) != (0, d):
+            todo.append((ax, st, en))
+    out = node.outputs[0]
+    if not todo:
+        ctx.emit("view", {}, (cur,), out, node)
+        return
+    for i, (ax, st, en) in enumerate(todo):
+        name = out if i == len(todo) - 1 else f"{out}:s{i}"
+        params = {"dims": "x".join(map(str, shape)), "axis": ax, "start": st, "end": en}
+        shape[ax] = en - st
+        cur = ctx.emit("slice", params, (cur,), name, node, tuple(shape))
+
+
+def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
+    """ReduceMean / ReduceSum / ReduceMax over trailing axes (ShuffleNet's x.mean([2, 3])): the
+    tensor viewed as (outer, inner) rows, one row reduction, a 1/inner scale for the mean."""
+    def fn(ctx: _Ctx, node: Node) -> None:
+        x = _runtime(ctx, node, node.inputs[0], "input")
+        xs = ctx.shape(x)
+        if len(node.inputs) > 1 and node.inputs[1]:
+            axes = [int(v) for v in _need_const(ctx, node, node.inputs[1], "axes").astype(np.int64).reshape(-1)]
+        else:
+            axes = list(node.attrs.get("axes", range(len(xs))))
+        axes = sorted(a % len(xs) for a in axes)
+        if axes != list(range(len(xs) - len(axes), len(xs))):
+            raise Unsupported(node, f"{node.op_type} over axes {axes} of a {len(xs)}-D tensor (only trailing axes)")
+        outer = int(np.prod(xs[:len(xs) - len(axes)], dtype=np.int64))
+        inner = int(np.prod([xs[a] for a in axes], dtype=np.int64))
+        out = node.outputs[0]
+        rows = ctx.emit("view", {}, (x,), f"{out}:rows", node, (outer, inner))
+        op = "reduce_max" if kind == "max" else "reduce_sum"
+        red = ctx.emit(op, {"m": outer, "n": inner}, (rows,), f"{out}:red", node, (outer,))
+        if kind == "mean":
+            red = ctx.emit("ew_chain", {**ew_params((outer,)), "chain": f"affine:{1.0 / inner!r}:0.0"}, (red,),
+                           f"{out}:mean", node, (outer,))
+        ctx.emit("view", {}, (red,), out, node, ctx.shapes[out])
+    return fn
+
+
 def _lrn(ctx: _Ctx, node: Node) -> None:
     """LRN as the hardware would run it: x*x (vector), the sum over the channel window as a 1x1
     convolution with a banded weight scaled by alpha/size (cube), (bias + s)**-beta (vector),
@@ -512,5 +577,6 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Identity": _view,
     "Squeeze": _view, "Unsqueeze": _view, "Dropout": _dropout,
     "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Transpose": _transpose, "LRN": _lrn,
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Transpose": _transpose, "Slice": _slice, "LRN": _lrn,
+    "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"),
 }

@@ -651,6 +651,53 @@ register_op(OpDef(
     validate_fn=_validate_transpose,
 ))
 
+SLICE_DEFAULTS = {"dims": "1x8x4x4", "axis": 1, "start": 0, "end": 4}  # ShuffleNet's channel split
+
+
+def slice_geometry(wl: Workload) -> tuple[tuple[int, ...], int, int, int]:
+    """(input dims, outer blocks, run start, run length) of a slice along one axis, step 1: each of
+    the `outer` blocks copies `run` contiguous elements starting at `start` (in elements)."""
+    dims = tuple(int(d) for d in str(wl["dims"]).split("x"))
+    a = wl["axis"]
+    inner = int(np.prod(dims[a + 1:], dtype=np.int64))
+    return dims, int(np.prod(dims[:a], dtype=np.int64)), wl["start"] * inner, (wl["end"] - wl["start"]) * inner
+
+
+def _validate_slice(wl: Workload) -> None:
+    try:
+        dims = tuple(int(d) for d in str(wl["dims"]).split("x"))
+    except ValueError:
+        raise OpcError("dims must read like 1x8x4x4", arg="dims", value=wl["dims"]) from None
+    if not 0 <= wl["axis"] < len(dims):
+        raise OpcError(f"no axis {wl['axis']} in a {len(dims)}-D tensor", arg="axis", value=wl["axis"])
+    if not 0 <= wl["start"] < wl["end"] <= dims[wl["axis"]]:
+        raise OpcError(f"need 0 <= start < end <= {dims[wl['axis']]}", arg="start", value=(wl["start"], wl["end"]))
+
+
+def _slice_compute(wl: Workload):
+    dims = tuple(int(d) for d in str(wl["dims"]).split("x"))
+    a, st = wl["axis"], wl["start"]
+    ins = _placeholders([("x", dims, wl.dtype)])
+    shape = list(dims)
+    shape[a] = wl["end"] - st
+    out = te.compute(shape, lambda *i: ins[0](*[i[j] + st if j == a else i[j] for j in range(len(dims))]),
+                     name="slice", tag="elemwise|slice")
+    return ins, out
+
+
+def _slice_ref(wl: Workload, ins) -> np.ndarray:
+    idx = [slice(None)] * ins[0].ndim
+    idx[wl["axis"]] = slice(wl["start"], wl["end"])
+    return np.ascontiguousarray(ins[0][tuple(idx)])
+
+
+register_op(OpDef(
+    name="slice", summary="a contiguous range along one axis (dims=AxBxC..., axis, start, end): a data movement",
+    family="elemwise", defaults=SLICE_DEFAULTS, dtypes=_EW_DTYPES, compute_fn=_slice_compute, reference_fn=_slice_ref,
+    input_specs=lambda wl: [("x", tuple(int(d) for d in str(wl["dims"]).split("x")), wl.dtype)],
+    flops_fn=lambda wl: 0, validate_fn=_validate_slice,
+))
+
 SOFTMAX_DEFAULTS = {"m": 16, "n": 1000}
 
 

@@ -58,18 +58,18 @@ def _steps(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
 
 
 def _kind(wl: Workload) -> str:
-    if wl.op in ("concat", "pad", "transpose"):
+    if wl.op in ("concat", "pad", "transpose", "slice"):
         return wl.op
     steps = _steps(wl)
     return "channel" if any("chan" in STEP_OPERANDS[n] for n, _ in steps) else "flat"
 
 
 def _n_full(wl: Workload) -> int:
-    return 0 if wl.op in ("concat", "pad", "transpose") else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad", "transpose", "slice") else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
 
 
 def _n_chan(wl: Workload) -> int:
-    return 0 if wl.op in ("concat", "pad", "transpose") else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad", "transpose", "slice") else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
 
 
 def _shape(wl: Workload) -> tuple[int, int, int, int]:
@@ -145,6 +145,8 @@ class AscendElemwise(AscendTemplate):
             return self._apply_pad(wl, target, cfg, m)
         if kind == "transpose":
             return self._apply_transpose(wl, target, cfg, m)
+        if kind == "slice":
+            return self._apply_slice(wl, target, cfg, m)
         steps = [] if kind == "concat" else _steps(wl)
         dt = wl.dtype
         n, c, h, w = _shape(wl)
@@ -292,6 +294,47 @@ class AscendElemwise(AscendTemplate):
                     info={"gm_layouts": {"x": f"blocks of {run} contiguous elements"}, "steps": "transpose",
                           "layout_change": "none", "channel_padding_waste": 0.0})
 
+    def _apply_slice(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+        """A slice along one axis: each outer block's contiguous run goes GM -> UB (one MTE2 burst)
+        and the runs of consecutive blocks leave in one contiguous MTE3 move."""
+        from opcompiler.ops.catalogue import slice_geometry
+        dt = wl.dtype
+        dims, outer, start, run = slice_geometry(wl)
+        total_in = int(np.prod(dims, dtype=np.int64)) // outer
+        tile = cfg["ub_tile"]
+        chunk = min(run, tile)
+        per_tile = max(1, tile // run) if chunk == run else 1
+        units = ([(b0, min(per_tile, outer - b0), 0, run) for b0 in range(0, outer, per_tile)] if chunk == run else
+                 [(b, 1, c0, min(chunk, run - c0)) for b in range(outer) for c0 in range(0, run, chunk)])
+        slots = 2 if cfg["double_buffer"] else 1
+        active = min(cfg["block_dim"], len(units))
+
+        def program(core: int):
+            kb = KernelBuilder(m, core, active)
+            x = kb.gm("x0", (outer, total_in), dt)
+            y = kb.gm("y", (outer, run), dt)
+            bufs = [kb.alloc("UB", f"x0_{s}", (tile,), dt) for s in range(slots)]
+            lo, hi = split_even(len(units), active, core)
+            for j, (b0, nb, c0, cnt) in enumerate(units[lo:hi]):
+                ub = bufs[j % slots]
+                if nb > 1:  # the runs of nb blocks: one strided move (nb bursts)
+                    kb.data_move(ub, (slice(0, nb * cnt),), x, (slice(b0, b0 + nb), slice(start, start + cnt)))
+                    kb.data_move(y, (slice(b0, b0 + nb), slice(None)), ub, (slice(0, nb * cnt),))
+                else:
+                    kb.data_move(ub, (slice(0, cnt),), x, (b0, slice(start + c0, start + c0 + cnt)))
+                    kb.data_move(y, (b0, slice(c0, c0 + cnt)), ub, (slice(0, cnt),))
+                kb.loop()
+            return kb.finish(gm_inputs=("x0",))
+
+        out_dims = list(dims)
+        out_dims[wl["axis"]] = wl["end"] - wl["start"]
+        return Plan(active_cores=active, make_program=program,
+                    pack=lambda inputs: {"x0": np.ascontiguousarray(inputs[0]).reshape(outer, total_in)},
+                    out_name="y", out_shape=(outer, run), out_dtype=dt,
+                    unpack=lambda yv: yv.reshape(out_dims), flops=0, unit="vector",
+                    info={"gm_layouts": {"x": f"{outer} blocks, a run of {run} at {start}"}, "steps": "slice",
+                          "layout_change": "none", "channel_padding_waste": 0.0})
+
     def _apply_pad(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
         """Explicit padding: per channel plane, tiles of whole padded rows in UB; a tile that
         holds padding is filled (vector dup) first, then MTE2 writes the input rows into it (a
@@ -341,9 +384,8 @@ class AscendElemwise(AscendTemplate):
         cfg = self.config(wl, target, config)
         isz = np.dtype(wl.dtype).itemsize
         kind = _kind(wl)
-        if kind == "transpose":
-            from opcompiler.ops.catalogue import transpose_dims
-            n, c, h, w = 1, 1, 1, int(np.prod(transpose_dims(wl)[0]))
+        if kind in ("transpose", "slice"):
+            n, c, h, w = 1, 1, 1, int(np.prod([int(d) for d in str(wl["dims"]).split("x")]))
         else:
             n, c, h, w = _shape(wl)
         elems = {"flat": n * c * h * w, "channel": n * ceil_div(c, C0) * C0 * h * w}.get(

@@ -56,7 +56,8 @@ def test_int8_cube_is_exact(op, shape):
     ("ew_chain", "n=1,c=8,h=5,w=5,chain=scale;bias;sigmoid,layout=NHWC"),
     ("concat", "n=2,c=13,c1=20,h=5,w=7"), ("pad", "n=2,c=3,h=7,w=6,pt=0,pl=0,pb=1,pr=1,fill=lowest"),
     ("pad", "n=1,c=5,h=9,w=40,pt=2,pl=3,pb=0,pr=1,fill=zero"), ("transpose", "dims=1x2x3x7x9,perm=02134"),
-    ("transpose", "dims=4x6x5,perm=201"), ("transpose", "dims=3x600,perm=10")])
+    ("transpose", "dims=4x6x5,perm=201"), ("transpose", "dims=3x600,perm=10"),
+    ("slice", "dims=2x9x5x7,axis=1,start=3,end=8"), ("slice", "dims=3x5000,axis=1,start=10,end=4990")])
 def test_elemwise_family(op, shape, dtype):
     rep = run_op(op, "ascend-sim", shape=shape, dtype=dtype)
     assert rep["correct"], rep["max_abs_err"]

@@ -23,7 +23,8 @@ SMALL = {
 }
 
 
-BY_OP = {"transpose": ["dims=2x3x4x5,perm=0213", "dims=3x7,perm=10", "dims=2x3x4,perm=210"]}
+BY_OP = {"transpose": ["dims=2x3x4x5,perm=0213", "dims=3x7,perm=10", "dims=2x3x4,perm=210"],
+         "slice": ["dims=2x8x3x3,axis=1,start=2,end=6", "dims=5x7,axis=0,start=1,end=5"]}
 
 
 def cases():

@@ -208,3 +208,18 @@ def test_squeeze_excite_runtime_channel_gate(tmp_path, batch):
              helper.make_node("Add", ["gate", "m"], ["y"])]
     _check(_save(tmp_path, f"se{batch}", nodes, [("x", [batch, 6, 5, 5])], [("y", [batch, 6, 5, 5])], [_t("W", 6, 6, 1, 1)]),
            targets=("cpu", "ascend-sim", "dsp-sim"))
+
+
+def test_channel_split_slice_and_reduce_mean(tmp_path):
+    """ShuffleNetV2's channel split (Slice) and head (ReduceMean over H, W), opset 13 and opset 9 Slice."""
+    c = lambda name, v: numpy_helper.from_array(np.array(v, np.int64), name)  # noqa: E731
+    nodes = [helper.make_node("Slice", ["x", "s0", "e0", "ax"], ["a"]),
+             helper.make_node("Slice", ["x", "s1", "e1", "ax"], ["b"]),
+             helper.make_node("Relu", ["b"], ["rb"]),
+             helper.make_node("Concat", ["a", "rb"], ["cat"], axis=1),
+             helper.make_node("ReduceMean", ["cat"], ["y"], axes=[2, 3], keepdims=0)]
+    _check(_save(tmp_path, "split", nodes, [("x", [2, 6, 4, 5])], [("y", [2, 6])],
+                 [c("s0", [0]), c("e0", [3]), c("s1", [3]), c("e1", [2**62]), c("ax", [1])]))
+    old = [helper.make_node("Slice", ["x"], ["a"], starts=[1, 1], ends=[3, -1], axes=[1, 3]),
+           helper.make_node("ReduceMax", ["a"], ["y"], axes=[3], keepdims=1)]
+    _check(_save(tmp_path, "slice9", old, [("x", [1, 4, 3, 6])], [("y", [1, 2, 3, 1])], opset=9))
