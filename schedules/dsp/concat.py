@@ -56,7 +56,7 @@ class DspConcat(Template):
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
         m = machine(target)
-        total = wl["n"] * (wl["c"] + wl["c1"]) * wl["h"] * wl["w"]
+        total = self._total(wl)
         tile = next((t for t in sorted(TILES, reverse=True) if total // t >= 2 * m.cores), TILES[0])
         return {"path": "ddr", "tile": tile, "dbuf": 1, "cores": m.cores}
 
@@ -68,8 +68,15 @@ class DspConcat(Template):
                 return f"AM needs {need} B > {m.cap('AM')} B"
         return None
 
+    def _items(self, wl: Workload, tile: int) -> list[tuple[str, int, int, int]]:
+        """(input name, source offset, output offset, elements) per transfer."""
+        return _items(wl, tile)
+
+    def _total(self, wl: Workload) -> int:
+        return wl["n"] * (wl["c"] + wl["c1"]) * wl["h"] * wl["w"]
+
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
-        items = _items(wl, int(config["tile"]))
+        items = self._items(wl, int(config["tile"]))
         total = sum(it[3] for it in items)
         return {"ddr_bytes": float(2 * total * F32), "transfers": float(len(items)),
                 "work_per_core": len(items) / max(1, min(config["cores"], len(items)))}
@@ -81,7 +88,7 @@ class DspConcat(Template):
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
         m = machine(target)
         op = get_op(wl.op)
-        shares = share(_items(wl, int(config["tile"])), int(config["cores"]), m.cores)
+        shares = share(self._items(wl, int(config["tile"])), int(config["cores"]), m.cores)
         staged = config["path"] == "am"
         nbuf = 1 + int(config["dbuf"]) if staged else 1
         key = lambda it: it[3]  # noqa: E731

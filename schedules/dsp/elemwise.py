@@ -25,6 +25,7 @@ from .concat import DspConcat
 from .conv2d import require_fp32
 from .direct import stage_order
 from .pad import DspPad
+from .slice import DspSlice
 
 # op -> (data inputs, per-channel parameter inputs, FMAC ops, vector-ALU ops) per vector
 OPS = {
@@ -42,7 +43,8 @@ def _shape(wl: Workload) -> tuple[int, int, int, int]:
 # ops of the family with their own template (one template is registered per family): the
 # element-wise chain (VPU instruction streams, `chain.py`), concat (DMA only, `concat.py`) and
 # explicit padding (`pad.py`)
-DELEGATE: dict[str, Template] = {"ew_chain": DspChain(), "concat": DspConcat(), "pad": DspPad()}
+DELEGATE: dict[str, Template] = {"ew_chain": DspChain(), "concat": DspConcat(), "pad": DspPad(),
+                                 "slice": DspSlice()}
 
 
 def _kind(wl: Workload) -> tuple[int, int, int, int]:

@@ -295,3 +295,11 @@ def test_tune_pool2d_on_dsp_sim(capsys: pytest.CaptureFixture, tmp_path, monkeyp
     out = json.loads(capsys.readouterr().out)
     assert rc == 0 and out["template"] == "dsp.pool2d" and out["trials"] == 8 and out["invalid"] == 0
     assert out["verified"] is True and out["best_cycles"] <= out["default_cycles"]
+
+
+@pytest.mark.parametrize("shape", ["dims=2x8x4x4,axis=1,start=4,end=8", "dims=3x10,axis=1,start=2,end=7",
+                                   "dims=6x5x7,axis=0,start=1,end=4"])
+def test_slice_by_dma_matches_numpy(shape):
+    from opcompiler.api import run_op
+    rep = run_op("slice", "dsp-sim", shape=shape, dtype="float32")
+    assert rep["correct"] and rep["max_abs_err"] == 0.0
