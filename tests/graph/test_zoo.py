@@ -1,0 +1,76 @@
+"""The test-owned model zoo (tests/zoo) through `opcompiler compare` on every target, with no
+fallback, checked against onnxruntime. CI's share is small: a ResNet-50-architecture model at
+opset 17 (BatchNormalization kept, so opcompiler folds it), a SqueezeNet 1.1 exported at opset
+9 and converted down to opset 8 (weights as graph inputs, Dropout, ceil-mode pooling) and a
+MobileNetV2 at opset 12 (depthwise conv, ReLU6 as Clip, Dropout with a ratio input) and an
+EfficientNet-B0-style net at opset 17 (SiLU, squeeze-excite) on ascend-sim. The models that do not
+run yet are here too, each marked xfail(strict) with the one line opcompiler prints.
+The whole zoo: benchmarks/model_zoo.py."""
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from opcompiler.cli import main
+from zoo.export import export_model
+
+TARGETS = ("cpu", "ascend-sim", "dsp-sim")
+
+
+def _xfail(reason: str):
+    return pytest.mark.xfail(strict=True, reason=reason)
+
+
+# model -> {target: None (expected to pass) or an xfail mark}. The two CI models run on every
+# target; the others where they fail fast or run in seconds (benchmarks/model_zoo.py runs the rest).
+EXPECTED: dict[str, dict[str, pytest.MarkDecorator | None]] = {
+    "resnet50": dict.fromkeys(TARGETS),
+    "squeezenet1_1_opset8": dict.fromkeys(TARGETS),
+    "efficientnet_b0": {"ascend-sim": None},
+    # torch's own fp16 forward is off by 0.014 at the output (0.072 at the features); ascend-sim's
+    # plans by 0.067 against a tolerance of 0.02 * max|ref| = 0.039, and the CLI gives no diagnosis.
+    "mobilenet_v2": {"ascend-sim": _xfail(
+        "opcompiler: failure: mobilenet_v2 on ascend910-sim does not match onnxruntime")},
+    "shufflenet_v2": {"cpu": None, "ascend-sim": None, "dsp-sim": _xfail(
+        "opcompiler: error: MODEL='.../shufflenet_v2.onnx': node '/stages/stages.0/stages.0.0/Transpose' (Transpose "
+        "as transpose) cannot be built for ft-m7032-dsp-sim: op='transpose': no dsp element-wise lowering for "
+        "transpose (expected relu, add, bias_add, batch_norm, bn_relu, add_relu, ew_chain, concat, pad, slice) "
+        "(expected --fallback cpu to run it on the host)")},
+    "densenet121": dict.fromkeys(TARGETS, _xfail(
+        "opcompiler: internal error: KeyError: '/features/features.4/features.4.0/Concat_output_0' "
+        "(set OPC_DEBUG=1 for the traceback)")),
+}
+
+CASES = [pytest.param(m, t, id=f"{m}-{t}", marks=[mark] if mark else [])
+         for m, targets in EXPECTED.items() for t, mark in targets.items()]
+
+
+@pytest.fixture(scope="module")
+def zoo(tmp_path_factory):
+    """The CI models exported once (each checked: onnxruntime matches torch)."""
+    d = tmp_path_factory.mktemp("zoo")
+    return {m: export_model(m, d, "ci") for m in EXPECTED}
+
+
+def test_exports_are_what_the_zoo_promises(zoo):
+    assert zoo["resnet50"]["opset"] == 17 and "BatchNormalization" in zoo["resnet50"]["ops"]
+    sq = zoo["squeezenet1_1_opset8"]
+    assert sq["opset"] == 8 and "Dropout" in sq["ops"]
+    assert zoo["efficientnet_b0"]["opset"] == 17 and {"Sigmoid", "Mul"} <= set(zoo["efficientnet_b0"]["ops"])
+    assert {"Transpose", "Reshape"} <= set(zoo["shufflenet_v2"]["ops"])  # channel shuffle
+
+
+@pytest.mark.parametrize("model,target", CASES)
+def test_compare_no_fallback(zoo, model, target, capsys):
+    rc = main(["compare", zoo[model]["path"], "--target", target, "--json"])
+    out, err = capsys.readouterr()
+    line = next((ln for ln in err.splitlines() if ln.startswith("opcompiler:")), err.strip())
+    assert rc == 0, re.sub(r"MODEL='[^']*/", "MODEL='.../", line)
+    d = json.loads(out)
+    assert d["correct"] == {"fused": True, "unfused": True, "cost": True}
+    for plan in ("fused", "unfused", "cost"):
+        assert d[plan]["totals"]["host_nodes"] == 0  # no fallback: every node on the target
+    if target != "cpu":  # simulated cycles are exact: the cost-chosen plan never loses to unfused
+        assert d["cost"]["totals"]["cycles"] <= d["unfused"]["totals"]["cycles"]
