@@ -405,6 +405,9 @@ def _softmax(ctx: _Ctx, node: Node) -> None:
 
 def _concat(ctx: _Ctx, node: Node) -> None:
     ins = [v for v in node.inputs if v]
+    if len(ins) == 1:  # torch.cat([x]) (DenseNet's first dense layer): the identity
+        ctx.emit("view", {}, (_runtime(ctx, node, ins[0], "input"),), node.outputs[0], node)
+        return
     shapes = [ctx.shape(v) for v in ins]
     rank = len(shapes[0])
     axis = int(node.attrs["axis"]) % rank

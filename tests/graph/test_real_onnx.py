@@ -223,3 +223,9 @@ def test_channel_split_slice_and_reduce_mean(tmp_path):
     old = [helper.make_node("Slice", ["x"], ["a"], starts=[1, 1], ends=[3, -1], axes=[1, 3]),
            helper.make_node("ReduceMax", ["a"], ["y"], axes=[3], keepdims=1)]
     _check(_save(tmp_path, "slice9", old, [("x", [1, 4, 3, 6])], [("y", [1, 2, 3, 1])], opset=9))
+
+
+def test_single_input_concat_is_the_identity(tmp_path):
+    """torchvision's DenseNet concatenates a one-element list in its first dense layer."""
+    nodes = [helper.make_node("Concat", ["x"], ["c"], axis=1), helper.make_node("Relu", ["c"], ["y"])]
+    _check(_save(tmp_path, "cat1", nodes, [("x", [1, 3, 4, 4])], [("y", [1, 3, 4, 4])]))
