@@ -98,13 +98,19 @@ def prebuild(target: Target, wls: list[Workload], config: str = "best", workers:
 def cost(target: Target, op: str, params: Mapping[str, Any], dtype: str, config: str = "best") -> float:
     """Seconds one kernel takes on `target` (simulated or measured), measured once per process."""
     wl = workload(op, dict(params), dtype=dtype)
-    b = built(target, wl, config)
-    key = _key(target, wl, dict(b.kernel.config)) + ("cost",)
+    return seconds_of(built(target, wl, config).kernel, backend_for(target))
+
+
+def seconds_of(kernel: Kernel, backend: Backend, measured: float | None = None) -> float:
+    """The time of one built kernel, once per process: every plan that runs it (fused, unfused,
+    cost-chosen) reports the same figure, so their totals differ by what differs between the
+    plans and not by timing noise. `measured` records a time taken elsewhere (the first run)."""
+    key = _key(backend.target, kernel.workload, dict(kernel.config)) + ("cost",)
     with _LOCK:
         hit = _COSTS.get(key)
     if hit is not None:
         return hit
-    secs = float(backend_for(target).measure(b.kernel).seconds)  # a device's measure is a median of repeats
+    secs = measured if measured is not None else float(backend.measure(kernel).seconds)  # a median of repeats
     with _LOCK:
         _COSTS[key] = secs
     return secs
@@ -117,4 +123,4 @@ def clear() -> None:
         _COSTS.clear()
 
 
-__all__ = ["Built", "built", "prebuild", "cost", "clear", "backend_for"]
+__all__ = ["Built", "built", "prebuild", "cost", "seconds_of", "clear", "backend_for"]

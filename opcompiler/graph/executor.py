@@ -339,6 +339,9 @@ def _run_kernel(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], 
     if res.cycles is None or b.where == "host":
         for _ in range(repeat - 1):
             seconds = min(seconds, float(b.backend.measure(b.kernel, args if check else None).seconds))
+        if repeat == 1:  # one figure per distinct kernel, shared by every plan that runs it
+            from .cost import seconds_of
+            seconds = seconds_of(b.kernel, b.backend, seconds)
     by_level = res.metrics.get("bytes_by_level") or {}
     off = int(by_level[level]) if b.where != "host" and level in by_level else op.bytes(wl)
     fl = op.flops(wl)
