@@ -38,9 +38,7 @@ EXPECTED: dict[str, dict[str, pytest.MarkDecorator | None]] = {
         "as transpose) cannot be built for ft-m7032-dsp-sim: op='transpose': no dsp element-wise lowering for "
         "transpose (expected relu, add, bias_add, batch_norm, bn_relu, add_relu, ew_chain, concat, pad, slice) "
         "(expected --fallback cpu to run it on the host)")},
-    "densenet121": dict.fromkeys(TARGETS, _xfail(
-        "opcompiler: internal error: KeyError: '/features/features.4/features.4.0/Concat_output_0' "
-        "(set OPC_DEBUG=1 for the traceback)")),
+    "densenet121": {"ascend-sim": None},  # Concat on channels, BN after Concat, AveragePool
 }
 
 CASES = [pytest.param(m, t, id=f"{m}-{t}", marks=[mark] if mark else [])
@@ -72,5 +70,7 @@ def test_compare_no_fallback(zoo, model, target, capsys):
     assert d["correct"] == {"fused": True, "unfused": True, "cost": True}
     for plan in ("fused", "unfused", "cost"):
         assert d[plan]["totals"]["host_nodes"] == 0  # no fallback: every node on the target
-    if target != "cpu":  # simulated cycles are exact: the cost-chosen plan never loses to unfused
-        assert d["cost"]["totals"]["cycles"] <= d["unfused"]["totals"]["cycles"]
+    # the cost-chosen plan never loses to fuse-nothing (cycles on the simulators; on the cpu each
+    # distinct kernel is timed once per process, so the plans differ by their kernels, not by noise)
+    base = "seconds" if target == "cpu" else "cycles"
+    assert d["cost"]["totals"][base] <= d["unfused"]["totals"][base] * (1 + 1e-9)
