@@ -56,3 +56,23 @@ def test_cli_exits_1_with_the_diagnosis_in_one_line(overflowing, capsys):
     capsys.readouterr()
     assert main(["graph", "run", str(overflowing), "--target", "ascend-sim", "--fp32-nodes", "nosuch"]) == 2
     assert "no node named 'nosuch'" in capsys.readouterr().err
+
+
+def test_rounding_drift_names_where_the_error_grew(tmp_path):
+    """(x + 1000) - 1000 in float16: exact in fp32, off by up to 0.25 in fp16 (the spacing at 1000 is
+    0.5). No overflow, so the report names the kernel where the error first passed the tolerance."""
+    c = lambda name, v: numpy_helper.from_array(np.full((1, 4, 1, 1), v, np.float32), name)  # noqa: E731
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Add", ["r", "big"], ["a"], name="plus_1000"),
+             helper.make_node("Add", ["a", "minus"], ["y"], name="minus_1000")]
+    g = helper.make_graph(nodes, "drift", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
+                          initializer=[c("big", 1000.0), c("minus", -1000.0)])
+    p = tmp_path / "drift.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    r = run_plan(make_plan(load(p), "ascend-sim", mode="unfused"))
+    assert r.correct is False and r.overflow is None
+    assert r.drift["node"] == "minus_1000" and r.drift["rel"] > 0.02
+    d = r.diagnosis()
+    assert d.startswith("float16 rounding drift (no overflow)") and "after node 'minus_1000'" in d
+    assert run_plan(make_plan(load(p), "cpu", mode="unfused")).correct  # fp32: exact
