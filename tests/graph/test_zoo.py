@@ -29,10 +29,11 @@ EXPECTED: dict[str, dict[str, pytest.MarkDecorator | None]] = {
     "resnet50": dict.fromkeys(TARGETS),
     "squeezenet1_1_opset8": dict.fromkeys(TARGETS),
     "efficientnet_b0": {"ascend-sim": None},
-    # torch's own fp16 forward is off by 0.014 at the output (0.072 at the features); ascend-sim's
-    # plans by 0.067 against a tolerance of 0.02 * max|ref| = 0.039, and the CLI gives no diagnosis.
+    # fp16 storage between 39 kernels: 4.3 % of the output range off fp32 (tolerance 2 %), bit for bit
+    # what the cpu backend's fp16 kernels give; the CLI reports it as rounding drift (README).
     "mobilenet_v2": {"ascend-sim": _xfail(
-        "opcompiler: failure: mobilenet_v2 on ascend910-sim does not match onnxruntime")},
+        "opcompiler: failure: float16 rounding drift (no overflow): ... grows to 4.34% of the output's range "
+        "over 39 kernels, first above 2% after node '/features/features.11/conv/conv.0/conv.0.2/Clip' ...")},
     "shufflenet_v2": {"cpu": None, "ascend-sim": None, "dsp-sim": _xfail(
         "opcompiler: error: MODEL='.../shufflenet_v2.onnx': node '/stages/stages.0/stages.0.0/Transpose' (Transpose "
         "as transpose) cannot be built for ft-m7032-dsp-sim: op='transpose': no dsp element-wise lowering for "
