@@ -26,6 +26,7 @@ from .conv2d import require_fp32
 from .direct import stage_order
 from .pad import DspPad
 from .slice import DspSlice
+from .transpose import DspTranspose
 
 # op -> (data inputs, per-channel parameter inputs, FMAC ops, vector-ALU ops) per vector
 OPS = {
@@ -42,9 +43,9 @@ def _shape(wl: Workload) -> tuple[int, int, int, int]:
 
 # ops of the family with their own template (one template is registered per family): the
 # element-wise chain (VPU instruction streams, `chain.py`), concat (DMA only, `concat.py`) and
-# explicit padding (`pad.py`)
+# explicit padding (`pad.py`), slice and transpose (strided DMA, `slice.py`, `transpose.py`)
 DELEGATE: dict[str, Template] = {"ew_chain": DspChain(), "concat": DspConcat(), "pad": DspPad(),
-                                 "slice": DspSlice()}
+                                 "slice": DspSlice(), "transpose": DspTranspose()}
 
 
 def _kind(wl: Workload) -> tuple[int, int, int, int]:
