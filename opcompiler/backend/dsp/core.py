@@ -44,6 +44,9 @@ class _Sched:
     def __init__(self, m: DspMachine):
         self.caps = {"fmac": m.fmac_units, "ldst": m.ldst_per_cycle, "sld": m.sld_per_cycle, "valu": m.valu_per_cycle}
         self.slots: dict[str, defaultdict] = {u: defaultdict(int) for u in self.caps}
+        # full cycles of a unit point past themselves (path-compressed), so finding the first
+        # cycle >= t with a free slot skips a run of full cycles in near-constant time
+        self.full: dict[str, dict[int, int]] = {u: {} for u in self.caps}
         self.ready: dict[object, int] = {}
         self.done = 0
         self.count: dict[str, int] = defaultdict(int)
@@ -55,10 +58,17 @@ class _Sched:
             r = self.ready.get(s, 0)
             if r > t:
                 t = r
-        sl, cap = self.slots[unit], self.caps[unit]
-        while sl[t] >= cap:
-            t += 1
+        sl, cap, full = self.slots[unit], self.caps[unit], self.full[unit]
+        if t in full:  # the first cycle >= t with a free slot of the unit
+            root = full[t]
+            while root in full:
+                root = full[root]
+            while t in full and full[t] != root:
+                full[t], t = root, full[t]
+            t = root
         sl[t] += 1
+        if sl[t] >= cap:
+            full[t] = t + 1
         if dst is not None:
             self.ready[dst] = t + lat
         self.done = max(self.done, t + lat)
