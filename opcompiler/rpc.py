@@ -182,17 +182,17 @@ def backend_for_run(target: Target, spec: str | None) -> Backend | None:
         return rpc_backend(target, spec)
     if target.family == "cuda":
         from .backend.cuda import require_device_or_rpc
-        require_device_or_rpc(spec)
+        require_device_or_rpc(spec, target)
     return None
 
 
 # ------------------------------------------------------------------ the device side
 
 def _server_init() -> None:
-    """Runs in the RPC server process: compile uploaded CUDA modules with nvcc when they load
-    (TVM's default hook needs NVRTC from the cuda-bindings package)."""
-    from .backend.cuda import install_nvcc_hook
-    install_nvcc_hook()
+    """Runs in the RPC server process: an uploaded CUDA module that still holds source (built where
+    TVM has no CUDA runtime) is compiled when it loads, for the server's GPU, with NVRTC or nvcc."""
+    from .backend.cuda import install_compile_hook
+    install_compile_hook()
 
 
 LOOPBACK = "127.0.0.1"

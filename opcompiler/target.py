@@ -221,10 +221,21 @@ def builtin_targets() -> Mapping[str, Target]:
     return MappingProxyType(out)
 
 
+AUTO_CUDA = "cuda"  # the GPU in this machine (opcompiler.backend.cuda.resolve_auto_target)
+
+
 def load_target(name_or_path: str) -> Target:
-    """A shipped target by name or alias, or a user's `.toml` file."""
+    """A shipped target by name or alias, or a user's `.toml` file. `cuda` is the target file for
+    this machine's GPU (its compute capability), `cuda-sm80` when there is none."""
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         return parse_target(Path(name_or_path))
+    if name_or_path == AUTO_CUDA:
+        try:
+            from .backend.cuda import resolve_auto_target
+        except ModuleNotFoundError:  # a build without the cuda backend: the alias in the file
+            pass
+        else:
+            return resolve_auto_target()
     targets = builtin_targets()
     if name_or_path in targets:
         return targets[name_or_path]

@@ -1,19 +1,22 @@
-"""NVIDIA GPUs through TVM's CUDA codegen and nvcc.
+"""NVIDIA GPUs through TVM's CUDA codegen and NVRTC or nvcc.
 
 `build` schedules the workload with its `schedules/cuda` template, lowers it with
 `tvm.compile` for `Target({"kind": "cuda", "arch": <target's arch>})` and compiles the CUDA
-source with nvcc (through TVM's `tvm_callback_cuda_compile` hook, so the binary TVM loads is
-the one nvcc produced). ptxas's resource report (registers, spills) is kept in `Kernel.info`
-next to the source, so a machine without a GPU can still check what it built. `run` and
-`measure` need a GPU: on a machine without one they say so and point at `--rpc`.
+source to a fatbin holding the `sm_XX` cubin and the `compute_XX` PTX (`cuda_compile.py`:
+NVRTC when `cuda-bindings` imports, nvcc otherwise), the binary TVM's CUDA module loads through
+our `tvm_callback_cuda_compile` hook. ptxas's resource report (registers, spills) is kept in
+`Kernel.info` beside the compiler used, so a machine without a GPU can still check what it built.
+Building never touches the GPU. `run` and `measure` need one: without it they say so and point at
+`--rpc`.
+
+`--target cuda` means the GPU in this machine: the target file whose arch is its compute
+capability (`tvm.cuda(0).compute_version`), or `cuda-sm80` (`DEFAULT_TARGET`) when there is no GPU.
 """
 from __future__ import annotations
 
-import re
-import shutil
+import os
 import statistics
-import subprocess
-import tempfile
+import sys
 from functools import cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -26,23 +29,109 @@ from ..ops import get_op
 from ..target import Target
 from ..workload import Workload
 from . import Backend, Kernel, RunResult, device_args
+from .cuda_compile import (arch_number, compile_cuda, cuda_compiler, fatbin_entries, nvcc_path,  # noqa: F401
+                           ptxas_facts)
 
 NO_GPU = "no CUDA GPU found on this machine; use --rpc HOST:PORT:KEY to measure on a remote device"
+DEFAULT_TARGET = "cuda-sm80"  # what `--target cuda` builds for on a machine without a GPU
+
+# ------------------------------------------------------------------ the GPU in this machine
+
+_FORBIDDEN = ""  # set in build processes: asking for the GPU there is a bug (they must never initialise CUDA)
+_TOUCHED = False  # whether this process asked TVM's device API about a CUDA device
+
+
+def forbid_cuda(why: str = "this is a build process") -> None:
+    """Make this process unable to initialise CUDA: hide every device from the driver
+    (CUDA_VISIBLE_DEVICES="", read when CUDA initialises) and make `has_gpu`/`tvm.cuda` raise."""
+    global _FORBIDDEN
+    _FORBIDDEN = why
+    os.environ["CUDA_VISIBLE_DEVICES"] = ""
+
+    def _refuse(*_: Any, **__: Any) -> Any:
+        raise RuntimeError(f"CUDA must not be initialised here ({_FORBIDDEN})")
+    tvm.cuda = _refuse  # type: ignore[assignment]
+    tvm.runtime.cuda = _refuse  # type: ignore[attr-defined]
+
+
+def cuda_touched() -> bool:
+    return _TOUCHED
 
 
 def has_gpu() -> bool:
     """Whether this process sees a CUDA device (False when TVM has no CUDA runtime)."""
+    global _TOUCHED
+    if _FORBIDDEN:
+        raise RuntimeError(f"CUDA must not be initialised here ({_FORBIDDEN})")
+    _TOUCHED = True
     try:
         return bool(tvm.cuda(0).exist)
     except Exception:  # a TVM build without the CUDA runtime
         return False
 
 
-def require_device_or_rpc(rpc_spec: str | None) -> None:
+@cache
+def device_arch(device: int = 0) -> str | None:
+    """The compute capability of the GPU in this machine as `sm_XX` (TVM's device API), None without one."""
+    if not has_gpu():
+        return None
+    return "sm_" + tvm.cuda(device).compute_version.replace(".", "")
+
+
+def _cuda_targets() -> dict[int, Target]:
+    from ..target import builtin_targets
+    return {arch_number(t.extra["arch"]): t for t in builtin_targets().values()
+            if t.family == "cuda" and "arch" in t.extra}
+
+
+@cache
+def resolve_auto_target() -> Target:
+    """`--target cuda`: the shipped target for this machine's GPU; `cuda-sm80` without a GPU.
+    A GPU newer than every target file gets the newest older one (its PTX is JIT-compiled there;
+    a one-line note says so); a GPU older than all of them cannot be served (OpcError)."""
+    from ..target import builtin_targets
+    dev = device_arch()
+    if dev is None:
+        return builtin_targets()[DEFAULT_TARGET]
+    targets, n = _cuda_targets(), arch_number(dev)
+    if n in targets:
+        return targets[n]
+    older = [a for a in targets if a <= n]
+    if not older:
+        have = ", ".join(f"{t.name} (sm_{a})" for a, t in sorted(targets.items()))
+        raise OpcError(f"this machine's GPU is {dev}, older than every cuda target ({have}); write a target file "
+                       f"for it (copy targets/{DEFAULT_TARGET}.toml, set arch = \"{dev}\" and its figures)",
+                       arg="--target", value="cuda", expected="--target path/to/cuda-" + dev.replace("_", "") + ".toml")
+    t = targets[max(older)]
+    print(f"opcompiler: note: no target file for this machine's {dev} GPU; building for {t.name} "
+          f"({t.extra['arch']} + PTX, which the driver JIT-compiles for {dev}); figures are {t.name}'s",
+          file=sys.stderr)
+    return t
+
+
+def check_servable(target: Target) -> None:
+    """Refuse, with one line naming both architectures (OpcError, exit 2), a target whose code this
+    machine's GPU cannot run: one built for a newer architecture. An older target is served: its
+    module carries PTX, which the driver JIT-compiles for the newer GPU."""
+    dev = device_arch()
+    arch = str(target.extra.get("arch", "sm_80"))
+    if dev is None or arch == dev:
+        return
+    if arch_number(arch) > arch_number(dev) or arch.endswith("a"):
+        raise OpcError(f"target {target.name} builds for {arch}, but this machine's GPU is {dev}: "
+                       f"{arch} code cannot run on it", arg="--target", value=target.name,
+                       expected=f"--target cuda (the GPU present, {dev}) or a target for {dev} or older")
+
+
+def require_device_or_rpc(rpc_spec: str | None, target: Target | None = None) -> None:
     """Raise the one-line OpcError the CLI prints (exit 2) when there is neither a local GPU
-    nor an `--rpc HOST:PORT:KEY` to measure on."""
-    if not rpc_spec and not has_gpu():
+    nor an `--rpc HOST:PORT:KEY` to measure on, or when the local GPU cannot run `target`'s code."""
+    if rpc_spec:
+        return
+    if not has_gpu():
         raise OpcError(NO_GPU)
+    if target is not None:
+        check_servable(target)
 
 
 def tvm_cuda_target(target: Target) -> tvm.target.Target:
@@ -56,60 +145,82 @@ def tvm_cuda_target(target: Target) -> tvm.target.Target:
     })
 
 
-# ------------------------------------------------------------------ nvcc
-
-@cache
-def nvcc_path() -> str:
-    path = shutil.which("nvcc") or next((str(p) for p in (Path("/usr/local/cuda/bin/nvcc"),) if p.exists()), "")
-    if not path:
-        raise OpcError("nvcc not found: install the CUDA toolkit (or put nvcc on PATH) to build for cuda targets")
-    return path
-
-
-_PTXAS = re.compile(r"Used (\d+) registers")
-_SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
-_SMEM = re.compile(r"(\d+) bytes smem")
-
+# ------------------------------------------------------------------ compiling
 
 def nvcc_compile(source: str, arch: str, out: Path | None = None) -> tuple[bytes, dict[str, Any]]:
-    """Compile CUDA `source` to a cubin with nvcc; returns (cubin, ptxas facts). A compile error
-    is our bug (the templates emitted it), so it raises OpcFailure with nvcc's message."""
+    """Compile CUDA `source` to a plain cubin with nvcc (`opcompiler build --cubin`); returns (cubin,
+    ptxas facts). A compile error is our bug (the templates emitted it): OpcFailure with nvcc's message."""
+    import subprocess
+    import tempfile
+    from .cuda_compile import _FLAGS, _errors
     with tempfile.TemporaryDirectory(prefix="opc_nvcc_") as tmp:
         src = Path(tmp) / "kernel.cu"
         src.write_text(source)
         cubin = out or Path(tmp) / "kernel.cubin"
-        cmd = [nvcc_path(), "--cubin", "-O3", f"-arch={arch}", "-Xptxas", "-v", "--use_fast_math",
-               "-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "--expt-relaxed-constexpr",
-               "-o", str(cubin), str(src)]
+        cmd = [nvcc_path(), "--cubin", "-O3", f"-arch={arch}", "-Xptxas", "-v", *_FLAGS,
+               "--expt-relaxed-constexpr", "-o", str(cubin), str(src)]
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if proc.returncode != 0:
-            lines = proc.stderr.splitlines()
-            errs = [" ".join(lines[i:i + 2]) for i, ln in enumerate(lines) if "error" in ln and "detected" not in ln]
-            raise OpcFailure(f"nvcc failed on the generated kernel ({arch}): {' | '.join(errs)[:1500]}")
+            raise OpcFailure(f"nvcc failed on the generated kernel ({arch}): {_errors(proc.stderr)}")
         data = cubin.read_bytes()
-    log = proc.stderr
-    facts: dict[str, Any] = {"nvcc_arch": arch}
-    regs = [int(x) for x in _PTXAS.findall(log)]
-    spills = [(int(a), int(b)) for a, b in _SPILL.findall(log)]
-    smem = [int(x) for x in _SMEM.findall(log)]
-    facts["registers_per_thread"] = max(regs) if regs else 0
-    facts["spill_bytes"] = sum(a + b for a, b in spills)
-    facts["static_smem_bytes"] = max(smem) if smem else 0
-    facts["cubin_bytes"] = len(data)
-    return data, facts
+    return data, {"nvcc_arch": arch, **ptxas_facts(proc.stderr), "cubin_bytes": len(data)}
 
 
-def _tvm_nvcc_callback(code: str, *_: Any) -> bytearray:
-    """TVM's CUDA runtime compiles a module's source when it is loaded on a GPU: do it with
-    nvcc for the device actually present."""
-    arch = "sm_" + tvm.cuda(0).compute_version.replace(".", "") if has_gpu() else "sm_80"
-    return bytearray(nvcc_compile(code, arch)[0])
+def _hook_arch() -> str:
+    """The arch TVM's compile hook builds for: the current TVM target's (a build, or a runner loading a
+    module under its kernel's target), else the GPU present (a module loaded by an RPC server), else
+    the default target's."""
+    cur = tvm.target.Target.current(allow_none=True)
+    if cur is not None and cur.kind.name == "cuda" and cur.attrs.get("arch"):
+        return str(cur.attrs["arch"])
+    if not _FORBIDDEN and (dev := device_arch()):
+        return dev
+    from ..target import builtin_targets
+    return str(builtin_targets()[DEFAULT_TARGET].extra["arch"])
+
+
+def _tvm_compile_hook(code: str, *_: Any) -> bytearray:
+    """TVM's `tvm_callback_cuda_compile`: CUDA source -> fatbin (cubin + PTX) for `_hook_arch()`."""
+    return bytearray(compile_cuda(code, _hook_arch()).data)
 
 
 @cache
-def install_nvcc_hook() -> None:
-    """TVM's default hook wants NVRTC (the cuda-bindings package); route it to nvcc instead."""
-    tvm.register_global_func("tvm_callback_cuda_compile", _tvm_nvcc_callback, override=True)
+def install_compile_hook() -> None:
+    """Route TVM's CUDA compilation (at build time where TVM has its CUDA runtime, else when a
+    module is loaded) to `compile_cuda`: NVRTC or nvcc, PTX embedded."""
+    tvm.register_global_func("tvm_callback_cuda_compile", _tvm_compile_hook, override=True)
+
+
+install_nvcc_hook = install_compile_hook  # the name `opcompiler.rpc` servers used
+
+
+# ------------------------------------------------------------------ roofline
+
+def roofline(target: Target, wl: Workload, seconds: float) -> dict[str, Any]:
+    """Which ceiling bounds this kernel on `target`, from the target file's figures: compute (peak
+    FLOP/s for the dtype), DRAM (HBM bandwidth, the kernel's compulsory traffic: inputs read and the
+    output written once) or L2 (where the file gives an L2 bandwidth: the same traffic through L2).
+    `roofline_seconds` is the ceiling's time, `percent_of_roofline` how close the kernel came."""
+    op = get_op(wl.op)
+    flops = float(op.flops(wl))
+    nbytes = sum(int(np.prod(shape)) * np.dtype(dt).itemsize for _, shape, dt in op.inputs(wl))
+    oshape, odt = op.output_spec(wl)
+    nbytes += int(np.prod(oshape)) * np.dtype(odt).itemsize
+    times: dict[str, float] = {}
+    if peak := target.peak_flops(wl.dtype):
+        times["compute"] = flops / peak
+    for name, label in (("HBM", "DRAM"), ("L2", "L2")):
+        level = next((m for m in target.memories if m.name == name), None)
+        if level is not None and level.bandwidth_gbps:
+            times[label] = nbytes / (level.bandwidth_gbps * 1e9)
+    if not times:
+        return {}
+    bound = max(times, key=times.get)
+    out: dict[str, Any] = {"bound": bound, "roofline_seconds": times[bound],
+                           "arithmetic_intensity": flops / nbytes if nbytes else 0.0, "dram_bytes": nbytes}
+    if seconds > 0:
+        out["percent_of_roofline"] = 100.0 * times[bound] / seconds
+    return out
 
 
 # ------------------------------------------------------------------ the backend
@@ -120,23 +231,34 @@ class CudaBackend(Backend):
     family = "cuda"
     repeats = 20
 
+    def __init__(self, target: Target):
+        super().__init__(target)
+        install_compile_hook()
+
     def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
         tmpl, cfg, mod = self.schedule(wl, config)
         target = tvm_cuda_target(self.target)
+        compiler = cuda_compiler()  # a missing compiler is one line (exit 2) before any lowering
         with target:
             ex = tvm.compile(mod, target=target)
         dev_mods = [m for m in ex.mod.imports if m.kind == "cuda"]
         if not dev_mods:
             raise OpcFailure(f"{tmpl.name}: TVM produced no CUDA module for {wl.op}")
         source = dev_mods[0].inspect_source()
-        # TVM keeps the source and compiles it when the module is loaded on a GPU; compile it now
-        # so a template that emits bad CUDA fails here, and keep ptxas's resource report
-        _, facts = nvcc_compile(source, str(target.arch))
+        # where TVM has its CUDA runtime it compiled the source through our hook inside tvm.compile
+        # (this is then a cache hit); elsewhere it keeps the source and compiles it when the module is
+        # loaded on a GPU. Compiling here makes a template that emits bad CUDA fail at build time and
+        # gives ptxas's resource report.
+        binary = compile_cuda(source, str(target.arch), compiler)
+        images = fatbin_entries(binary.data) if binary.kind == "fatbin" else [{"kind": "elf"}]
         info: dict[str, Any] = {
             "arch": str(target.arch), "tensor_core": "wmma::mma_sync" in source or "mma.sync" in source,
             "threads_per_block": tmpl.tiles(wl, cfg).threads if hasattr(tmpl, "tiles") else None,
             "shared_bytes_per_block": tmpl.tiles(wl, cfg).shared_bytes if hasattr(tmpl, "tiles") else None,
-            **facts,
+            "cuda_compiler": binary.compiler, "binary": binary.kind,
+            "ptx_embedded": any(e["kind"] == "ptx" for e in images),
+            "nvcc_arch": binary.arch,  # the SASS architecture (name kept from the nvcc-only days)
+            **binary.facts,
         }
         return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,
                       config=cfg, artifact=ex, info=info)
@@ -146,7 +268,7 @@ class CudaBackend(Backend):
     def _device(self) -> tvm.runtime.Device:
         if not has_gpu():
             raise OpcError(NO_GPU)
-        install_nvcc_hook()
+        check_servable(self.target)
         return tvm.cuda(0)
 
     def _args(self, kernel: Kernel, inputs: Sequence[np.ndarray], dev: tvm.runtime.Device) -> list:
@@ -177,8 +299,7 @@ class CudaBackend(Backend):
         return RunResult(outputs=None, seconds=secs, metrics=self._metrics(kernel, secs))
 
     def _metrics(self, kernel: Kernel, seconds: float) -> dict[str, Any]:
-        flops = get_op(kernel.workload.op).flops(kernel.workload)
-        return {"percent_of_peak": percent_of_peak(self.target, kernel.workload.dtype, flops, seconds)}
+        return cuda_metrics(self.target, kernel.workload, seconds)
 
 
 def cuda_source(kernel: Kernel) -> str:
@@ -187,6 +308,19 @@ def cuda_source(kernel: Kernel) -> str:
     if not mods:
         raise OpcFailure(f"kernel {kernel.template} holds no CUDA module")
     return mods[0].inspect_source()
+
+
+def cuda_metrics(target: Target, wl: Workload, seconds: float) -> dict[str, Any]:
+    """What a timed cuda run reports: % of peak, the roofline bound, and the GPU it ran on (whose code
+    path: its own SASS, or PTX JIT-compiled by the driver when the target is older than the GPU)."""
+    flops = get_op(wl.op).flops(wl)
+    out: dict[str, Any] = {"percent_of_peak": percent_of_peak(target, wl.dtype, flops, seconds),
+                           "tflops": flops / seconds / 1e12 if seconds > 0 else 0.0, **roofline(target, wl, seconds)}
+    if not _FORBIDDEN and (dev := device_arch()):
+        arch = str(target.extra.get("arch", ""))
+        out["device_arch"] = dev
+        out["loaded_as"] = "sass" if arch == dev else f"ptx jit ({arch} ptx on {dev})"
+    return out
 
 
 def percent_of_peak(target: Target, dtype: str, flops: float, seconds: float) -> float:

@@ -51,6 +51,8 @@ def cmd_targets(args: argparse.Namespace) -> int:
     for t in ts.values():
         alias = f" (alias {', '.join(t.aliases)})" if t.aliases else ""
         print(f"{t.name:<{width}}  [{t.family}] {t.description}{alias}")
+    if any(t.family == "cuda" for t in ts.values()):
+        print("\n`cuda` is the target for the GPU in this machine (its compute capability); cuda-sm80 without one")
     return 0
 
 
@@ -86,7 +88,8 @@ def print_report(rep: dict) -> None:
         line += f" ({rep['cycles']:,} cycles)"
     print(line + f"   {fmt_si(rep['flops'] / rep['seconds'] if rep['seconds'] else 0, 'FLOPS')}")
     if "percent_of_peak" in rep:
-        print(f"  {rep['percent_of_peak']:.1f} % of peak, bound by {rep.get('bound', '?')}")
+        roof = f" ({rep['percent_of_roofline']:.1f} % of that roofline)" if "percent_of_roofline" in rep else ""
+        print(f"  {rep['percent_of_peak']:.1f} % of peak, bound by {rep.get('bound', '?')}{roof}")
     if rep.get("pipe_ratios"):
         print("  pipe busy: " + "  ".join(f"{k} {v:.2f}" for k, v in rep["pipe_ratios"].items()))
     if rep.get("bytes_by_level"):
