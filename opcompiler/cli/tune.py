@@ -68,7 +68,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     target = load_target(args.target)
     _default_args(args)
     if target.family == "cuda":
-        _require_cuda(args.rpc, args.target)
+        _require_cuda(args.rpc, args.target, target)
     elif args.rpc:
         raise OpcError("only measures on remote devices (cuda targets)", arg="--rpc", value=args.rpc,
                        expected="--target cuda")
@@ -99,7 +99,7 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
     from ..tune.model import tune_model
     target = load_target(args.target)
     if target.family == "cuda":
-        _require_cuda(args.rpc, args.target)
+        _require_cuda(args.rpc, args.target, target)
     if args.log:
         raise OpcError("a model's kernels each go to their own log", arg="--log", value=args.log,
                        expected="OPC_LOG_DIR=DIR to choose where the records go")
@@ -132,14 +132,15 @@ def default_log_dir() -> str:
     return str(user_log_dir()[0])
 
 
-def _require_cuda(rpc: str | None, name: str) -> None:
-    """A GPU here or an RPC tracker that owns one; otherwise the cuda backend's one-line OpcError."""
+def _require_cuda(rpc: str | None, name: str, target: Target | None = None) -> None:
+    """A GPU here that can run `target`'s code, or an RPC tracker that owns one; otherwise the cuda
+    backend's one-line OpcError."""
     try:
         from ..backend.cuda import require_device_or_rpc
     except ModuleNotFoundError:
         raise OpcError("the cuda backend is not available in this build", arg="--target", value=name,
                        expected="ascend-sim, dsp-sim or cpu") from None
-    require_device_or_rpc(rpc)
+    require_device_or_rpc(rpc, target)
 
 
 def no_valid_message(res: Any) -> str:
@@ -182,6 +183,10 @@ def summarize(res: Any) -> dict[str, Any]:
     out["bound"] = best.metrics.get("bound") if best is not None else None
     out["speedup_over_default"] = res.speedup
     out["export_command"] = export_command(res) if best is not None else None
+    stats = getattr(res, "measure_stats", None) or {}
+    out["candidates_per_second"] = round(stats["candidates_per_second"], 3) if stats.get("candidates") else None
+    if "runner_restarts" in stats:  # a local GPU: build processes feeding one runner process
+        out["gpu_measure"] = {k: stats[k] for k in ("builders", "runner_restarts") if k in stats}
     return out
 
 
@@ -214,6 +219,11 @@ def print_summary(s: dict[str, Any]) -> None:
         rows.append(("% of peak", f"{s['percent_of_peak']:.1f} %" + (f", bound by {s['bound']}" if s["bound"] else "")))
     if s["speedup_over_default"] is not None:
         rows.append(("speedup over default", f"{s['speedup_over_default']:.2f}x"))
+    if s.get("candidates_per_second"):
+        gm = s.get("gpu_measure")
+        rows.append(("measured", f"{s['candidates_per_second']:.2f} candidates/s"
+                     + (f" ({gm['builders']} build processes, 1 GPU runner, {gm['runner_restarts']} runner restarts)"
+                        if gm else "")))
     rows.append(("record", s["log"]))
     if s["export_command"]:
         rows.append(("export it", s["export_command"]))

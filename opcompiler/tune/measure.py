@@ -8,6 +8,9 @@ recorded as `crash` / `timeout` and tuning goes on.
 
 Workers come from a forkserver (TVM's thread pool does not survive a plain `fork` of a process
 that ran kernels) and keep their backend between tasks. `workers=0` measures in this process (no isolation; for debugging).
+
+A cuda target measured on this machine's GPU goes another way (`gpu_runner.py`): `workers` build
+processes that never initialise CUDA feed one runner process per GPU, started with `spawn`.
 """
 from __future__ import annotations
 
@@ -195,12 +198,14 @@ def _worker_main(conn: Connection, spec: BackendSpec) -> None:
         conn.send(res)
 
 
-def _context() -> Any:
+def _context(extra_preload: Sequence[str] = ()) -> Any:
     """A forkserver that has imported TVM once: fresh workers (after a crash or a hang) start in
     milliseconds instead of re-importing. The server itself never runs a kernel, so no TVM
-    thread pool is forked."""
+    thread pool is forked. `extra_preload`: more modules for the server to import, if this call
+    starts it (the GPU builders' CUDA backend)."""
     ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tvm", "opcompiler.ops.catalogue", "opcompiler.backend", "opcompiler.tune.measure"])
+    ctx.set_forkserver_preload(["tvm", "opcompiler.ops.catalogue", "opcompiler.backend", "opcompiler.tune.measure",
+                                *extra_preload])
     _start_forkserver_clean()
     return ctx
 
@@ -254,10 +259,26 @@ class Measurer:
         if workers > 1 and not spec.threads:
             spec = replace(spec, threads=max(1, (os.cpu_count() or 1) // workers))
         self.spec, self.n, self.timeout, self.startup_timeout = spec, workers, timeout, startup_timeout
+        self._gpu: Any = None
+        if workers > 0 and spec.target.family == "cuda" and not spec.rpc and not spec.factory:
+            # a local GPU: parallel build processes feeding one spawned runner process (gpu_runner.py)
+            from .gpu_runner import GpuMeasurer
+            self._gpu = GpuMeasurer(spec, workers=workers, timeout=timeout, startup_timeout=max(startup_timeout, 180.0))
+            return
         self._ctx = _context()
         self._workers: list[_Worker] = []
         self._fresh: set[int] = set()
         self._local: Backend | None = None
+        self._t_measuring, self._n_measured = 0.0, 0
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Candidates measured, wall seconds spent measuring them, candidates per second (and on a GPU
+        the builders, runner restarts, build and run seconds)."""
+        if self._gpu is not None:
+            return dict(self._gpu.stats)
+        rate = self._n_measured / self._t_measuring if self._t_measuring > 0 else 0.0
+        return {"candidates": self._n_measured, "seconds": self._t_measuring, "candidates_per_second": rate}
 
     def __enter__(self) -> "Measurer":
         return self
@@ -266,6 +287,9 @@ class Measurer:
         self.close()
 
     def close(self) -> None:
+        if self._gpu is not None:
+            self._gpu.close()
+            return
         for w in self._workers:
             try:
                 w.conn.send(None)
@@ -284,6 +308,17 @@ class Measurer:
     def measure(self, wl: Workload, configs: Sequence[Mapping[str, Any]], verify: bool = False, seed: int = 0,
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         """Measure every config; results in input order. `on_result(i, res)` fires as each finishes."""
+        if self._gpu is not None:
+            return self._gpu.measure(wl, configs, verify=verify, seed=seed, on_result=on_result)
+        t0 = time.perf_counter()
+        try:
+            return self._measure(wl, configs, verify, seed, on_result)
+        finally:
+            self._t_measuring += time.perf_counter() - t0
+            self._n_measured += len(configs)
+
+    def _measure(self, wl: Workload, configs: Sequence[Mapping[str, Any]], verify: bool, seed: int,
+                 on_result: Callable[[int, MeasureResult], None] | None) -> list[MeasureResult]:
         results: list[MeasureResult | None] = [None] * len(configs)
         if self.n == 0:
             if self._local is None:

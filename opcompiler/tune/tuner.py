@@ -90,6 +90,7 @@ class TuneResult:
     history: list[float] = field(default_factory=list)  # cost of each trial of this run, in order
     failures: dict[str, int] = field(default_factory=dict)  # most common failure reasons
     elapsed: float = 0.0
+    measure_stats: dict[str, Any] = field(default_factory=dict)  # candidates, seconds, candidates_per_second...
 
     @property
     def unit(self) -> str:
@@ -184,6 +185,7 @@ class Tuner:
                 bar.close()
             if opt.verify:
                 self._verify(measurer)
+            measure_stats = measurer.stats
         mine = [r for r in self.log.read(warn=False) if _same(r.key, self.key)]
         states = fold(mine)
         default_state = states.get(config_id(default_cfg))
@@ -193,7 +195,8 @@ class Tuner:
             default=default_state.record if default_state else None, trials=len(states),
             new_trials=len(history), invalid=sum(1 for s in states.values() if not s.record.valid or s.wrong),
             rejected=strategy.rejected, log=self.log.path, stop_reason=stop or f"reached {opt.trials} trials",
-            history=history, failures=dict(failures.most_common(3)), elapsed=time.perf_counter() - t0)
+            history=history, failures=dict(failures.most_common(3)), elapsed=time.perf_counter() - t0,
+            measure_stats=measure_stats)
 
     def _verify(self, measurer: Measurer) -> None:
         """Check the best candidates against the reference, in cost order, until one passes."""

@@ -1,0 +1,604 @@
+"""GPU measurement the AutoTVM / MetaSchedule way: parallel builders, one runner per GPU.
+
+- **Builders** are `measure.py`'s forkserver workers run in build-only mode: schedule, lower,
+  compile (NVRTC or nvcc), and export the kernel library (`export_library`, a `.so`) into a
+  scratch folder. They never initialise CUDA: `forbid_cuda()` hides every device from the driver
+  (`CUDA_VISIBLE_DEVICES=""`) and turns TVM's `tvm.cuda` into an error, so a build that reached for
+  the GPU fails loudly instead of creating a context. The forkserver is a fresh interpreter (not a
+  fork of the tuning process), so nothing it forks inherits CUDA state.
+- **The runner** is one long-lived process per GPU, started with the multiprocessing `spawn`
+  context: a fresh interpreter, never a fork of a process that touched CUDA (CUDA does not survive
+  a fork: cudaErrorInitializationError). It owns the CUDA context, loads each library, times it
+  with `time_evaluator` and, when asked, checks it against the op's numpy reference.
+- **Isolation**: a runner that dies (a kernel that kills the process), runs past the timeout, or
+  reports a CUDA error (an illegal address poisons the whole context) is killed and a fresh one
+  spawned; its candidate is recorded `crash` or `timeout` (not valid) and tuning goes on.
+
+Builds overlap with runs: while the runner times one kernel, the builders compile the next ones.
+`GpuMeasurer.stats` says how many candidates per second came out.
+
+`Measurer(...)` picks this path by itself for a cuda target measured locally (no `--rpc`, no test
+factory) with `workers >= 1`; `workers` is then the number of builders.
+"""
+from __future__ import annotations
+
+import multiprocessing as mp
+import os
+import shutil
+import statistics
+import sys
+import tempfile
+import time
+import traceback
+from collections import deque
+from dataclasses import dataclass, field
+from importlib import import_module
+from multiprocessing.connection import Connection, wait
+from typing import Any, Callable, Mapping, Sequence
+
+from ..errors import OpcError
+from ..target import Target
+from ..workload import Workload
+from .measure import BackendSpec, MeasureResult, _ENV_LOCK, _KEEP_METRICS, _clean_sys_path, _context, _one_line
+
+# imported once by the forkserver, so each build process starts with them (TVM's CUDA tensor
+# intrinsics take tens of seconds to register on a slow machine)
+BUILDER_PRELOAD = ("opcompiler.backend.cuda", "opcompiler.tune.gpu_runner", "tvm.s_tir.tensor_intrin.cuda")
+
+# a CUDA error in these words leaves the context unusable: the runner must be replaced
+_CUDA_ERROR_WORDS = ("cuda", "illegal memory access", "illegal address", "misaligned address",
+                     "unspecified launch failure", "launch timeout", "an illegal instruction")
+
+
+# ------------------------------------------------------------------ builders
+
+@dataclass(frozen=True, kw_only=True)
+class BuildResult:
+    """One build: `path` to the exported library (status ok) or why not (invalid / crash)."""
+
+    status: str
+    path: str = ""
+    entry: str = "main"
+    info: dict[str, Any] = field(default_factory=dict)
+    error: str = ""
+    elapsed: float = 0.0
+    pid: int = 0
+    cuda_touched: bool = False  # the builder asked TVM's device API for a GPU (must stay False)
+    cuda_runtime_modules: tuple[str, ...] = ()  # CUDA runtime bindings imported (must stay empty)
+    cuda_python_modules: tuple[str, ...] = ()  # any cuda.* module (NVRTC's bindings load cuda.bindings.*)
+    cuda_visible_devices: str | None = None
+
+
+def export_kernel(kernel: Any, path: str) -> str:
+    """Write the kernel's library where the runner loads it; returns the entry function's name."""
+    art = kernel.artifact
+    if hasattr(art, "export_library"):
+        art.export_library(path)
+        mod = getattr(art, "mod", art)
+        return str(getattr(mod, "entry_name", "") or "main")
+    import json  # a test double's artifact: its config, for a fake runner
+    with open(path, "w") as f:
+        json.dump({"config": kernel.config, "artifact": repr(art)}, f)
+    return "main"
+
+
+def build_one(backend: Any, wl: Workload, config: Mapping[str, Any], path: str) -> BuildResult:
+    """Build one config and export it to `path`. Never raises for a bad config."""
+    t0 = time.perf_counter()
+    try:
+        kernel = backend.build(wl, dict(config))
+        entry = export_kernel(kernel, path)
+    except OpcError as e:
+        return BuildResult(status="invalid", error=_one_line(e), elapsed=time.perf_counter() - t0)
+    except Exception as e:
+        return BuildResult(status="crash", error=f"build: {type(e).__name__}: {_one_line(e)}",
+                           elapsed=time.perf_counter() - t0)
+    return BuildResult(status="ok", path=path, entry=entry, info=dict(kernel.info),
+                       elapsed=time.perf_counter() - t0)
+
+
+def _cuda_state() -> dict[str, Any]:
+    from ..backend import cuda
+    runtime = tuple(sorted(m for m in sys.modules if m.startswith(("cuda.bindings.runtime", "cuda.bindings.cyruntime",
+                                                                     "cuda.cudart", "cupy", "torch.cuda"))))
+    return {"cuda_touched": cuda.cuda_touched(), "cuda_runtime_modules": runtime,
+            "cuda_python_modules": tuple(sorted(m for m in sys.modules if m == "cuda" or m.startswith("cuda."))),
+            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+
+
+def _builder_main(conn: Connection, spec: BackendSpec) -> None:
+    """Build-only worker: receive (wl, config, path), send back a BuildResult."""
+    _clean_sys_path()
+    os.environ.setdefault("OPC_IN_WORKER", "1")
+    from ..backend.cuda import forbid_cuda
+    forbid_cuda("a build process: builders never initialise CUDA")
+    try:
+        backend, err = spec.make(), ""
+    except BaseException as e:
+        backend, err = None, f"cannot create the backend: {type(e).__name__}: {_one_line(e)}"
+    from dataclasses import replace
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if task is None:
+            return
+        wl, config, path = task
+        if backend is None:
+            res = BuildResult(status="crash", error=err)
+        else:
+            try:
+                res = build_one(backend, wl, config, path)
+            except BaseException as e:
+                res = BuildResult(status="crash", error=f"{type(e).__name__}: {_one_line(e)}")
+        conn.send(replace(res, pid=os.getpid(), **_cuda_state()))
+
+
+# ------------------------------------------------------------------ the runner
+
+@dataclass(frozen=True, kw_only=True)
+class RunnerSpec:
+    """How the runner process measures: on GPU `device` of `target`, `repeat` timings of at least
+    `min_repeat_ms` each (median kept). `factory` ("module:callable" taking the spec) swaps in
+    another runner (tests)."""
+
+    target: Target
+    device: int = 0
+    factory: str = ""
+    number: int = 1
+    repeat: int = 5
+    min_repeat_ms: int = 20
+
+    def make(self) -> Any:
+        if self.factory:
+            mod, fn = self.factory.split(":")
+            return getattr(import_module(mod), fn)(self)
+        return CudaRunner(self)
+
+
+@dataclass(frozen=True, kw_only=True)
+class RunTask:
+    wl: Workload
+    path: str
+    entry: str = "main"
+    config: dict[str, Any] = field(default_factory=dict)
+    verify: bool = False
+    seed: int = 0
+
+
+def is_cuda_error(e: BaseException) -> bool:
+    text = f"{type(e).__name__} {e}".lower()
+    return any(w in text for w in _CUDA_ERROR_WORDS)
+
+
+class CudaRunner:
+    """The real runner: owns the CUDA context of one GPU (in the spawned runner process)."""
+
+    def __init__(self, spec: RunnerSpec):
+        import tvm
+        from ..backend.cuda import check_servable, has_gpu, install_compile_hook, tvm_cuda_target
+        if not has_gpu():
+            raise OpcError("no CUDA GPU visible to the runner process")
+        check_servable(spec.target)
+        install_compile_hook()  # a module that still holds CUDA source is compiled for its target's arch
+        self.spec, self.tvm = spec, tvm
+        self.dev = tvm.cuda(spec.device)
+        self.tvm_target = tvm_cuda_target(spec.target)
+
+    def run(self, task: RunTask) -> tuple[MeasureResult, bool]:
+        from ..backend import device_args
+        from ..backend.cuda import cuda_metrics
+        from ..ops import get_op
+        from ..verify import compare
+        t0 = time.perf_counter()
+        wl, tvm, dev = task.wl, self.tvm, self.dev
+        try:
+            with self.tvm_target:
+                mod = tvm.runtime.load_module(task.path)
+            op = get_op(wl.op)
+            inputs = op.make_inputs(wl, task.seed)
+            args = device_args(wl, inputs, dev)
+            mod[task.entry](*args)  # first launch: loads the module on the GPU, runs it once
+            dev.sync()
+            metrics: dict[str, Any] = {}
+            if task.verify:
+                ok, err = compare(args[-1].numpy(), op.reference(wl, inputs))
+                metrics["max_abs_err"] = err
+                if not ok:
+                    return MeasureResult(status="wrong", metrics=metrics, elapsed=time.perf_counter() - t0,
+                                         error=f"wrong result: max abs error {err:.3g} beyond tolerance"), False
+            timer = mod.time_evaluator(task.entry, dev, number=self.spec.number, repeat=self.spec.repeat,
+                                       min_repeat_ms=self.spec.min_repeat_ms)
+            secs = float(statistics.median(timer(*args).results))
+        except OpcError as e:
+            return MeasureResult(status="invalid", error=_one_line(e), elapsed=time.perf_counter() - t0), False
+        except Exception as e:
+            fatal = is_cuda_error(e)
+            return MeasureResult(status="crash", error=f"run: {type(e).__name__}: {_one_line(e)}",
+                                 elapsed=time.perf_counter() - t0), fatal
+        if secs <= 0:
+            return MeasureResult(status="crash", error="the runner measured no time"), False
+        m = cuda_metrics(self.spec.target, wl, secs)
+        metrics.update({k: m[k] for k in (*_KEEP_METRICS, "device_arch", "loaded_as") if k in m})
+        return MeasureResult(status="ok", seconds=secs, metrics=metrics, verified=task.verify,
+                             elapsed=time.perf_counter() - t0), False
+
+
+def _runner_main(conn: Connection, spec: RunnerSpec) -> None:
+    """The runner process: say who it is, then measure tasks until told to stop. After a CUDA error
+    that poisons the context it answers and exits, and the parent starts a fresh one."""
+    _clean_sys_path()
+    hello = {"pid": os.getpid(), "argv": list(getattr(sys, "orig_argv", sys.argv)),
+             "start_method": mp.get_start_method(allow_none=True)}
+    try:
+        runner = spec.make()
+    except BaseException as e:
+        conn.send(("failed", f"the GPU runner could not start: {type(e).__name__}: {_one_line(e)}"))
+        return
+    conn.send(("ready", hello))
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if task is None:
+            return
+        try:
+            res, fatal = runner.run(task)
+        except BaseException as e:
+            res, fatal = MeasureResult(status="crash", error=f"{type(e).__name__}: {_one_line(e)}\n"
+                                                            f"{traceback.format_exc(limit=3)}"[:500]), True
+        conn.send(("result", res, fatal))
+        if fatal:
+            conn.close()
+            os._exit(3)
+
+
+class _Builder:
+    """The parent's handle on one build process (forked by the forkserver, build-only)."""
+
+    def __init__(self, ctx: Any, spec: BackendSpec):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=_builder_main, args=(child, spec), daemon=True, name="opcompiler-builder")
+        self.proc.start()
+        child.close()
+        self.task: int | None = None
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+class _Runner:
+    """The parent's handle on one runner process."""
+
+    def __init__(self, ctx: Any, spec: RunnerSpec):
+        self.conn, child = ctx.Pipe()
+        with _ENV_LOCK:  # a fresh interpreter must not put the current directory first on sys.path
+            old = os.environ.get("PYTHONSAFEPATH")
+            os.environ["PYTHONSAFEPATH"] = "1"
+            try:
+                self.proc = ctx.Process(target=_runner_main, args=(child, spec), daemon=True,
+                                        name="opcompiler-gpu-runner")
+                self.proc.start()
+            finally:
+                if old is None:
+                    del os.environ["PYTHONSAFEPATH"]
+                else:
+                    os.environ["PYTHONSAFEPATH"] = old
+        child.close()
+        self.ready = False
+        self.hello: dict[str, Any] = {}
+        self.task: int | None = None
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
+# ------------------------------------------------------------------ the measurer
+
+class GpuMeasurer:
+    """`workers` build processes feeding one spawned runner process per GPU (one GPU: `runner.device`).
+    Same interface as `measure.Measurer`; results in input order."""
+
+    def __init__(self, spec: BackendSpec, workers: int = 1, timeout: float = 60.0, startup_timeout: float = 180.0,
+                 runner: RunnerSpec | None = None):
+        if workers < 1:
+            raise OpcError("must be >= 1 for GPU measurement", arg="--workers", value=workers,
+                           expected="the number of build processes, e.g. 8")
+        self.spec, self.n, self.timeout, self.startup_timeout = spec, workers, timeout, startup_timeout
+        self.runner_spec = runner or RunnerSpec(target=spec.target)
+        self._bctx = _context(BUILDER_PRELOAD)
+        self._rctx = mp.get_context("spawn")
+        self._builders: list[_Builder] = []
+        self._fresh: set[int] = set()
+        self._runner: _Runner | None = None
+        self._runner_failures = 0
+        self._dir = tempfile.mkdtemp(prefix="opc_gpu_builds_")
+        self.runner_history: list[dict[str, Any]] = []  # hello of every runner started
+        self.build_log: deque[BuildResult] = deque(maxlen=256)  # the latest builds, as the builders reported them
+        self.stats: dict[str, Any] = {"candidates": 0, "seconds": 0.0, "candidates_per_second": 0.0,
+                                      "builders": workers, "runner_restarts": 0, "build_seconds": 0.0,
+                                      "run_seconds": 0.0}
+        self._seq = 0
+
+    def __enter__(self) -> "GpuMeasurer":
+        return self
+
+    def __exit__(self, *exc: Any) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for w in self._builders:
+            try:
+                w.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        if self._runner is not None:
+            try:
+                self._runner.conn.send(None)
+            except (OSError, BrokenPipeError):
+                pass
+        for w in self._builders:
+            w.proc.join(timeout=2)
+            w.kill()
+        self._builders = []
+        if self._runner is not None:
+            self._runner.proc.join(timeout=5)
+            self._runner.kill()
+            self._runner = None
+        shutil.rmtree(self._dir, ignore_errors=True)
+
+    # -- processes ----------------------------------------------------------------------------
+
+    def _new_builder(self) -> "_Builder":
+        w = _Builder(self._bctx, self.spec)
+        self._fresh.add(id(w))
+        return w
+
+    def _replace_builder(self, w: "_Builder") -> None:
+        w.kill()
+        self._fresh.discard(id(w))
+        self._builders[self._builders.index(w)] = self._new_builder()
+
+    def _drop_runner(self, restart: bool) -> None:
+        if self._runner is not None:
+            self._runner.kill()
+            self._runner = None
+            if restart:
+                self.stats["runner_restarts"] += 1
+
+    @property
+    def runner_pid(self) -> int | None:
+        return self._runner.proc.pid if self._runner is not None else None
+
+    # -- measuring ----------------------------------------------------------------------------
+
+    def measure(self, wl: Workload, configs: Sequence[Mapping[str, Any]], verify: bool = False, seed: int = 0,
+                on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
+        t_start = time.perf_counter()
+        results: list[MeasureResult | None] = [None] * len(configs)
+        builds: dict[int, BuildResult] = {}
+        while len(self._builders) < self.n:
+            self._builders.append(self._new_builder())
+        to_build = deque(range(len(configs)))
+        to_run: deque[int] = deque()
+
+        def finish(i: int, res: MeasureResult) -> None:
+            results[i] = res
+            b = builds.get(i)
+            if b is not None and b.path:
+                try:
+                    os.remove(b.path)
+                except OSError:
+                    pass
+            if on_result:
+                on_result(i, res)
+
+        while any(r is None for r in results):
+            now = time.monotonic()
+            for w in self._builders:  # feed idle builders
+                if w.task is None and to_build:
+                    i = to_build.popleft()
+                    self._seq += 1
+                    path = os.path.join(self._dir, f"k{self._seq}.so")
+                    w.deadline = now + self.timeout + (self.startup_timeout if id(w) in self._fresh else 0.0)
+                    try:
+                        w.conn.send((wl, dict(configs[i]), path))
+                        w.task = i
+                    except (OSError, BrokenPipeError):
+                        to_build.appendleft(i)
+                        self._replace_builder(w)
+                        break
+            self._feed_runner(wl, configs, builds, to_run, verify, seed, finish)
+            busy = [w for w in self._builders if w.task is not None]
+            r = self._runner if self._runner is not None and (self._runner.task is not None or not self._runner.ready) \
+                else None
+            waitables: list[Any] = [x for w in busy for x in (w.conn, w.proc.sentinel)]
+            deadlines = [w.deadline for w in busy]
+            if r is not None:
+                waitables += [r.conn, r.proc.sentinel]
+                deadlines.append(r.deadline)
+            if not waitables:
+                continue
+            ready = wait(waitables, timeout=max(0.0, min(deadlines) - time.monotonic()))
+            for w in busy:
+                i = w.task
+                b: BuildResult | None = None
+                dead = False
+                if w.conn in ready:
+                    try:
+                        b = w.conn.recv()
+                        self._fresh.discard(id(w))
+                    except (EOFError, OSError):
+                        w.proc.join(timeout=1)
+                        b, dead = BuildResult(status="crash", error=f"build worker died (exit code "
+                                                                    f"{w.proc.exitcode})"), True
+                elif w.proc.sentinel in ready:
+                    w.proc.join(timeout=1)
+                    b, dead = BuildResult(status="crash", error=f"build worker died (exit code {w.proc.exitcode})"), True
+                elif time.monotonic() >= w.deadline:
+                    b, dead = BuildResult(status="timeout", error=f"build not done within the {self.timeout:g} s "
+                                                                   "timeout"), True
+                if b is None:
+                    continue
+                w.task = None
+                builds[i] = b
+                self.build_log.append(b)
+                self.stats["build_seconds"] += b.elapsed
+                if b.status == "ok":
+                    to_run.append(i)
+                else:
+                    finish(i, MeasureResult(status=b.status, error=b.error, elapsed=b.elapsed))
+                if dead:
+                    self._replace_builder(w)
+            if r is not None:
+                self._collect_runner(r, ready, builds, to_run, finish)
+        wall = time.perf_counter() - t_start
+        self.stats["candidates"] += len(configs)
+        self.stats["seconds"] += wall
+        self.stats["candidates_per_second"] = self.stats["candidates"] / self.stats["seconds"] \
+            if self.stats["seconds"] > 0 else 0.0
+        return results  # type: ignore[return-value]
+
+    def _feed_runner(self, wl: Workload, configs: Sequence[Mapping[str, Any]], builds: dict[int, BuildResult],
+                     to_run: deque, verify: bool, seed: int, finish: Callable[[int, MeasureResult], None]) -> None:
+        if not to_run:
+            return
+        if self._runner is not None and self._runner.ready and self._runner.task is None \
+                and not self._runner.proc.is_alive():  # died while idle: blame no candidate
+            self._drop_runner(restart=True)
+        if self._runner is None:
+            if self._runner_failures >= 2:  # the runner cannot start at all: say why for every candidate
+                while to_run:
+                    i = to_run.popleft()
+                    finish(i, MeasureResult(status="crash", error=self._runner_error))
+                return
+            self._runner = _Runner(self._rctx, self.runner_spec)
+            self._runner.deadline = time.monotonic() + self.startup_timeout
+        r = self._runner
+        if not r.ready or r.task is not None:
+            return
+        i = to_run.popleft()
+        b = builds[i]
+        task = RunTask(wl=wl, path=b.path, entry=b.entry, config=dict(configs[i]), verify=verify, seed=seed)
+        try:
+            r.conn.send(task)
+        except (OSError, BrokenPipeError):
+            to_run.appendleft(i)
+            self._drop_runner(restart=True)
+            return
+        r.task, r.deadline = i, time.monotonic() + self.timeout
+
+    _runner_error = ""
+
+    def _collect_runner(self, r: _Runner, ready: list, builds: dict[int, BuildResult], to_run: deque,
+                        finish: Callable[[int, MeasureResult], None]) -> None:
+        i = r.task
+        died = r.proc.sentinel in ready
+        if r.conn in ready:
+            try:
+                msg = r.conn.recv()
+            except (EOFError, OSError):
+                msg, died = None, True
+            if msg is not None and msg[0] == "ready":
+                r.ready, r.hello = True, msg[1]
+                r.deadline = 0.0
+                self._runner_failures = 0
+                self.runner_history.append(msg[1])
+                return
+            if msg is not None and msg[0] == "failed":
+                self._runner_error = msg[1]
+                self._runner_failures += 1
+                self._drop_runner(restart=False)
+                return
+            if msg is not None and msg[0] == "result":
+                _, res, fatal = msg
+                b = builds[i]
+                self.stats["run_seconds"] += res.elapsed
+                r.task = None
+                finish(i, _with_build(res, b))
+                if fatal:  # the context is gone: the runner exits, a fresh one is spawned on demand
+                    self._drop_runner(restart=True)
+                return
+        elif not died and time.monotonic() < r.deadline:
+            return
+        # died (its pipe or its sentinel closed) or hung past the deadline
+        if died:
+            r.proc.join(timeout=5)
+        alive = not died
+        if not r.ready:
+            self._runner_error = (f"the GPU runner did not start within {self.startup_timeout:g} s" if alive else
+                                  f"the GPU runner died while starting (exit code {r.proc.exitcode})")
+            self._runner_failures += 1
+            self._drop_runner(restart=False)
+            return
+        res = MeasureResult(status="timeout", error=f"no result within the {self.timeout:g} s timeout") if alive \
+            else MeasureResult(status="crash", error=f"the GPU runner died (exit code {r.proc.exitcode}) "
+                                                       "running this kernel")
+        self._drop_runner(restart=True)
+        if i is not None:
+            finish(i, _with_build(res, builds[i]))
+
+
+def _with_build(res: MeasureResult, b: BuildResult) -> MeasureResult:
+    """The runner's result with the build's facts (compiler, registers...) and its time added."""
+    from dataclasses import replace
+    keep = {k: b.info[k] for k in ("cuda_compiler", "registers_per_thread", "spill_bytes") if k in b.info}
+    return replace(res, metrics={**keep, **res.metrics}, elapsed=res.elapsed + b.elapsed)
+
+
+# ------------------------------------------------------------------ test doubles (CPU-only tests)
+
+class _FakeRunner:
+    """A runner for tests on machines without a GPU: "times" a built file by its config. Config
+    `{"poison": "exit"}` kills the process (a kernel that takes the runner down), `"cuda"` raises a
+    CUDA error that poisons the context, `"hang"` sleeps past any timeout."""
+
+    def __init__(self, spec: RunnerSpec):
+        self.spec = spec
+
+    def run(self, task: RunTask) -> tuple[MeasureResult, bool]:
+        poison = task.config.get("poison")
+        if poison == "exit":
+            os._exit(7)
+        if poison == "hang":
+            time.sleep(3600)
+        if poison == "cuda":
+            e = RuntimeError("CUDA: an illegal memory access was encountered")
+            return MeasureResult(status="crash", error=f"run: {_one_line(e)}"), is_cuda_error(e)
+        if not os.path.isfile(task.path) or os.path.getsize(task.path) == 0:
+            return MeasureResult(status="crash", error=f"no library at {task.path}"), False
+        secs = 1e-3 * (1 + sum(v for v in task.config.values() if isinstance(v, (int, float))))
+        return MeasureResult(status="ok", seconds=secs, metrics={"runner_pid": os.getpid(),
+                                                                  "library_bytes": os.path.getsize(task.path)}), False
+
+
+def _fake_runner(spec: RunnerSpec) -> _FakeRunner:
+    return _FakeRunner(spec)
+
+
+class _FakeBuilder:
+    """A backend for tests: "builds" any config instantly (the artifact is the config)."""
+
+    def __init__(self, target: Target):
+        self.target = target
+
+    def build(self, wl: Workload, config: Mapping[str, Any]) -> Any:
+        from ..backend import Kernel
+        if config.get("poison") == "invalid":
+            raise OpcError("this config is invalid")
+        return Kernel(workload=wl, target=self.target, template="fake", template_version=1, config=dict(config),
+                      artifact=dict(config), info={"cuda_compiler": "none"})
+
+
+def _fake_builder(target: Target) -> _FakeBuilder:
+    return _FakeBuilder(target)
