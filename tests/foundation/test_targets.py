@@ -47,14 +47,14 @@ def test_digest_follows_values_not_sources(tmp_path):
     """Record keys hash the figures, not the words beside them: sourcing an assumed figure keeps
     every tuning record valid; changing the figure invalidates them."""
     from pathlib import Path
+    import re
     text = Path(load_target("dsp-sim").path).read_text()
     base = parse_target(_write(tmp_path, "a.toml", text)).digest
-    resourced = text.replace('latency_cycles = { value = 200, source = "assumed" }',
-                             'latency_cycles = { value = 200, source = "some paper, Table 3" }')
+    line = re.search(r'latency_cycles = \{ value = 200, source = "[^"]*" \}', text).group(0)
+    resourced = text.replace(line, 'latency_cycles = { value = 200, source = "some paper, Table 3" }', 1)
     assert resourced != text
     assert parse_target(_write(tmp_path, "b.toml", resourced)).digest == base
-    changed = text.replace('latency_cycles = { value = 200, source = "assumed" }',
-                           'latency_cycles = { value = 240, source = "assumed" }')
+    changed = text.replace(line, line.replace("value = 200", "value = 240"), 1)
     assert parse_target(_write(tmp_path, "c.toml", changed)).digest != base
 
 
