@@ -64,8 +64,8 @@ class BuildResult:
     elapsed: float = 0.0
     pid: int = 0
     cuda_touched: bool = False  # the builder asked TVM's device API for a GPU (must stay False)
-    cuda_runtime_modules: tuple[str, ...] = ()  # CUDA runtime bindings imported (must stay empty)
-    cuda_python_modules: tuple[str, ...] = ()  # any cuda.* module (NVRTC's bindings load cuda.bindings.*)
+    cuda_initialised: bool = False  # torch (imported by TVM's FFI when installed) initialised CUDA (must not)
+    cuda_python_modules: tuple[str, ...] = ()  # cuda.bindings modules (NVRTC's; none with nvcc)
     cuda_visible_devices: str | None = None
 
 
@@ -98,11 +98,13 @@ def build_one(backend: Any, wl: Workload, config: Mapping[str, Any], path: str) 
 
 
 def _cuda_state() -> dict[str, Any]:
+    """What a build process did with CUDA, for the parent to check. (TVM's FFI imports torch when it
+    is installed, torch.cuda included: importing is not initialising, `torch.cuda.is_initialized()` is.)"""
     from ..backend import cuda
-    runtime = tuple(sorted(m for m in sys.modules if m.startswith(("cuda.bindings.runtime", "cuda.bindings.cyruntime",
-                                                                     "cuda.cudart", "cupy", "torch.cuda"))))
-    return {"cuda_touched": cuda.cuda_touched(), "cuda_runtime_modules": runtime,
-            "cuda_python_modules": tuple(sorted(m for m in sys.modules if m == "cuda" or m.startswith("cuda."))),
+    torch = sys.modules.get("torch")
+    initialised = bool(torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized())
+    return {"cuda_touched": cuda.cuda_touched(), "cuda_initialised": initialised,
+            "cuda_python_modules": tuple(sorted(m for m in sys.modules if m.startswith("cuda.bindings"))),
             "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
 
 

@@ -260,7 +260,7 @@ class Measurer:
             spec = replace(spec, threads=max(1, (os.cpu_count() or 1) // workers))
         self.spec, self.n, self.timeout, self.startup_timeout = spec, workers, timeout, startup_timeout
         self._gpu: Any = None
-        if workers > 0 and spec.target.family == "cuda" and not spec.rpc and not spec.factory:
+        if self.uses_gpu_runner(spec, workers):
             # a local GPU: parallel build processes feeding one spawned runner process (gpu_runner.py)
             from .gpu_runner import GpuMeasurer
             self._gpu = GpuMeasurer(spec, workers=workers, timeout=timeout, startup_timeout=max(startup_timeout, 180.0))
@@ -270,6 +270,12 @@ class Measurer:
         self._fresh: set[int] = set()
         self._local: Backend | None = None
         self._t_measuring, self._n_measured = 0.0, 0
+
+    @staticmethod
+    def uses_gpu_runner(spec: BackendSpec, workers: int) -> bool:
+        """A cuda target measured on this machine's GPU, in worker processes (not in-process, not over
+        RPC, not a test factory): build processes feeding one spawned runner (`gpu_runner.py`)."""
+        return workers > 0 and spec.target.family == "cuda" and not spec.rpc and not spec.factory
 
     @property
     def stats(self) -> dict[str, Any]:

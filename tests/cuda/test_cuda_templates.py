@@ -25,7 +25,7 @@ from opcompiler.verify import compare
 
 pytestmark = pytest.mark.skipif(shutil.which("nvcc") is None, reason="nvcc (CUDA toolkit) is not installed")
 
-SM80 = load_target("cuda")
+SM80 = load_target("cuda-sm80")  # explicit: `cuda` is the GPU present where there is one
 SM90 = load_target("cuda-sm90")
 
 # (op, preset or shape, dtype): a few ResNet-50 presets chosen for what they stress: M not a
