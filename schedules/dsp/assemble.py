@@ -49,12 +49,17 @@ def host_ops(m: DspMachine, copies_in: list[tuple[str, int]], copies_out: list[t
     """(host_pre, host_post) as (what, cycles, bytes) for the call, copy mode and replication."""
     def copy(what: str, nbytes: int) -> tuple[str, int, int]:
         return (what, int(m.host_copy_overhead_cycles + nbytes / m.host_copy_bytes_per_cycle), nbytes)
+
+    def replicate_one(what: str, nbytes: int) -> tuple[str, int, int]:
+        if not m.host_replicate_bytes_per_cycle:  # the target gives replication no rate of its own
+            return copy(what, nbytes)
+        return (what, int(m.host_replicate_overhead_cycles + nbytes / m.host_replicate_bytes_per_cycle), nbytes)
     pre = [("launch", m.launch_cycles, 0)]
     post: list[tuple[str, int, int]] = []
     if m.data_mode == "copy":
         pre += [copy(f"copy {n} CPU->DSP", b) for n, b in copies_in]
         post += [copy(f"copy {n} DSP->CPU", b) for n, b in copies_out]
-    pre += [copy(f"replicate {n}", b) for n, b in replicate]
+    pre += [replicate_one(f"replicate {n}", b) for n, b in replicate]
     return pre, post
 
 

@@ -45,6 +45,11 @@ class DspMachine:
     launch_cycles: int
     host_copy_bytes_per_cycle: float
     host_copy_overhead_cycles: int
+    # host-side replication of W per core (w_path=host_copies): by default it costs what any
+    # host copy costs; a target may give it its own rate and per-call cost (extra.host_replicate_gbps,
+    # extra.host_replicate_overhead_us; the CONV1 analysis in README, Fidelity)
+    host_replicate_bytes_per_cycle: float = 0.0  # 0: as host_copy_bytes_per_cycle
+    host_replicate_overhead_cycles: int = 0
 
     def cap(self, level: str) -> int:
         return dict(self.capacity)[level]
@@ -110,4 +115,6 @@ def _read(target: Target) -> DspMachine:
         launch_cycles=int(float(ex.get("launch_overhead_us", 0.0)) * 1e-6 * clock),
         host_copy_bytes_per_cycle=per_cycle(float(ex.get("host_copy_gbps", 1.0))),
         host_copy_overhead_cycles=int(float(ex.get("host_copy_overhead_us", 0.0)) * 1e-6 * clock),
+        host_replicate_bytes_per_cycle=per_cycle(float(ex["host_replicate_gbps"])) if "host_replicate_gbps" in ex else 0.0,
+        host_replicate_overhead_cycles=int(float(ex.get("host_replicate_overhead_us", 0.0)) * 1e-6 * clock),
     )
