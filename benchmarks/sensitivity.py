@@ -12,7 +12,7 @@ the figure (elasticity x 20), so a figure moved by one unit compares fairly. The
 names the calibration checks (the tests' asserted quantities, with their tolerances) that the
 move pushes out of bounds.
 
-    python benchmarks/sensitivity.py                    # both simulators (about 3 minutes, 2 processes)
+    python benchmarks/sensitivity.py                    # both simulators (3-4 minutes, 2 processes)
     python benchmarks/sensitivity.py --target dsp-sim   # one
     python benchmarks/sensitivity.py --jobs 1           # one process
 """
