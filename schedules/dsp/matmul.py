@@ -1,7 +1,14 @@
-"""dsp-sim template for the matmul family (matmul, matmul_bias_relu): the fully connected layer
-of seed 004 Algorithm 2 -- rows of the input (the batch) split across the cores, the output
-features vectorized on the lanes, the reduction accumulated in registers; lowered as a 1x1
-direct convolution over rows (h = M, w = 1), so it shares the conv lowering and simulator."""
+"""dsp-sim template for the matmul family (matmul, matmul_bias_relu, matmul_bias), two algorithms:
+
+* `algo=fc`: the fully connected layer of seed 004 Algorithm 2 -- rows of the input (the batch)
+  split across the cores, the output features vectorized on the lanes, the whole reduction
+  accumulated in registers; lowered as a 1x1 direct convolution over rows (h = M, w = 1), so it
+  shares the conv lowering and simulator. Right for the small layers (MiniGo's FC), where the
+  whole B of a block of output features fits AM.
+* `algo=gemm` (`gemm.py`): a GEMM blocked for GSM / SM / AM as the FT-M7032 GEMM libraries do:
+  C blocks (`mb` x `nb`) resident in AM over the reduction, B blocks (`kc` x `nb`) through GSM
+  (shared by the cores) or from DDR, A stages (`rows` x `kc`) broadcast from SM, register blocks
+  of `pw` x `kv` vectors keeping the 3 FMACs busy; the default for large problems."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -17,10 +24,19 @@ from opcompiler.workload import Workload
 from .assemble import Relayout, assemble, host_ops, nbytes
 from .conv2d import DirectTemplate, require_fp32
 from .direct import ConvSpec, DirectConfig, check
+from .gemm import KC, MB, NB, GemmGeo, GemmLowering, check_gemm, gemm_features
 from .ksplit import chunks, footprint_k
 from .ksplit import core_ops as ksplit_ops
 
 EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu"), "matmul_bias": ("bias",)}
+GEMM_MIN = 256  # m, n and k at least this: the template default is the blocked GEMM
+
+
+def _upto(values: tuple[int, ...], n: int) -> tuple[int, ...]:
+    """The values below n and the first one >= n (larger ones would clip to the same block)."""
+    below = tuple(v for v in values if v < n)
+    above = [v for v in values if v >= n]
+    return below + tuple(above[:1])
 
 
 @register_template
@@ -30,7 +46,7 @@ class DspFullyConnected(DirectTemplate):
     name = "dsp.fully_connected"
     op_families = ("matmul",)
     target_family = "dsp"
-    version = 1
+    version = 2  # 2: algo=gemm and its knobs kc, mb, nb (the shipped version-1 records no longer match)
 
     def spec(self, wl: Workload, target: Target) -> ConvSpec:
         require_fp32(wl, target)
@@ -57,18 +73,69 @@ class DspFullyConnected(DirectTemplate):
             Knob("lowering", ("direct", "tir"), "emit the program from the knobs (direct) or lower TVM's scheduled "
                  "TIR into it (tir: split=items, w_path=ddr|gsm, out_path=ddr)",
                  tunable=False),
+            Knob("algo", ("fc", "gemm"), "fc: Algorithm 2 (whole reduction in registers); gemm: blocked for "
+                 "GSM/SM/AM (C blocks in AM, B blocks via GSM or DDR, A stages of `rows` rows in SM)"),
+            Knob("kc", _upto(KC, sp.c), "gemm: reduction steps per K block"),
+            Knob("mb", _upto(MB, sp.h), "gemm: rows of the C block a core keeps in AM"),
+            Knob("nb", _upto(NB, -(-sp.k // 32) * 32), "gemm: columns of the C block (and of the B blocks)"),
         ]
+
+    def _fill(self, wl: Workload, target: Target, cfg: dict[str, Any]) -> dict[str, Any]:
+        """An fc config with the gemm-only knobs at their gemm defaults (unused by algo=fc)."""
+        g = self._gemm_default(wl, target)
+        return {**cfg, "algo": "fc", "kc": g["kc"], "mb": g["mb"], "nb": g["nb"]}
+
+    def _gemm_default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        """6 x 3 register blocks (18 chains: the 3 FMACs x 6 cycles of latency), K blocks of 128,
+        B through GSM, the largest C blocks (up to 256 x 384) that keep the cores busy in (almost)
+        every round, A stages of 48 rows (a multiple of the register block), shrunk until
+        everything fits."""
+        sp = self.spec(wl, target)
+        m = machine(target)
+        knobs = {k.name: k.values for k in self.space(wl, target)}
+
+        def pick(name: str, want: int, step: int = 1) -> int:
+            vals = [v for v in knobs[name] if v % step == 0] or list(knobs[name])
+            return max([v for v in vals if v <= want] or [min(vals)])
+        cfg = {"pw": pick("pw", 6), "kv": pick("kv", 3), "rows": 1, "cols": 1, "order": "out", "dbuf": 1,
+               "w_path": "gsm", "out_path": "ddr", "split": "items", "lowering": "direct", "algo": "gemm",
+               "kc": pick("kc", 128), "mb": pick("mb", 256), "nb": pick("nb", 384)}
+        mbs = [v for v in (256, 192, 128, 96, 64, 32) if v in knobs["mb"]] or [cfg["mb"]]
+        nbs = [v for v in (384, 256, 192, 128, 96) if v in knobs["nb"]] or [cfg["nb"]]
+        shapes = sorted(((mb, nb) for mb in mbs for nb in nbs), key=lambda s: (-s[0] * s[1], -s[1]))
+
+        def spread(mb: int, nb: int) -> float:  # core-rounds per block (1.0: every core always busy)
+            blocks = -(-sp.h // mb) * -(-sp.k // nb)
+            return -(-blocks // m.cores) * m.cores / blocks
+        cfg["mb"], cfg["nb"] = next((s for s in shapes if spread(*s) <= 1.15), min(shapes, key=lambda s: spread(*s)))
+        cfg["rows"] = pick("rows", min(48, cfg["mb"]), cfg["pw"])
+        for name in ("nb", "kc", "rows", "mb"):
+            while check_gemm(m, self._geo(wl, target, cfg), cfg) is not None:
+                smaller = [v for v in knobs[name] if v < cfg[name]]
+                if not smaller:
+                    break
+                cfg[name] = smaller[-1]
+        return cfg
+
+    def _geo(self, wl: Workload, target: Target, cfg: Mapping[str, Any]) -> GemmGeo:
+        sp = self.spec(wl, target)
+        return GemmGeo.of(machine(target), sp.h, sp.c, sp.k, cfg, sp.epi)
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
         sp = self.spec(wl, target)
+        if min(sp.h, sp.c, sp.k) >= GEMM_MIN:
+            g = self._gemm_default(wl, target)
+            if self.check(wl, target, g) is None:
+                return g
         knobs = {k.name: k.values for k in self.space(wl, target)}
         per_core = -(-sp.h // machine(target).cores)
         rows_ok = sorted((r for r in knobs["rows"] if r <= per_core), reverse=True) or [knobs["rows"][0]]
         for kv in sorted(knobs["kv"], reverse=True):
             for rows in rows_ok:
                 for pw in (6, 4, 2, 1):
-                    cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 1,
-                           "w_path": "gsm", "out_path": "ddr", "split": "items", "lowering": "direct"}
+                    cfg = self._fill(wl, target, {
+                        "pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 1,
+                        "w_path": "gsm", "out_path": "ddr", "split": "items", "lowering": "direct"})
                     if self.check(wl, target, cfg) is None:
                         return cfg
         return cfg
@@ -84,14 +151,17 @@ class DspFullyConnected(DirectTemplate):
         rows_ok = sorted((r for r in knobs["rows"] if r <= per_core), reverse=True) or [1]
         for kv in sorted(knobs["kv"], reverse=True):
             for rows in rows_ok:
-                cfg = {"pw": 1, "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 0,
-                       "w_path": "ddr", "out_path": "ddr", "split": "items", "lowering": "direct"}
+                cfg = self._fill(wl, target, {"pw": 1, "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 0,
+                                              "w_path": "ddr", "out_path": "ddr", "split": "items",
+                                              "lowering": "direct"})
                 if check(m, sp, DirectConfig.of(cfg)) is None:
                     return cfg
         return cfg
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         sp = self.spec(wl, target)
+        if config.get("algo") == "gemm":
+            return check_gemm(machine(target), self._geo(wl, target, config), config)
         cf = DirectConfig.of(config)
         if cf.w_path == "host_copies" and wl.p.get("trans_b"):
             return "w_path=host_copies replicates B as stored; use gsm or ddr with trans_b=1"
@@ -115,6 +185,8 @@ class DspFullyConnected(DirectTemplate):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
         """Lower to the cluster program; `split="k"` splits the reduction and reduces in GSM."""
+        if config.get("algo") == "gemm":
+            return self._apply_gemm(wl, target, config, functional)
         if config.get("split") != "k":
             return super().apply(wl, target, config, functional)
         m = machine(target)
@@ -139,7 +211,35 @@ class DspFullyConnected(DirectTemplate):
                      "reduction": f"split over {m.cores} cores, partials reduced through GSM"}
         return prog
 
+    def _apply_gemm(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool) -> Program:
+        m = machine(target)
+        sp = self.spec(wl, target)
+        why = self.check(wl, target, config)
+        if why:
+            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        op = get_op(wl.op)
+        in_specs = op.inputs(wl)
+        names, ddr, pre, post, out_shape = self.tensors(wl, sp)
+        g = self._geo(wl, target, config)
+        low = GemmLowering(m, g, names, functional)
+        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
+        prog = assemble(m, functional=functional, cores=m.cores, core_ops=low.core_ops, group_key=low.group_key,
+                        pre=pre, post=post, host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
+                        inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, flops=op.flops(wl),
+                        cores_used=min(m.cores, len(g.blocks())))
+        prog.info = {"layout_change": "transposes by DMA (counted)" if pre else "none",
+                     "algo": f"gemm: C blocks {g.mb}x{g.nb} in AM, B blocks {g.kc}x{g.nb} via {g.w_path.upper()}, "
+                             f"A stages {g.ms}x{g.kc} in SM, register blocks {g.pw}x{g.kv * m.lanes}"}
+        return prog
+
+    def tir_check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
+        if config.get("algo") == "gemm":
+            return None  # no TIR form of the blocked GEMM
+        return super().tir_check(wl, target, config)
+
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        if config.get("algo") == "gemm":
+            return gemm_features(machine(target), self._geo(wl, target, config))
         if config.get("split") != "k":
             return super().features(wl, target, config)
         m = machine(target)

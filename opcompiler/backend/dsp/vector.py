@@ -10,8 +10,11 @@ operands (`Mem`) whose addresses are affine in the nest's loop indices.
   (`SEM`): nothing here knows which operator a kernel computes. The outer loops of a nest are
   independent iterations (no iteration reads what another writes), so each instruction is
   evaluated for all of them at once (numpy over the iterations x 32 lanes); the inner loops run
-  one step at a time with their registers carried (accumulators). `EXECUTED` counts the issue
-  slots the execution used, per unit, independently of the timing.
+  one step at a time with their registers carried (accumulators). A nest marked `contract`
+  whose body is only loads and multiply-accumulates of same-step loads (a GEMM micro-kernel)
+  runs its inner loop at once instead: every load gathered over the steps at the addresses it
+  would issue, each accumulator plus the sum of its products (float64, rounded once).
+  `EXECUTED` counts the issue slots the execution used, per unit, independently of the timing.
 * **Timing** list-schedules the same instruction stream (`core._run`): every outer iteration
   issues `pre`, the inner loops' bodies and `post`, on the VPU's issue slots (FMACs, vector
   load/store, scalar load, vector ALU) with each unit's latency and the register dependencies;
@@ -77,6 +80,9 @@ class Nest:
     inner: tuple[int, ...] = ()
     pre: tuple[VI, ...] = ()
     post: tuple[VI, ...] = ()
+    # functional mode only: the body is loads and multiply-accumulates of same-step loads into
+    # carried registers (a GEMM micro-kernel): run its inner loop as one contraction
+    contract: bool = False
 
     @property
     def count(self) -> int:
@@ -254,6 +260,65 @@ def _exec(mem: Any, ins: VI, regs: dict, outer: tuple[int, ...], idx: tuple[int,
         regs[ins.dst] = np.broadcast_to(SEM[ins.op][1](*args), (p, lanes))
 
 
+def _contraction(n: Nest) -> bool:
+    """Whether the body is only loads (each register loaded once) and `vfma acc <- x * y + acc`
+    with x, y loaded in the same step, every accumulator distinct, no loaded register read in
+    `post` (then the inner loop is a sum over its steps)."""
+    loads: set = set()
+    accs: list = []
+    for ins in n.body:
+        if ins.op in ("vld", "sld") and isinstance(ins.dst, str) and ins.dst not in loads:
+            loads.add(ins.dst)
+        elif ins.op == "vfma" and len(ins.srcs) == 3 and ins.srcs[2] == ins.dst and \
+                all(isinstance(x, str) and x in loads for x in ins.srcs[:2]):
+            accs.append(ins.dst)
+        else:
+            return False
+    reads_after = {x for ins in n.post for x in ins.srcs if isinstance(x, str)}
+    return bool(accs) and len(set(accs)) == len(accs) and not (set(accs) & loads) and not (reads_after & loads)
+
+
+def _exec_contraction(mem: Any, n: Nest, regs: dict, lanes: int) -> None:
+    """The inner loop of a multiply-accumulate body, every step at once: each load gathered over
+    all steps (its address advances by its inner steps), each accumulator += the sum over the
+    steps of its two operands' product (float64, rounded to fp32 once at the end: the per-step
+    fp32 rounding of the chip's FMA chain is not reproduced). The issue slots are counted as
+    if stepped."""
+    no, ni = len(n.outer), len(n.inner)
+    p, steps = prod(n.outer), prod(n.inner)
+    loaded: dict[str, np.ndarray] = {}
+    for ins in n.body:
+        EXECUTED[unit(ins)] += p * steps * slots(ins)
+        if ins.op not in ("vld", "sld"):
+            continue
+        op = ins.srcs[0]
+        if len(op.steps) != no + ni:
+            raise OpcError(f"operand {op} has {len(op.steps)} steps for a nest of {no}+{ni} loops")
+        width = lanes if ins.op == "vld" else 1
+        v = mem.view(View((op.level,), op.base, tuple(n.outer) + tuple(n.inner) + (width,),
+                          tuple(op.steps) + (op.lane,)))
+        loaded[ins.dst] = np.array(v, np.float64).reshape(p, steps, width)
+    fmas = [ins for ins in n.body if ins.op == "vfma"]
+    xs = list(dict.fromkeys(i.srcs[0] for i in fmas))
+    ys = list(dict.fromkeys(i.srcs[1] for i in fmas))
+    if len(fmas) == len(xs) * len(ys) and all(loaded[x].shape[2] == 1 for x in xs):
+        # scalars x vectors, every pair: one batched matrix product (x: rows, y: columns)
+        a = np.stack([loaded[x][:, :, 0] for x in xs], axis=1)  # (p, nx, steps)
+        b = np.concatenate([loaded[y] for y in ys], axis=2) if all(loaded[y].shape[2] == lanes for y in ys) else None
+        if b is not None:
+            prodm = np.matmul(a, b)  # (p, nx, ny * lanes)
+            where = {(x, y): (i, j) for i, x in enumerate(xs) for j, y in enumerate(ys)}
+            for ins in fmas:
+                i, j = where[ins.srcs[:2]]
+                acc = np.broadcast_to(regs[ins.dst], (p, lanes)).astype(np.float64)
+                regs[ins.dst] = (acc + prodm[:, i, j * lanes:(j + 1) * lanes]).astype(np.float32)
+            return
+    for ins in fmas:  # the general case, one accumulator at a time
+        x, y = loaded[ins.srcs[0]], loaded[ins.srcs[1]]
+        acc = np.broadcast_to(regs[ins.dst], (p, lanes)).astype(np.float64)
+        regs[ins.dst] = (acc + np.broadcast_to(x * y, (p, steps, lanes)).sum(axis=1)).astype(np.float32)
+
+
 def execute(mem: Any, k: VKernel, lanes: int) -> int:
     """Run the pass on the simulated memories; returns the number of loop nests executed."""
     with np.errstate(all="ignore"):  # idle lanes compute on whatever the memory held; never stored
@@ -264,9 +329,12 @@ def execute(mem: Any, k: VKernel, lanes: int) -> int:
             zero = (0,) * len(n.inner)
             for ins in n.pre:
                 _exec(mem, ins, regs, n.outer, zero, lanes)
-            for idx in np.ndindex(*n.inner) if n.inner else [()]:
-                for ins in n.body:
-                    _exec(mem, ins, regs, n.outer, idx, lanes)
+            if n.contract and n.inner and _contraction(n):
+                _exec_contraction(mem, n, regs, lanes)
+            else:
+                for idx in np.ndindex(*n.inner) if n.inner else [()]:
+                    for ins in n.body:
+                        _exec(mem, ins, regs, n.outer, idx, lanes)
             for ins in n.post:
                 _exec(mem, ins, regs, n.outer, zero, lanes)
     return len(k.nests)
