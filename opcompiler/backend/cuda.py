@@ -239,7 +239,8 @@ class CudaBackend(Backend):
         tmpl, cfg, mod = self.schedule(wl, config)
         target = tvm_cuda_target(self.target)
         compiler = cuda_compiler()  # a missing compiler is one line (exit 2) before any lowering
-        with target:
+        # use_async_copy: copies inside a pipelined loop's async stage become cp.async (the `stages` knob)
+        with target, tvm.transform.PassContext(config={"tirx.use_async_copy": True}):
             ex = tvm.compile(mod, target=target)
         dev_mods = [m for m in ex.mod.imports if m.kind == "cuda"]
         if not dev_mods:

@@ -10,8 +10,11 @@ Then one of two schedules tiles it:
   staged through shared memory `chunk` 16-wide K slices at a time with vectorized loads;
   fragments loaded, multiplied and stored with TVM's registered WMMA intrinsics
   (`tvm.s_tir.tensor_intrin.cuda`, m16n16k16, fp16 in, fp32 accumulate), the same fractal
-  idea as the Ascend cube. The epilogue (cast, bias, bn, relu, add) is fused into the
-  shared -> global store.
+  idea as the Ascend cube. With `stages` > 1 the K loop is software-pipelined
+  (`software_pipeline_stage` / `_order` / `_async_stages`): the A and B tiles are
+  multi-buffered and filled with `cp.async` (predicated zero-fill for the padded im2col gather)
+  `stages - 1` steps ahead of the WMMA work. The epilogue (cast, bias, bn, relu, add) is fused
+  into the shared -> global store.
 - `schedule_simt` (fp32): classic CUDA-core tiling: `threads_y x threads_x` threads each
   computing a `micro_y x micro_x` register tile, A and B staged through shared memory
   `micro_k` at a time, epilogue fused into the register -> global store.
@@ -47,6 +50,12 @@ def cuda_limits(target: Target) -> dict[str, int]:
     }
 
 
+def arch_of(target: Target) -> int:
+    """The target's compute capability as a number (sm_80 -> 80)."""
+    digits = "".join(ch for ch in str(target.extra.get("arch", "sm_80")) if ch.isdigit())
+    return int(digits or 80)
+
+
 def _ceil(a: int, b: int) -> int:
     return -(-a // b) * b
 
@@ -79,8 +88,9 @@ def tensor_core_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTil
     bn = FRAG * cfg["block_col_warps"] * cfg["warp_col_tiles"]
     bk = FRAG * cfg["chunk"]
     warps = cfg["block_row_warps"] * cfg["block_col_warps"]
-    a_sh = bm * (bk + SMEM_PAD_HALF) * 2
-    b_sh = bn * (bk + SMEM_PAD_HALF) * 2
+    stages = cfg.get("stages", 1)  # pipelined: each operand tile is multi-buffered `stages` times
+    a_sh = bm * (bk + SMEM_PAD_HALF) * 2 * stages
+    b_sh = bn * (bk + SMEM_PAD_HALF) * 2 * stages
     c_sh = bm * bn * 4  # fp32 accumulators staged (static shared) for the fused epilogue
     frags_c = cfg["warp_row_tiles"] * cfg["warp_col_tiles"]
     # a 16x16 fragment spread over 32 lanes is 8 values per thread: fp32 acc 8 regs, fp16 operands 4
@@ -287,6 +297,11 @@ def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cf
     sch.tensorize(sch.get_loops(init_inner)[-2], g["init"])
     sch.tensorize(sch.get_loops(c_frag)[-2], g["store"])
     sch.tensorize(sch.get_loops(inner)[-3], g["compute"])
+    stages = cfg.get("stages", 1)
+    if stages > 1:  # k0's body: the A copy, the B copy, the k1 loop (fragment loads + mma)
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, stages - 1])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])  # the copies become cp.async (tirx.use_async_copy)
     _inline_consumers(sch, c_sh)  # cast, bias, bn, relu, add applied on the way out
     fused = sch.fuse(*sch.get_loops(c_sh)[-2:])
     _, f1, f2, f3 = sch.split(fused, [None, warps, 32, 4])

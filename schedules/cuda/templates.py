@@ -30,6 +30,8 @@ TC_KNOBS = (  # fp16 tensor-core schedule
     Knob("warp_col_tiles", (1, 2, 4), "16x16 accumulator fragments per warp along N"),
     Knob("chunk", (1, 2, 4), "16-wide K slices staged in shared memory per step"),
     Knob("vec", (2, 4, 8), "fp16 elements per vectorized global -> shared load (at most 4 for a strided operand)"),
+    Knob("stages", (1, 2, 3), "shared-memory pipeline depth: 1 = load then compute; 2-3 = cp.async multi-stage "
+                              "(A and B tiles multi-buffered, loads for step k+stages-1 in flight during step k)"),
 )
 SIMT_KNOBS = (  # fp32 CUDA-core schedule
     Knob("threads_x", (8, 16, 32), "threads per block along N"),
@@ -59,7 +61,7 @@ class CudaGemmTemplate(Template):
     """Common part of the CUDA templates: knobs by dtype, validity, schedule dispatch."""
 
     target_family = "cuda"
-    version = 1
+    version = 2  # 2: the `stages` knob (cp.async pipelining)
     block = ""  # name of the reduction block in the DSL compute
 
     def _check_dtype(self, wl: Workload) -> None:
@@ -80,7 +82,7 @@ class CudaGemmTemplate(Template):
             bcw, wc = _pick(pairs, n)
             chunk = 2 if k > 16 else 1
             return {"block_row_warps": brw, "block_col_warps": bcw, "warp_row_tiles": wr,
-                    "warp_col_tiles": wc, "chunk": chunk, "vec": 8}
+                    "warp_col_tiles": wc, "chunk": chunk, "vec": 8, "stages": 1}
         return {"threads_x": 16 if n >= 64 else 8, "threads_y": 8 if m >= 32 else 4, "micro_x": 4 if n >= 64 else 1,
                 "micro_y": 4 if m >= 32 else 1, "micro_k": 16, "vec": 2, "unroll": 256}
 
@@ -96,6 +98,8 @@ class CudaGemmTemplate(Template):
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         if wl.dtype == "float16" and "float16" not in target.units.get("tensor_core", {}).get("dtypes", ()):
             return f"{target.name} declares no fp16 tensor core"
+        if config.get("stages", 1) > 1 and gemm.arch_of(target) < 80:
+            return f"stages={config['stages']} needs cp.async (sm_80 or newer); {target.name} is sm_{gemm.arch_of(target)}"
         return gemm.check_tiles(self.tiles(wl, config), target)
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> tvm.s_tir.Schedule:
@@ -122,6 +126,7 @@ class CudaGemmTemplate(Template):
         return {
             "gemm_m": m, "gemm_n": n, "gemm_k": k, "tile_m": t.bm, "tile_n": t.bn, "tile_k": t.bk,
             "threads_per_block": t.threads, "shared_bytes": t.shared_bytes, "registers_est": t.registers,
+            "stages": config.get("stages", 1),
             "blocks": t.blocks, "waves": t.blocks / sms,
             "pad_waste": t.m_pad * t.n_pad * t.k_pad / (m * n * k) - 1.0,
             # FLOPs per byte staged into shared memory per K step
