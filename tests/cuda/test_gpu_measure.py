@@ -122,3 +122,27 @@ def test_real_runner_measures_and_verifies_on_the_gpu():
     assert [r.status for r in res] == ["ok"] * 4 and all(r.seconds > 0 for r in res)
     assert checked.status == "ok" and checked.verified
     assert st["runner_restarts"] == 0 and st["candidates_per_second"] > 0
+
+
+def test_the_runner_loop_loads_times_and_verifies_a_library(tmp_path):
+    """`CudaRunner.run` on a library from the build path, with the GPU swapped for the host CPU (a
+    cpu kernel, since none can run here on a GPU): loads it, runs it on shared inputs and a fresh
+    zeroed output, checks it against numpy, times it and reports the roofline metrics."""
+    import tvm
+    from opcompiler.backend import get_backend
+    from opcompiler.tune.gpu_runner import CudaRunner, RunTask, build_one
+
+    cpu = load_target("cpu")
+    wl = workload("matmul", "m=32,k=64,n=48", dtype="float32")
+    b = build_one(get_backend(cpu), wl, {}, str(tmp_path / "k.so"))
+    assert b.status == "ok" and os.path.getsize(b.path) > 0
+    runner = CudaRunner.__new__(CudaRunner)
+    runner.spec, runner.tvm, runner.dev = RunnerSpec(target=SM80, repeat=2, min_repeat_ms=1), tvm, tvm.cpu(0)
+    runner.tvm_target, runner._inputs = tvm.target.Target("llvm"), {}
+    res, fatal = runner.run(RunTask(wl=wl, path=b.path, entry=b.entry, verify=True))
+    assert (res.status, fatal, res.verified) == ("ok", False, True), res.error
+    assert res.seconds > 0 and res.metrics["max_abs_err"] < 1e-3 and res.metrics["bound"] in ("compute", "DRAM")
+    again, _ = runner.run(RunTask(wl=wl, path=b.path, entry=b.entry))
+    assert again.status == "ok" and len(runner._inputs) == 1  # inputs made once per workload
+    broken, fatal = runner.run(RunTask(wl=wl, path=str(tmp_path / "missing.so"), entry="main"))
+    assert broken.status == "crash" and not fatal  # not a CUDA error: the runner stays
