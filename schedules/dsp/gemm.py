@@ -39,6 +39,7 @@ from .stream import cdiv, vpu_op
 KC = (32, 64, 96, 128, 192, 256)
 MB = (32, 64, 96, 128, 192, 256, 384, 512)
 NB = (64, 96, 128, 192, 256, 384, 512, 768, 1024)
+MAX_PASSES = 16_384  # VPU passes per core a program may hold (keeps building a timing program cheap)
 
 
 @dataclass(frozen=True)
@@ -99,6 +100,12 @@ def check_gemm(m: DspMachine, g: GemmGeo, cfg: Mapping[str, Any]) -> str | None:
         return "algo=gemm deals C blocks to the cores and stores C from AM: use split=items, out_path=ddr"
     if g.w_path not in ("gsm", "ddr"):
         return "algo=gemm brings B blocks through GSM or from DDR: use w_path=gsm or ddr"
+    if g.ms % g.pw and g.ms < g.mb:
+        return f"rows={g.ms} is not a whole number of {g.pw}-row register blocks (pw)"
+    passes = cdiv(len(g.blocks()), m.cores) * cdiv(g.K, g.kc) * cdiv(g.mb, g.ms)
+    if passes > MAX_PASSES:
+        return (f"{passes} VPU passes per core (rounds x K blocks x A stages) > {MAX_PASSES}: "
+                "use larger rows, kc or C blocks")
     fp = g.footprint(m.cores)
     for lv in ("AM", "SM", "GSM"):
         if fp[lv] > m.cap(lv):

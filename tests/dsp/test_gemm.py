@@ -46,7 +46,7 @@ CASES = [
     ("matmul", "m=70,k=150,n=200", dict(G, pw=6, kv=3, rows=12, kc=64, mb=64, nb=128)),  # every edge
     ("matmul", "m=70,k=150,n=200", dict(G, pw=4, kv=2, rows=8, kc=32, mb=32, nb=96, dbuf=0, w_path="ddr")),
     ("matmul", "m=70,k=150,n=200", dict(G, pw=3, kv=4, rows=6, kc=96, mb=32, nb=128, dbuf=0)),  # GSM, one buffer
-    ("matmul_bias_relu", "m=45,k=77,n=100", dict(G, pw=3, kv=2, rows=8, kc=32, mb=32, nb=64)),
+    ("matmul_bias_relu", "m=45,k=77,n=100", dict(G, pw=3, kv=2, rows=12, kc=32, mb=32, nb=64)),
     ("matmul_bias", "m=45,k=77,n=100,trans_a=1,trans_b=1", dict(G, pw=6, kv=1, rows=6, kc=64, mb=32, nb=64,
                                                                 w_path="ddr")),
     ("matmul", "m=300,k=260,n=270", None),  # the template default (algo=gemm from 256 up)
@@ -166,3 +166,8 @@ def test_gemm_configs_that_cannot_run_say_why() -> None:
         BE.build(wl, dict(G, split="k"))
     with pytest.raises(OpcError, match="lowering=direct"):
         BE.build(wl, dict(G, lowering="tir"))
+    with pytest.raises(OpcError, match="register blocks"):
+        BE.build(wl, dict(G, pw=4, rows=6))
+    with pytest.raises(OpcError, match="VPU passes per core"):  # 4096^3 in stages of 6 rows x 32 steps
+        BE.build(workload("matmul", "m=4096,k=4096,n=4096", dtype="float32"),
+                 dict(G, pw=6, kv=3, rows=6, kc=32, mb=32, nb=64))
