@@ -128,7 +128,8 @@ def gemm_features(m: DspMachine, g: GemmGeo) -> dict[str, float]:
             "am_occupancy": fp["AM"] / m.cap("AM"), "sm_occupancy": fp["SM"] / m.cap("SM"),
             "gsm_occupancy": fp["GSM"] / m.cap("GSM"), "reg_occupancy": fp["REG"] / m.registers,
             "fma_chains": float(chains), "fmac_latency_cover": min(1.0, chains / (m.fmac_units * m.fmac_latency)),
-            "stages": float(len(blocks) * nk * cdiv(g.mb, g.ms)), "work_per_core": len(blocks) / min(m.cores, len(blocks)),
+            "stages": float(len(blocks) * nk * cdiv(g.mb, g.ms)),
+            "work_per_core": len(blocks) / min(m.cores, len(blocks)),
             "barriers": float(rounds * nk if g.w_path == "gsm" else 0), "kc": float(g.kc)}
 
 
@@ -206,8 +207,7 @@ class GemmLowering:
             if g.w_path == "gsm" else []
         # the K blocks of every round this core takes part in, in order
         steps: list[tuple[int, int]] = [(r, t) for r in range(len(self.rounds)) for t in range(self.nk)]
-        blocks: list[list] = []  # per K step: its ops
-        a_count = [0]  # A stages issued so far (their SM slot alternates)
+        blocks: list[tuple] = []  # the prologue, then per K step: its ops
 
         def mine(r: int):
             rnd = self.rounds[r]
@@ -264,8 +264,9 @@ class GemmLowering:
             if g.w_path == "gsm":
                 p = panel_of(r, blk[2])
                 return [self._op(("ba", slot, i % 2, p, kk, nv), lambda: dma_op(
-                    m, View(("GSM",), g_b[i % 2][p], (kk, nv), (g.nbp, 1)), View(("AM",), b_am[slot], (kk, nv), (g.nbp, 1)),
-                    (f"g{i % 2}",), (f"b{slot}",), self.fn, "B block GSM->AM"))]
+                    m, View(("GSM",), g_b[i % 2][p], (kk, nv), (g.nbp, 1)),
+                    View(("AM",), b_am[slot], (kk, nv), (g.nbp, 1)), (f"g{i % 2}",), (f"b{slot}",), self.fn,
+                    "B block GSM->AM"))]
             n0 = blk[2]
             return [self._op(("bd", slot, kk, nv), lambda: dma_op(
                 m, View(("DDR", self.names["weight"]), t * g.kc * g.N + n0, (kk, nv), (g.N, 1)),
