@@ -88,6 +88,8 @@ def cmd_run(args: argparse.Namespace) -> int:
               + f", off-chip {t['offchip_bytes']:,} B; compile {r.compile_seconds + plan_s:.1f} s")
         print(f"vs onnxruntime: {'OK' if r.correct else 'MISMATCH'} (max abs err "
               + ", ".join(f"{k} {v:.3g}" for k, v in r.max_abs_err.items()) + ")")
+        if r.correct and r.drift:
+            print(f"  {p.dtype}: {r.diagnosis()}")
     if not r.correct:
         raise OpcFailure(r.diagnosis() or f"{g.name} on {p.target.name} ({p.kind}) does not match onnxruntime")
     return 0

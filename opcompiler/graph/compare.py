@@ -131,6 +131,6 @@ def format_compare(c: Comparison) -> str:
             errs = ", ".join(f"{k} {v:.3g}" for k, v in r.max_abs_err.items())
             lines.append(f"{name} vs onnxruntime: {'OK' if r.correct else 'MISMATCH'} (max abs err {errs})"
                          + (f"; fp32 on the host: {', '.join(r.fp32_kernels)}" if r.fp32_kernels else ""))
-            if r.overflow and not r.correct:
+            if (r.overflow and not r.correct) or r.drift:
                 lines.append(f"  {r.diagnosis()}")
     return "\n".join(lines)

@@ -29,11 +29,10 @@ EXPECTED: dict[str, dict[str, pytest.MarkDecorator | None]] = {
     "resnet50": dict.fromkeys(TARGETS),
     "squeezenet1_1_opset8": dict.fromkeys(TARGETS),
     "efficientnet_b0": {"ascend-sim": None},
-    # fp16 storage between 39 kernels: 4.3 % of the output range off fp32 (tolerance 2 %), bit for bit
-    # what the cpu backend's fp16 kernels give; the CLI reports it as rounding drift (README).
-    "mobilenet_v2": {"ascend-sim": _xfail(
-        "opcompiler: failure: float16 rounding drift (no overflow): ... grows to 4.34% of the output's range "
-        "over 39 kernels, first above 2% after node '/features/features.11/conv/conv.0/conv.0.2/Clip' ...")},
+    # fp16 storage between 39 kernels puts the output 4.3 % of its range off fp32 (tolerance 2 %);
+    # torch's own float16 run of this model is 4.1 % off. Every kernel is within float16 rounding of
+    # fp32 on its own inputs, so the run is correct for float16 and reports the drift (README).
+    "mobilenet_v2": {"ascend-sim": None},
     "shufflenet_v2": dict.fromkeys(TARGETS),  # Slice, Transpose (channel shuffle), ReduceMean
     "densenet121": {"ascend-sim": None},  # Concat on channels, BN after Concat, AveragePool
 }
@@ -65,6 +64,9 @@ def test_compare_no_fallback(zoo, model, target, capsys):
     assert rc == 0, re.sub(r"MODEL='[^']*/", "MODEL='.../", line)
     d = json.loads(out)
     assert d["correct"] == {"fused": True, "unfused": True, "cost": True}
+    for plan in ("fused", "unfused", "cost"):
+        drift = d[plan]["drift"]  # a float16 run beyond the fp32 tolerance: every kernel was checked
+        assert drift is None or (drift["kernels_ok"] and drift["worst_kernel_rel"] <= 2.0 ** -8), drift
     for plan in ("fused", "unfused", "cost"):
         assert d[plan]["totals"]["host_nodes"] == 0  # no fallback: every node on the target
     # the cost-chosen plan never loses to fuse-nothing (cycles on the simulators; on the cpu each
