@@ -12,7 +12,8 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import CapacityError, OpcFailure
+from ...errors import OpcFailure
+from ...sim.buffers import Arena
 from .isa import (VEC_OPS, Barrier, Buf, ConvGeom, DataMove, Instr, Load3D, Mmad, Scalar, Vec, VOp,
                   region_bursts)
 from .machine import Machine
@@ -42,7 +43,7 @@ class KernelBuilder:
         self.instrs: list[Instr] = []
         self.bufs: list[Buf] = []
         self.gm_bufs: dict[str, Buf] = {}
-        self.top = {lvl: 0 for lvl in machine.levels}
+        self.arenas = {lvl: Arena.of(lv) for lvl, lv in machine.levels.items()}
         self.info: dict[str, Any] = {}
 
     # -- memory -----------------------------------------------------------------------------
@@ -54,17 +55,18 @@ class KernelBuilder:
         self.gm_bufs[name] = b
         return b
 
+    @property
+    def top(self) -> dict[str, int]:
+        """Bytes in use per on-chip level (the high-water mark: buffers are never freed)."""
+        return {lvl: a.top for lvl, a in self.arenas.items()}
+
     def alloc(self, level: str, name: str, shape: tuple[int, ...], dtype: str) -> Buf:
         """Allocate in an on-chip level at its alignment; overflow raises CapacityError."""
-        lv = self.m.level(level)
-        off = -(-self.top[level] // lv.alignment) * lv.alignment
+        self.m.level(level)
         shape = tuple(int(s) for s in shape)
+        nbytes = int(np.prod(shape)) * np.dtype(dtype).itemsize
+        off = self.arenas[level].alloc(name, nbytes, f"{name} is {shape} {dtype}")
         b = Buf(len(self.bufs), name, level, off, shape, dtype)
-        end = off + b.nbytes
-        if end > lv.capacity:
-            raise CapacityError(name, level, end, lv.capacity,
-                                f"{name} is {shape} {dtype} = {b.nbytes} B on top of {off} B already live")
-        self.top[level] = end
         self.bufs.append(b)
         return b
 
@@ -202,7 +204,7 @@ class KernelBuilder:
     def finish(self, **info: Any) -> Program:
         self.info.update(info)
         return Program(machine=self.m, core=self.core, active_cores=self.active_cores, instrs=self.instrs,
-                       bufs=self.bufs, gm=self.gm_bufs, high_water=dict(self.top), info=self.info)
+                       bufs=self.bufs, gm=self.gm_bufs, high_water=self.top, info=self.info)
 
 
 def split_even(total: int, parts: int, index: int) -> tuple[int, int]:

@@ -13,10 +13,12 @@ Layouts on chip (fp16; int8 uses K0 = C0 = 32):
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from math import ceil
 
 import numpy as np
 
 from ...errors import OpcFailure
+from ...sim.instr import Instruction
 
 
 @dataclass(frozen=True, eq=False)
@@ -83,13 +85,18 @@ def region_bursts(shape: tuple[int, ...], idx: tuple) -> tuple[int, int]:
 
 
 @dataclass(eq=False)
-class Instr:
-    """Base instruction: `pipe`, buffers read and written, and `cycles` filled in by the program."""
+class Instr(Instruction):
+    """Base instruction (the simulator core's protocol): `pipe`, buffers read and written,
+    `cost_cycles` on a machine (GM transfers at the contended rates the scheduler passes), `cycles`
+    (the last cost the scheduler computed) and `execute` on simulated memories."""
 
     pipe: str = field(init=False, default="S")
     reads: tuple[Buf, ...] = field(init=False, default=())
     writes: tuple[Buf, ...] = field(init=False, default=())
     cycles: int = field(init=False, default=0)
+
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        return 0
 
     def execute(self, mem: Memory) -> None:  # pragma: no cover - overridden
         pass
@@ -112,6 +119,17 @@ class DataMove(Instr):
     # "nd2fz": an ND (K, N) region becomes FRACTAL_Z (K/K0, N/16, 16, K0) for L0B;
     # "nz2nd": an L0C (N1, M, 16) region becomes row-major (M, N1*16)
     transform: str = ""
+
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        """Latency + bytes at the path's rate (GM transfers at most the contended GM rate) +
+        a burst cost per extra contiguous run."""
+        p = m.path(*self.path)
+        bpc = p.bytes_per_cycle
+        if self.path[0] == "GM":
+            bpc = min(bpc, read_bpc)
+        elif self.path[1] == "GM":
+            bpc = min(bpc, write_bpc)
+        return ceil(p.latency_cycles + self.nbytes / bpc + p.burst_cycles * max(self.bursts - 1, 0))
 
     def execute(self, mem: Memory) -> None:
         d = mem.view(self.dst)
@@ -165,6 +183,10 @@ class Load3D(Instr):
     kt1: int
     nbytes: int = 0
 
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        p = m.path("L1", self.dst.level)
+        return ceil(p.latency_cycles + self.nbytes / p.bytes_per_cycle)
+
     def execute(self, mem: Memory) -> None:
         g = self.geom
         fm = mem.view(self.src)
@@ -201,6 +223,9 @@ class Mmad(Instr):
     c_n1_off: int
     init: bool
     acc_dtype: str = "float32"
+
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        return ceil(m.cube_startup + self.m1 * self.k1 * self.n1)
 
     def execute(self, mem: Memory) -> None:
         a = mem.view(self.a)[:self.m1, :self.k1]  # (m1, k1, 16, k0)
@@ -254,6 +279,9 @@ class Vec(Instr):
     lanes: int
     scalar: float = 0.0
 
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        return ceil(m.vec_startup + self.repeat * (m.vec_cycles_per_repeat + m.vec_slow_ops.get(self.op, 0)))
+
     def _idx(self, o: VOp, itemsize: int, lanes: int) -> np.ndarray:
         epb = 32 // itemsize
         e = np.arange(self.mask)
@@ -292,6 +320,9 @@ class Scalar(Instr):
 
     n: int = 0
     what: str = "loop"
+
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        return self.n
 
 
 @dataclass(eq=False)

@@ -12,6 +12,8 @@ from types import MappingProxyType
 from typing import Mapping
 
 from ...errors import OpcError
+from ...sim.buffers import Level
+from ...sim.clock import Clocked
 from ...target import Target
 
 PIPES = ("S", "V", "M", "MTE1", "MTE2", "MTE3")
@@ -31,19 +33,11 @@ class Path:
 
 
 @dataclass(frozen=True, kw_only=True)
-class Level:
-    name: str
-    capacity: int
-    alignment: int
-
-
-@dataclass(frozen=True, kw_only=True)
-class Machine:
-    """Everything the simulator needs to know about one Ascend target."""
+class Machine(Clocked):
+    """Everything the simulator needs to know about one Ascend target (`cores`, `clock_hz` and
+    the clock helpers come from the simulator core's `Clocked`; `clock_ghz` is derived)."""
 
     target_name: str
-    cores: int
-    clock_ghz: float
     levels: Mapping[str, Level]
     paths: Mapping[tuple[str, str], Path]
     cube: Mapping[str, tuple[int, int, int]]  # dtype -> (m0, k0, n0)
@@ -93,9 +87,6 @@ class Machine:
         """Elements of one vector repeat (256 B) at this element size."""
         return self.vec_repeat_bytes // itemsize
 
-    def cycles_to_seconds(self, cycles: float) -> float:
-        return cycles / (self.clock_ghz * 1e9)
-
 
 def _int(v) -> int:
     return int(v)
@@ -135,7 +126,7 @@ def _build_machine(target: Target) -> Machine:
     cube = {dt: tuple(int(x) for x in v) for dt, v in cube_u.items() if isinstance(v, tuple)}
     acc = {k[4:]: v for k, v in cube_u.items() if k.startswith("acc_")}
     return Machine(
-        target_name=target.name, cores=target.cores, clock_ghz=target.clock_ghz,
+        target_name=target.name, cores=target.cores, clock_hz=target.clock_ghz * 1e9,
         levels=MappingProxyType(levels), paths=MappingProxyType(paths),
         cube=MappingProxyType(cube), cube_acc=MappingProxyType(acc), cube_startup=_int(cube_u["startup_cycles"]),
         vec_repeat_bytes=_int(vec_u["repeat_bytes"]), vec_block_bytes=_int(vec_u["block_bytes"]),

@@ -18,34 +18,22 @@ those tensors; the rest come from HBM) and writes go to HBM. The share divides H
 streams reaching it and L2 among the readers; how many cores transfer at once is the active
 core count times the busy fraction of the simulated core's MTE2 / MTE3 pipe, found by a
 damped fixed-point iteration over a few replays (`CONTENTION_ROUNDS`).
+
+The pipes, the issue clock, the flag costs and barriers are the simulator core's scoreboard
+(`opcompiler.sim.scoreboard`); what stays here is the DaVinci ISA's: which instructions the
+scalar unit runs itself, the GM rates under contention, and the counters the report reads.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-
-import numpy as np
-
+from ...sim.profile import Profile, Timing
+from ...sim.scoreboard import Scoreboard, barrier
 from .builder import Program
 from .isa import Barrier, DataMove, Load3D, Mmad, Scalar, Vec
 from .machine import PIPES
 
 GB = 1e9
 
-
-@dataclass(frozen=True, kw_only=True)
-class Timing:
-    """The outcome of a schedule replay: cycles, per-pipe busy cycles, bytes moved per path."""
-
-    cycles: int
-    busy: dict[str, int]
-    bytes_by_path: dict[str, int]
-    gm_read_bytes: int
-    gm_write_bytes: int
-    hbm_read_fraction: float
-    syncs: int
-    instructions: int
-    cube_fractals: int
-    vec_elements: int
+__all__ = ["Timing", "Profile", "schedule", "cost", "profile", "report", "CONTENTION_ROUNDS"]
 
 
 def _hbm_fraction(prog: Program) -> tuple[float, int, int]:
@@ -76,108 +64,41 @@ def _gm_rates(prog: Program, hbm_frac: float, readers: float, writers: float) ->
     return read, hbm_share
 
 
-def cost(prog: Program, read_bpc: float, write_bpc: float) -> np.ndarray:
-    """Cycles of every instruction (same in both modes: it depends on shapes, never on values)."""
+def cost(prog: Program, read_bpc: float, write_bpc: float) -> list[int]:
+    """Cycles of every instruction (same in both modes: it depends on shapes, never on values);
+    each instruction's `cost_cycles` is the ISA's cost model."""
     m = prog.machine
-    out = np.zeros(len(prog.instrs), np.int64)
-    for j, ins in enumerate(prog.instrs):
-        if isinstance(ins, DataMove):
-            p = m.path(*ins.path)
-            bpc = p.bytes_per_cycle
-            if ins.path[0] == "GM":
-                bpc = min(bpc, read_bpc)
-            elif ins.path[1] == "GM":
-                bpc = min(bpc, write_bpc)
-            c = p.latency_cycles + ins.nbytes / bpc + p.burst_cycles * max(ins.bursts - 1, 0)
-        elif isinstance(ins, Load3D):
-            p = m.path("L1", ins.dst.level)
-            c = p.latency_cycles + ins.nbytes / p.bytes_per_cycle
-        elif isinstance(ins, Mmad):
-            c = m.cube_startup + ins.m1 * ins.k1 * ins.n1
-        elif isinstance(ins, Vec):
-            slow = m.vec_slow_ops.get(ins.op, 0)
-            c = m.vec_startup + ins.repeat * (m.vec_cycles_per_repeat + slow)
-        elif isinstance(ins, Scalar):
-            c = ins.n
-        else:
-            c = 0
-        out[j] = int(np.ceil(c))
-        ins.cycles = int(out[j])
+    out = [ins.cost_cycles(m, read_bpc, write_bpc) for ins in prog.instrs]
+    for ins, c in zip(prog.instrs, out):
+        ins.cycles = c
     return out
 
 
 CONTENTION_ROUNDS = 4
+ISSUE, WORK, BARRIER = 0, 1, 2  # how the issue model treats an instruction
 
 
-def schedule(prog: Program) -> Timing:
-    """Replay `prog` on the pipes (no arithmetic). Bandwidth contention is found by a short
-    fixed-point iteration: the cores transferring at once = active cores x the fraction of
-    time the simulated core's MTE2 (reads) / MTE3 (writes) pipe is busy."""
-    hbm_frac, _, _ = _hbm_fraction(prog)
-    n = float(max(prog.active_cores, 1))
-    readers = writers = n
-    t = None
-    for _ in range(CONTENTION_ROUNDS):
-        read_bpc, write_bpc = _gm_rates(prog, hbm_frac, readers, writers)
-        t = _replay(prog, cost(prog, read_bpc, write_bpc), hbm_frac)
-        duty_r = t.busy["MTE2"] / t.cycles if t.cycles else 1.0
-        duty_w = t.busy["MTE3"] / t.cycles if t.cycles else 1.0
-        # damped update keeps the iteration from oscillating
-        readers = max(1.0, 0.5 * readers + 0.5 * n * duty_r)
-        writers = max(1.0, 0.5 * writers + 0.5 * n * duty_w)
-    return t
-
-
-def _replay(prog: Program, cycles: np.ndarray, hbm_frac: float) -> Timing:
-    m = prog.machine
-    issue_c, sync_c = m.issue_cycles, m.sync_cycles
-    pipe_free = dict.fromkeys(PIPES, 0)
-    busy = dict.fromkeys(PIPES, 0)
-    ready: dict[int, int] = {}  # buffer id -> end of its last write
-    writer_pipe: dict[int, str] = {}
-    read_done: dict[int, int] = {}  # buffer id -> end of the last read since that write
-    by_path: dict[str, int] = {}
-    s_time = m.launch_cycles
-    syncs = fractals = vec_el = 0
-    gm_r = gm_w = 0
-    end_all = s_time
-    for ins, c in zip(prog.instrs, cycles.tolist()):
+def stream(prog: Program) -> list[tuple]:
+    """Core 0's instructions as the scoreboard sees them: (kind, pipe, read keys, write keys),
+    the keys being the on-chip buffers (GM is never a dependency: the cores' tiles are
+    disjoint and each GM tensor is read or written, not both, within a kernel)."""
+    out = []
+    for ins in prog.instrs:
         if isinstance(ins, Barrier):
-            s_time = max(s_time, max(pipe_free.values()))
-            for p in PIPES:
-                pipe_free[p] = s_time
-            continue
-        if isinstance(ins, Scalar):
-            s_time += c
-            busy["S"] += c
-            continue
-        s_time += issue_c
-        busy["S"] += issue_c
-        pipe = ins.pipe
-        start = max(s_time, pipe_free[pipe])
-        for b in ins.reads:
-            t = ready.get(b.id)
-            if t is not None:
-                if writer_pipe[b.id] != pipe:
-                    t += sync_c
-                    syncs += 1
-                start = max(start, t)
-        for b in ins.writes:
-            t = max(ready.get(b.id, 0), read_done.get(b.id, 0))
-            if t > start:
-                start, syncs = t + sync_c, syncs + 1
-        end = start + c
-        pipe_free[pipe] = end
-        busy[pipe] += c
-        end_all = max(end_all, end)
-        for b in ins.reads:
-            if b.level != "GM":
-                read_done[b.id] = max(read_done.get(b.id, 0), end)
-        for b in ins.writes:
-            if b.level != "GM":
-                ready[b.id] = end
-                writer_pipe[b.id] = pipe
-                read_done[b.id] = end
+            out.append((BARRIER, "", (), ()))
+        elif isinstance(ins, Scalar):
+            out.append((ISSUE, "S", (), ()))
+        else:
+            out.append((WORK, ins.pipe, tuple(b.id for b in ins.reads if b.level != "GM"),
+                        tuple(b.id for b in ins.writes if b.level != "GM")))
+    return out
+
+
+def counters(prog: Program) -> dict:
+    """What core 0 issued: bytes per path, GM bytes, cube fractals, vector elements."""
+    by_path: dict[str, int] = {}
+    gm_r = gm_w = fractals = vec_el = 0
+    for ins in prog.instrs:
         if isinstance(ins, DataMove):
             key = f"{ins.path[0]}->{ins.path[1]}"
             by_path[key] = by_path.get(key, 0) + ins.nbytes
@@ -192,7 +113,96 @@ def _replay(prog: Program, cycles: np.ndarray, hbm_frac: float) -> Timing:
             fractals += ins.m1 * ins.k1 * ins.n1
         elif isinstance(ins, Vec):
             vec_el += ins.repeat * ins.mask
-    total = max(end_all, s_time)
-    return Timing(cycles=int(total), busy=busy, bytes_by_path=by_path, gm_read_bytes=gm_r, gm_write_bytes=gm_w,
-                  hbm_read_fraction=hbm_frac, syncs=syncs, instructions=len(prog.instrs), cube_fractals=fractals,
-                  vec_elements=vec_el)
+    return {"bytes_by_path": by_path, "gm_read_bytes": gm_r, "gm_write_bytes": gm_w, "cube_fractals": fractals,
+            "vec_elements": vec_el}
+
+
+def schedule(prog: Program) -> Timing:
+    """Replay `prog` on the pipes (no arithmetic). Bandwidth contention is found by a short
+    fixed-point iteration: the cores transferring at once = active cores x the fraction of
+    time the simulated core's MTE2 (reads) / MTE3 (writes) pipe is busy."""
+    hbm_frac, _, _ = _hbm_fraction(prog)
+    n = float(max(prog.active_cores, 1))
+    readers = writers = n
+    seq = stream(prog)
+    cycles = busy = syncs = None
+    for _ in range(CONTENTION_ROUNDS):
+        read_bpc, write_bpc = _gm_rates(prog, hbm_frac, readers, writers)
+        cycles, busy, syncs = _replay(prog, seq, cost(prog, read_bpc, write_bpc))
+        duty_r = busy["MTE2"] / cycles if cycles else 1.0
+        duty_w = busy["MTE3"] / cycles if cycles else 1.0
+        # damped update keeps the iteration from oscillating
+        readers = max(1.0, 0.5 * readers + 0.5 * n * duty_r)
+        writers = max(1.0, 0.5 * writers + 0.5 * n * duty_w)
+    c = counters(prog)
+    return Timing(cycles=int(cycles), busy=busy, bytes_by_level=c["bytes_by_path"], syncs=syncs,
+                  instructions=len(prog.instrs), detail={**c, "hbm_read_fraction": hbm_frac})
+
+
+def _replay(prog: Program, seq: list[tuple], cycles: list[int]) -> tuple[int, dict[str, int], int]:
+    """One replay on the simulator core's scoreboard: (cycles, busy per pipe, flag syncs)."""
+    m = prog.machine
+    busy = dict.fromkeys(PIPES, 0)
+    sb = Scoreboard(PIPES, busy=busy, issue_cycles=m.issue_cycles, issue_unit="S", start=m.launch_cycles,
+                    sync_cycles=m.sync_cycles)
+    place = sb.place
+    for (kind, pipe, reads, writes), c in zip(seq, cycles):
+        if kind == WORK:
+            place(pipe, reads, writes, c)
+        elif kind == ISSUE:
+            sb.stall(c)
+        else:
+            barrier([sb])
+    return sb.now(), busy, sb.syncs
+
+
+# -- the report ------------------------------------------------------------------------------
+
+PIPE_RATIO = {"M": "mac_ratio", "V": "vec_ratio", "S": "scalar_ratio", "MTE1": "mte1_ratio",
+              "MTE2": "mte2_ratio", "MTE3": "mte3_ratio"}
+PIPE_RESOURCE = {"M": "cube (M pipe)", "V": "vector unit (V pipe)", "S": "scalar unit (S pipe)",
+                 "MTE1": "L1 -> L0 loads (MTE1)", "MTE2": "GM reads (MTE2)", "MTE3": "GM writes (MTE3)"}
+
+
+def profile(m, plan, t: Timing, dtype: str) -> Profile:
+    """The typed report of one kernel: core 0's replay scaled to the active cores (core 0 holds
+    the largest share), the peak of the unit the plan names (cube or vector), the HBM traffic
+    after L2 hits as the roofline's off-chip bytes."""
+    import numpy as np
+
+    if plan.unit == "cube":
+        peak_per_cycle = m.peak_flops_per_cycle.get(dtype, 0.0)
+    else:
+        peak_per_cycle = float(m.lanes(np.dtype(dtype).itemsize))
+    n = plan.active_cores
+    hbm_bytes = (t.gm_read_bytes * t.hbm_read_fraction + t.gm_write_bytes) * n
+    ratios = {PIPE_RATIO[p]: round(t.busy[p] / t.cycles, 4) if t.cycles else 0.0 for p in PIPE_RATIO}
+    busiest = max(PIPE_RATIO, key=lambda p: t.busy[p])
+    bound = PIPE_RESOURCE[busiest] if t.busy[busiest] >= 0.5 * t.cycles else "latency (pipes wait on each other)"
+    by_level = {"GM_read": t.gm_read_bytes * n, "GM_write": t.gm_write_bytes * n,
+                m.offchip_name: int(hbm_bytes), "L2_hit": int(t.gm_read_bytes * (1 - t.hbm_read_fraction) * n)}
+    for key, v in t.bytes_by_path.items():
+        if key.split("->")[1] != "GM":
+            by_level[key] = v * n
+    return Profile(cycles=t.cycles, clock_hz=m.clock_hz, flops=plan.flops,
+                   peak_flops=peak_per_cycle * m.clock_ghz * 1e9 * m.cores, busy=dict(t.busy), busy_ratio=ratios,
+                   bytes_by_level=by_level, offchip_bytes=hbm_bytes, offchip_gbps=m.offchip_gbps, bound=bound)
+
+
+def report(m, plan, t: Timing, dtype: str, functional: bool) -> dict:
+    """The metrics a run reports (what `AscendSimBackend` returns), from the typed profile."""
+    p = profile(m, plan, t, dtype)
+    n = plan.active_cores
+    ratios = dict(p.busy_ratio)
+    base = p.metrics()
+    return {
+        **{k: base[k] for k in ("cycles", "time_us", "tflops", "percent_of_peak", "bound")},
+        "pipe_ratios": ratios, "bytes_by_level": base["bytes_by_level"],
+        "gm_bytes": (t.gm_read_bytes + t.gm_write_bytes) * n,
+        "memory_bound_ratio": round(ratios["mte2_ratio"] / max(ratios["mac_ratio"], ratios["vec_ratio"], 1e-9), 4),
+        "roofline": base["roofline"],
+        "active_cores": n, "sync_events_core0": t.syncs, "instructions_core0": t.instructions,
+        "l2_hit_ratio": round(1 - t.hbm_read_fraction, 4),
+        "mode": "functional" if functional else "timing",
+        "bytes_note": "bytes are core 0's traffic x active cores (core 0 holds the largest share)",
+    }

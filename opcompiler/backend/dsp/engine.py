@@ -19,6 +19,8 @@ from typing import Sequence
 import numpy as np
 
 from ...errors import OpcFailure
+from ...sim.profile import Profile, Timing
+from ...sim.scoreboard import Channels, Scoreboard, barrier, run_repeated
 from .machine import DspMachine
 from .program import F32, Op, Program, Repeat, View, expand
 
@@ -54,15 +56,6 @@ class Counters:
                 "vldst": self.vldst, "slds": self.slds, "valu": self.valu, "mk_calls": self.mk_calls}
 
 
-@dataclass
-class Timing:
-    cycles: int  # whole call: host part + DSP part
-    dsp_cycles: int
-    host_cycles: int
-    busy: dict[str, float]  # summed busy cycles per resource (vpu, fmac, dma per core; ddr, gsm channels)
-    counters: Counters
-
-
 def _dma_cycles(m: DspMachine, op: Op) -> tuple[int, int, int]:
     """(engine cycles, DDR channel cycles, GSM channel cycles) of one transfer by one core."""
     src, dst = op.path.split("->")
@@ -74,69 +67,47 @@ def _dma_cycles(m: DspMachine, op: Op) -> tuple[int, int, int]:
 
 
 SKIP_REPEATS = True  # tests turn the steady-state skip of repeated stages off to check it is exact
+PIPES = ("dma", "vpu", "sync")  # the DMA engine and the VPU run work; "sync" only holds barriers
+CHANNELS = ("ddr", "gsm")  # shared by the cluster's cores
 
 
 class _Sched:
-    """Scoreboard state of the cores (or core groups) and the shared channels; integer cycles."""
+    """The cores (or core groups) on the simulator core's scoreboards, the cluster's shared
+    DDR and GSM channels, and what the DSP ISA adds: a transfer's engine and channel cycles
+    (`_dma_cycles`), FMAC busy time, the issued-work counters."""
 
     def __init__(self, m: DspMachine, n: int, mult: list[int]):
         self.m, self.mult = m, mult
-        self.pipe = [{"dma": 0, "vpu": 0, "sync": 0} for _ in range(n)]
-        self.ready: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last write completes
-        self.read_end: list[dict] = [dict() for _ in range(n)]  # tag -> cycle its last read completes
-        self.chan = {"ddr": 0, "gsm": 0}
         self.busy: dict[str, float] = defaultdict(float)
+        self.chan = Channels(CHANNELS, self.busy)
+        self.boards = [Scoreboard(PIPES, work=PIPES[:2], busy=self.busy, mult=k) for k in mult[:n]]
         self.static: dict[int, tuple] = {}
         self.counts: dict[int, list] = {}
 
+    @property
+    def pipe(self) -> list[dict]:
+        return [sb.pipe for sb in self.boards]
+
     def candidate(self, c: int, op: Op) -> int:
-        t = self.pipe[c][op.pipe]
-        r, w = self.ready[c], self.read_end[c]
-        for tag in op.reads:
-            v = r.get(tag, 0)
-            if v > t:
-                t = v
-        for tag in op.writes:
-            v = max(r.get(tag, 0), w.get(tag, 0))
-            if v > t:
-                t = v
-        return t
+        return self.boards[c].earliest(op.pipe, op.reads, op.writes)
 
     def run(self, c: int, op: Op) -> None:
         """Issue one non-barrier op of core (group) c at its earliest start."""
-        m, k = self.m, self.mult[c]
+        m, sb = self.m, self.boards[c]
+        k = sb.mult
         st = self.static.get(id(op))
         if st is None:
             if op.kind == "dma":
                 eng, ddr, gsm = _dma_cycles(m, op)
-                st = (True, eng, ddr, gsm, 0.0)
+                st = (eng, (("ddr", ddr), ("gsm", gsm)), 0.0)
             else:
-                st = (False, op.cycles, 0, 0, op.cost.fmas / m.fmac_units if op.cost is not None else 0.0)
+                st = (op.cycles, (), op.cost.fmas / m.fmac_units if op.cost is not None else 0.0)
             self.static[id(op)] = st
-        start = self.candidate(c, op)
-        is_dma, cyc, ddr, gsm, fm = st
-        end = start + cyc
-        busy = self.busy
-        if is_dma:
-            # the shared channels carry this transfer for all k identical cores
-            for ch, ccyc in (("ddr", ddr), ("gsm", gsm)):
-                if ccyc:
-                    s0 = max(self.chan[ch], start + m.dma_startup)
-                    self.chan[ch] = s0 + ccyc * k
-                    busy[ch] += ccyc * k
-                    end = max(end, self.chan[ch])
-            busy["dma"] += (end - start) * k
-        else:
-            busy["vpu"] += cyc * k
-            busy["fmac"] += fm * k
-        self.pipe[c][op.pipe] = end
-        rd = self.ready[c]
-        for tag in op.writes:
-            rd[tag] = end
-        rc = self.read_end[c]
-        for tag in op.reads:
-            if rc.get(tag, 0) < end:
-                rc[tag] = end
+        cyc, holds, fm = st
+        # a transfer holds the shared channels for all k identical cores
+        sb.place(op.pipe, op.reads, op.writes, cyc, self.chan, holds, m.dma_startup)
+        if not holds:
+            self.busy["fmac"] += fm * k
         cnt = self.counts.get(id(op))
         if cnt is None:
             self.counts[id(op)] = [op, k]
@@ -144,77 +115,22 @@ class _Sched:
             cnt[1] += k
 
     def barrier(self, cores: list[int]) -> None:
-        t = max(max(self.pipe[c].values()) for c in cores)
-        for c in cores:
-            p = self.pipe[c]
-            p["dma"] = p["vpu"] = p["sync"] = t
-
-    # -- steady state of a repeated block (single core group) ------------------------------
-
-    def _vector(self) -> list:
-        p, ch = self.pipe[0], self.chan
-        return ([p["dma"], p["vpu"], p["sync"], ch["ddr"], ch["gsm"]] + [("r", t, v) for t, v in self.ready[0].items()]
-                + [("w", t, v) for t, v in self.read_end[0].items()])
+        barrier([self.boards[c] for c in cores])
 
     def repeat(self, body: tuple, count: int) -> None:
-        """Run `body` `count` times; once three repetitions advanced every live timestamp by the
-        same amount, the state is periodic and the remaining repetitions are added exactly."""
-        deltas: list = []
-        done = 0
-        while done < count:
-            before = (self._vector(), dict(self.busy))
+        """Run `body` `count` times on core group 0 (the steady-state skip is exact)."""
+        def issue(op: Op) -> None:
+            if op.kind == "barrier":
+                self.barrier([0])
+            else:
+                self.run(0, op)
+
+        def skipped(r: int) -> None:
             for op in body:
-                if op.kind == "barrier":
-                    self.barrier([0])
-                else:
-                    self.run(0, op)
-            done += 1
-            if not SKIP_REPEATS or count - done < 2:
-                continue
-            d = _shift(before[0], self._vector())
-            deltas.append(d)
-            if d is not None and len(deltas) >= 3 and deltas[-2] == d and deltas[-3] == d:
-                r = count - done
-                self._advance(r * d)
-                for key, v in self.busy.items():
-                    self.busy[key] = v + r * (v - before[1].get(key, 0.0))
-                for op in body:
-                    if op.kind != "barrier":
-                        self.counts[id(op)][1] += r * self.mult[0]
-                done = count
+                if op.kind != "barrier":
+                    self.counts[id(op)][1] += r * self.mult[0]
 
-    def _advance(self, dt: int) -> None:
-        p = self.pipe[0]
-        now = min(p["dma"], p["vpu"])
-        for key in p:
-            if p[key] >= now:
-                p[key] += dt
-        for ch in self.chan:
-            if self.chan[ch] >= now:
-                self.chan[ch] += dt
-        for d in (self.ready[0], self.read_end[0]):
-            for t, v in d.items():
-                if v >= now:
-                    d[t] = v + dt
-
-
-def _shift(a: list, b: list) -> int | None:
-    """The common advance of all timestamps from state a to state b, if the move is a pure time
-    shift (timestamps that did not move lie in the past and cannot bind again)."""
-    if len(a) != len(b):
-        return None
-    va = [x if not isinstance(x, tuple) else x[2] for x in a]
-    vb = [x if not isinstance(x, tuple) else x[2] for x in b]
-    if any(isinstance(x, tuple) and (x[:2] != y[:2]) for x, y in zip(a, b)):
-        return None
-    moved = {y - x for x, y in zip(va, vb) if y != x}
-    if len(moved) != 1:
-        return None
-    d = moved.pop()
-    floor = min(vb[0], vb[1])  # nothing starts before the pipes are free
-    if any(y == x and y > floor - d for x, y in zip(va, vb)):
-        return None  # a timestamp that did not move could still bind
-    return d
+        run_repeated(self.boards[0], self.chan, body, count, issue, skipped, skip=SKIP_REPEATS)
 
 
 def timing(m: DspMachine, prog: Program) -> Timing:
@@ -239,8 +155,9 @@ def timing(m: DspMachine, prog: Program) -> Timing:
     busy = sched.busy
     busy["host"] = host
     _host_bytes(prog, counters)
-    return Timing(cycles=int(dsp + host), dsp_cycles=int(dsp), host_cycles=int(host), busy=dict(busy),
-                  counters=counters)
+    # busy: summed busy cycles per resource (vpu, fmac, dma per core; ddr, gsm channels; host)
+    return Timing(cycles=int(dsp + host), host_cycles=int(host), busy=dict(busy),
+                  bytes_by_level=counters.bytes_by_level, counters=counters, detail={"dsp_cycles": int(dsp)})
 
 
 def _op_sig(o: Op) -> tuple:
@@ -263,14 +180,16 @@ def _timing_groups(sched: _Sched, cores: list[list]) -> None:
         _timing_heap(sched, [expand(ops[:b + 1]) for ops, b in zip(cores, cut)])
         n = len(cores)
         merged = _Sched(sched.m, 1, [sum(sched.mult)])
-        merged.pipe[0] = {k: max(sched.pipe[c][k] for c in range(n)) for k in sched.pipe[0]}
+        one, boards = merged.boards[0], sched.boards
+        one.pipe = {k: max(boards[c].pipe[k] for c in range(n)) for k in one.pipe}
         for attr in ("ready", "read_end"):
             d: dict = {}
             for c in range(n):
-                for t, v in getattr(sched, attr)[c].items():
+                for t, v in getattr(boards[c], attr).items():
                     d[t] = max(d.get(t, 0), v)
-            getattr(merged, attr)[0] = d
-        merged.chan, merged.busy, merged.static, merged.counts = sched.chan, sched.busy, sched.static, sched.counts
+            setattr(one, attr, d)
+        one.busy = merged.busy = sched.busy
+        merged.chan, merged.static, merged.counts = sched.chan, sched.static, sched.counts
         for op in cores[0][cut[0] + 1:]:
             if isinstance(op, Repeat):
                 merged.repeat(op.body, op.count)
@@ -278,7 +197,8 @@ def _timing_groups(sched: _Sched, cores: list[list]) -> None:
                 merged.barrier([0])
             else:
                 merged.run(0, op)
-        sched.pipe = [dict(merged.pipe[0]) for _ in range(n)]
+        for sb in boards:
+            sb.pipe = dict(one.pipe)
         return
     _timing_heap(sched, [expand(ops) for ops in cores])
 
@@ -368,3 +288,52 @@ def _host_bytes(prog: Program, counters: Counters) -> None:
     for _, _, nbytes in prog.host_pre + prog.host_post:
         if nbytes:
             counters.bytes_by_level["host_copy"] += nbytes
+
+
+# ------------------------------------------------------------------ the report
+
+
+def profile(m: DspMachine, prog: Program, t: Timing) -> Profile:
+    """The typed report: the cluster's fp32 peak, busy shares (per-core resources over all
+    cores, the shared channels and the host over the whole call), DDR traffic as the
+    roofline's off-chip bytes, and the bounding resource."""
+    cyc = max(t.cycles, 1)
+    share = {
+        "host (launch + copies)": t.host_cycles / cyc,
+        "FMAC": t.busy.get("fmac", 0.0) / (m.cores * cyc),
+        "VPU issue": t.busy.get("vpu", 0.0) / (m.cores * cyc),
+        "DDR bandwidth": t.busy.get("ddr", 0.0) / cyc,
+        "GSM bandwidth": t.busy.get("gsm", 0.0) / cyc,
+        "DMA engines": t.busy.get("dma", 0.0) / (m.cores * cyc),
+    }
+    bound = max(share, key=share.get)
+    if bound == "VPU issue" and share["FMAC"] >= 0.9 * share["VPU issue"]:
+        bound = "FMAC"  # the VPU is busy and almost every cycle issues its 3 FMAs
+    elif bound == "VPU issue":
+        bound = "VPU issue (FMAC latency / loads)"
+    return Profile(cycles=t.cycles, clock_hz=m.clock_hz, flops=prog.flops, peak_flops=m.peak_flops * m.cores,
+                   busy=dict(t.busy), busy_ratio=share, bytes_by_level=dict(t.counters.bytes_by_level),
+                   offchip_bytes=t.counters.bytes_by_level.get("DDR", 0),
+                   offchip_gbps=m.ddr_bytes_per_cycle * m.clock_hz / 1e9, bound=bound)
+
+
+def report(m: DspMachine, prog: Program, t: Timing) -> dict:
+    """The metrics a run reports (what `DspSimBackend` returns, plus the profile's common keys:
+    time, TFLOPS and the roofline), from the typed profile."""
+    p = profile(m, prog, t)
+    seconds = t.cycles / m.clock_hz
+    gflops = prog.flops / seconds / 1e9 if seconds else 0.0
+    share = p.busy_ratio
+    return {
+        **p.metrics(),
+        "percent_of_peak": 100.0 * gflops * 1e9 / p.peak_flops if p.peak_flops else 0.0,
+        "gflops": gflops,
+        "bound": p.bound,
+        "busy_ratios": {k: round(v, 4) for k, v in share.items()},
+        "pipe_ratios": {k: round(v, 4) for k, v in share.items()},  # printed by `opcompiler run`
+        "fmac_utilization": share["FMAC"],
+        "bytes_by_level": dict(t.counters.bytes_by_level),
+        "counters": t.counters.as_dict(),
+        "dsp_cycles": t.dsp_cycles, "host_cycles": t.host_cycles,
+        "data_mode": m.data_mode, "cores_used": prog.cores_used,
+    }

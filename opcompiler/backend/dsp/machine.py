@@ -8,18 +8,18 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import OpcError
+from ...sim.clock import Clocked
 from ...target import Target
 
 LEVELS = ("DDR", "GSM", "AM", "SM")
 
 
 @dataclass(frozen=True, kw_only=True)
-class DspMachine:
-    """Figures of one cluster (per core unless noted), in cycles and bytes."""
+class DspMachine(Clocked):
+    """Figures of one cluster (per core unless noted), in cycles and bytes (`cores`, `clock_hz`
+    and the clock helpers come from the simulator core's `Clocked`)."""
 
     name: str
-    cores: int
-    clock_hz: float
     peak_flops_per_cycle: float  # fp32, per core
     capacity: tuple[tuple[str, int], ...]  # bytes per level (GSM shared by the cluster; AM, SM per core)
     lanes: int  # fp32 elements per vector instruction (VPEs x lanes per VPE)

@@ -15,7 +15,9 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import CapacityError, OpcError
+from ...errors import OpcError
+from ...sim.buffers import Arena
+from ...sim.instr import Instruction
 from .core import MkCost
 from .machine import DspMachine
 
@@ -58,9 +60,10 @@ def runs(src: View, dst: View) -> int:
     return n
 
 
-class Op:
-    """One step of a core's program. `pipe` is "dma", "vpu" or "sync"; `reads`/`writes` are buffer
-    tags (for the scoreboard's dependencies); `fn` does the functional work (None in timing mode)."""
+class Op(Instruction):
+    """One step of a core's program (the simulator core's instruction protocol). `pipe` is "dma",
+    "vpu" or "sync"; `reads`/`writes` are buffer tags (for the scoreboard's dependencies); `fn`
+    does the functional work (None in timing mode) and `execute` runs it."""
 
     __slots__ = ("kind", "pipe", "cycles", "reads", "writes", "nbytes", "path", "nruns", "cost", "fn", "label")
 
@@ -69,6 +72,10 @@ class Op:
                  fn: Callable[[Any], None] | None = None, label: str = ""):
         self.kind, self.pipe, self.cycles, self.reads, self.writes = kind, pipe, cycles, reads, writes
         self.nbytes, self.path, self.nruns, self.cost, self.fn, self.label = nbytes, path, nruns, cost, fn, label
+
+    def execute(self, mem: Any) -> Any:
+        """Run the functional body (a VPU pass returns the micro-kernel calls it executed)."""
+        return self.fn(mem)
 
 
 @dataclass(frozen=True)
@@ -130,22 +137,17 @@ class Program:
     info: dict[str, Any] = field(default_factory=dict)
 
 
-class Allocator:
-    """Bump allocation of one level of one core (or of the shared GSM), capacity enforced."""
+class Allocator(Arena):
+    """Bump allocation of one level of one core (or of the shared GSM), capacity enforced (the
+    simulator core's `Arena`), in fp32 elements."""
+
+    __slots__ = ()
 
     def __init__(self, level: str, capacity_bytes: int, align_bytes: int = 64):
-        self.level, self.capacity, self.align, self.top = level, capacity_bytes, align_bytes, 0
-        self.buffers: list[tuple[str, int]] = []
+        super().__init__(level, capacity_bytes, align_bytes)
 
-    def alloc(self, name: str, elems: int) -> int:
-        nbytes = elems * F32
-        start = -(-self.top // self.align) * self.align
-        if self.capacity and start + nbytes > self.capacity:
-            used = ", ".join(f"{n} {b} B" for n, b in self.buffers) or "nothing else"
-            raise CapacityError(name, self.level, nbytes, self.capacity - start, f"already holding {used}")
-        self.top = start + nbytes
-        self.buffers.append((name, nbytes))
-        return start // F32
+    def alloc(self, name: str, elems: int) -> int:  # type: ignore[override]
+        return super().alloc(name, elems * F32) // F32
 
 
 def dma_op(m: DspMachine, src: View, dst: View, reads: tuple, writes: tuple, functional: bool, label: str = "") -> Op:

@@ -1,0 +1,25 @@
+"""The simulator core both simulated machines (ascend-sim, dsp-sim) are built on.
+
+A machine adds only its instruction set and its figures from the target description; what
+every simulated machine needs lives here:
+
+* `buffers`    memory levels with capacity and alignment, bump allocation, the one
+               `CapacityError` (an `OpcError`: the CLI prints it as one clean line);
+* `instr`      the instruction protocol: unit (pipe), buffers read and written, cost, execute;
+* `scoreboard` in-order pipes per core, a buffer scoreboard (RAW / WAR / WAW, optional
+               set_flag/wait_flag cost), shared-bandwidth channels, barriers, and the exact
+               steady-state skip of repeated blocks;
+* `trace`      an independent accounting of a functional replay (cycles from what the
+               execution touched, by a longest-path pass; never the scoreboard);
+* `profile`    one typed outcome: `Timing` (what a replay produced) and `Profile` (cycles,
+               time at the clock, busy per unit, bytes per level, peak, bound, roofline);
+* `clock`      clocks in Hz on both machines, and GB/s -> bytes per cycle.
+"""
+from .buffers import Arena, CapacityError, Level
+from .clock import Clocked
+from .instr import Instruction
+from .profile import Profile, Timing
+from .scoreboard import Channels, Scoreboard, barrier, run_repeated
+
+__all__ = ["Arena", "CapacityError", "Level", "Clocked", "Instruction", "Profile", "Timing", "Channels",
+           "Scoreboard", "barrier", "run_repeated"]
