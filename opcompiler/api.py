@@ -1,14 +1,13 @@
 """The Python entry points behind the CLI: resolve, build, run, verify, report."""
 from __future__ import annotations
 
-import json
-
-import numpy as np
-from pathlib import Path
 from typing import Any, Mapping
 
+import numpy as np
+
 from .backend import Kernel, RunResult, get_backend
-from .errors import OpcError, OpcFailure
+from .config import choose, parse_config
+from .errors import OpcFailure
 from .ops import default_dtype, get_op, workload
 from .target import Target, load_target
 from .template import get_template
@@ -16,41 +15,16 @@ from .verify import compare
 from .workload import Workload
 
 
-def parse_config(text: str | Mapping[str, Any] | None) -> dict[str, Any] | str | None:
-    """`default` / None -> None; `best` / `paper` stay names; JSON text or a .json file -> dict."""
-    if text is None or text == "default":
-        return None
-    if isinstance(text, Mapping):
-        return dict(text)
-    if text in ("best", "paper"):
-        return text
-    src = text
-    if text.endswith(".json") and Path(text).is_file():
-        src = Path(text).read_text()
-    try:
-        cfg = json.loads(src)
-    except json.JSONDecodeError as e:
-        raise OpcError(f"not valid JSON ({e.msg} at column {e.colno})", arg="--config", value=text,
-                       expected='default, best, or a JSON object such as \'{"m_tile": 64}\'') from None
-    if not isinstance(cfg, dict):
-        raise OpcError("must be a JSON object", arg="--config", value=text, expected='e.g. {"m_tile": 64}')
-    return cfg
-
-
 def resolve_config(wl: Workload, target: Target, config: Any) -> dict[str, Any] | None:
-    """Turn `best` into the best verified record's config (template default when none)."""
-    return resolve_config_source(wl, target, config)[0]
+    """`best` -> the best verified record's knobs (None, the template default, when there is none);
+    other specs pass through to the backend's `build`, which resolves and checks them."""
+    return choose(wl, target, config).spec
 
 
 def resolve_config_source(wl: Workload, target: Target, config: Any) -> tuple[dict[str, Any] | None, str]:
     """(config, where it came from): `best` reads the user's records, then the shipped ones."""
-    if config == "best":
-        from .tune.records import find_best
-        found = find_best(wl, target)
-        if found is None:
-            return None, "template default (no verified record)"
-        return dict(found.record.config), f"best verified record ({found.describe()})"
-    return config, _config_source(config)
+    c = choose(wl, target, config)
+    return c.spec, c.source
 
 
 def build(wl: Workload, target: Target, config: Any = None) -> Kernel:
@@ -64,18 +38,18 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
     """Build `op` for `target`, run it on random inputs, check against numpy, and report.
     `backend` overrides the target's own (e.g. an `opcompiler.rpc.RpcBackend`)."""
     tgt = target if isinstance(target, Target) else load_target(target)
-    wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype or default_dtype(op, tgt.family))
+    wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype or default_dtype(op, tgt))
     d = get_op(op)
     backend = backend or get_backend(tgt)
-    cfg_in, source = resolve_config_source(wl, tgt, parse_config(config) if isinstance(config, str) else config)
-    kernel = backend.build(wl, cfg_in)
+    chosen = choose(wl, tgt, parse_config(config) if isinstance(config, str) else config)
+    kernel = backend.build(wl, chosen.spec)
     inputs = d.make_inputs(wl, seed)
     res: RunResult = backend.run(kernel, inputs)
     ref = d.reference(wl, inputs)
     if res.outputs is None:
         raise OpcFailure(f"backend {tgt.name} returned no outputs for {op}")
     ok, err = compare(res.outputs[0], ref)
-    return report(wl, tgt, kernel, res, ok, err, config_source=source)
+    return report(wl, tgt, kernel, res, ok, err, config_source=chosen.source)
 
 
 def run_unfused(wl: Workload, target: str | Target, inputs: list[np.ndarray], config: Any = None
@@ -98,14 +72,6 @@ def run_unfused(wl: Workload, target: str | Target, inputs: list[np.ndarray], co
         steps.append((swl, res))
     shape, _ = get_op(wl.op).output_spec(wl)
     return out.reshape(shape), steps
-
-
-def _config_source(config: Any) -> str:
-    if config in (None, "default"):
-        return "template default"
-    if config == "best":
-        return "best verified record (template default when none)"
-    return str(config) if isinstance(config, str) and not config.startswith("{") else "given"
 
 
 def report(wl: Workload, target: Target, kernel: Kernel, res: RunResult, correct: bool, max_abs_err: float,

@@ -23,14 +23,15 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tvm
 
-from .backend import Backend, Kernel, RunResult, device_args, get_backend
+from .backend import Backend, Kernel, RunResult, capabilities, device_args, families_with, get_backend
 from .errors import OpcError
 from .ops import get_op
 from .target import Target
 from .workload import Workload
 
 SPEC_HELP = "HOST:PORT:KEY of a TVM RPC tracker, e.g. 127.0.0.1:9190:a100"
-REMOTE_FAMILIES = ("cpu", "cuda")  # families whose kernels a TVM RPC server can load and run
+# families whose kernels a TVM RPC server can load and run (their backends declare the device)
+REMOTE_FAMILIES = tuple(f for f in families_with() if capabilities(f).rpc_device)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -71,7 +72,7 @@ class RpcBackend(Backend):
 
     def __init__(self, target: Target, spec: RpcSpec | str, *, local: Backend | None = None,
                  session_timeout: float = 600.0, priority: int = 1):
-        if target.family not in REMOTE_FAMILIES:
+        if not capabilities(target).rpc_device:
             raise OpcError(f"{target.name} (family {target.family}) runs here; remote measurement serves "
                            f"{' and '.join(REMOTE_FAMILIES)} targets", arg="--rpc", value=str(spec))
         self.family = target.family  # the family of the backend it wraps
@@ -118,7 +119,7 @@ class RpcBackend(Backend):
 
     def device(self) -> Any:
         sess = self.session()
-        return sess.cuda(0) if self.family == "cuda" else sess.cpu(0)
+        return getattr(sess, capabilities(self.family).rpc_device)(0)  # sess.cpu(0), sess.cuda(0)
 
     # -- Backend ------------------------------------------------------------------------------
 
@@ -180,7 +181,7 @@ def backend_for_run(target: Target, spec: str | None) -> Backend | None:
     target's own backend)."""
     if spec:
         return rpc_backend(target, spec)
-    if target.family == "cuda":
+    if capabilities(target).needs_device:
         from .backend.cuda import require_device_or_rpc
         require_device_or_rpc(spec, target)
     return None

@@ -30,9 +30,8 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from .capabilities import FAMILIES, capabilities
 from .errors import OpcError
-
-FAMILIES = ("cpu", "cuda", "ascend", "dsp")
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -87,7 +86,8 @@ class Target:
 
     @property
     def is_simulator(self) -> bool:
-        return self.family in ("ascend", "dsp")
+        """Whether the family's backend is a simulator (a capability its backend declares)."""
+        return capabilities(self.family).simulator
 
 
 def _targets_dir() -> Path:

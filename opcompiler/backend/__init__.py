@@ -1,117 +1,31 @@
-"""Backends: build, run (functional: values + time) and measure (time only) one kernel.
+"""The backend registry: which backend serves a target, and what each family can do.
 
-Exactly one backend claims each target family; `get_backend(target)` picks it. A backend is
-a small interface so the tuner, the CLI, graphs and export treat the CPU, CUDA and the two
-simulators alike.
+Exactly one backend claims each target family; `get_backend(target)` picks it, importing
+its module by the name in `_BACKENDS`. A family's capabilities (simulator or not, default
+dtype and trials, RPC, source kinds, ...) are declared in `opcompiler.capabilities`; code elsewhere
+asks them (`capabilities(target).simulator`) rather than comparing family names. The
+interface itself (`Backend`, `Kernel`, `RunResult`) lives in `base.py` and is re-exported here.
 """
 from __future__ import annotations
 
-from abc import ABC, abstractmethod
-from dataclasses import dataclass, field
 from importlib import import_module
-from typing import Any, ClassVar, Mapping, Sequence
-
-import numpy as np
 
 from ..errors import OpcError
 from ..target import Target
-from ..workload import Workload
-
-
-@dataclass(kw_only=True)
-class Kernel:
-    """A built kernel: what was built (workload, template, config) and the backend's artifact."""
-
-    workload: Workload
-    target: Target
-    template: str
-    template_version: int
-    config: dict[str, Any]
-    artifact: Any = None  # backend-specific: a tvm Executable, a simulator program, ...
-    info: dict[str, Any] = field(default_factory=dict)  # build facts worth reporting (e.g. layout handling)
-
-
-@dataclass(kw_only=True)
-class RunResult:
-    """The outcome of one run. `seconds` is wall time on real devices, simulated time on simulators."""
-
-    outputs: list[np.ndarray] | None
-    seconds: float
-    cycles: int | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)  # percent_of_peak, bound, bytes_by_level, pipe_ratios...
-
-
-class Backend(ABC):
-    """One target family's build / run / measure."""
-
-    family: ClassVar[str]
-
-    def __init__(self, target: Target):
-        if target.family != self.family:
-            raise OpcError(f"backend {type(self).__name__} ({self.family}) cannot serve target {target.name} "
-                           f"of family {target.family}")
-        self.target = target
-
-    def schedule(self, wl: Workload, config: Mapping[str, Any] | None) -> tuple[Any, dict[str, Any], Any]:
-        """(template, full config, scheduled IRModule) for the backends that compile through TVM:
-        the config is validated against the template's space and its `check` before scheduling."""
-        from ..ops import get_op
-        from ..template import get_template
-
-        if isinstance(config, str):
-            raise OpcError(f"config {config!r} has no meaning on {self.target.name}", arg="--config", value=config,
-                           expected="default, best or a JSON object of knobs")
-        tmpl = get_template(get_op(wl.op).family, self.family)
-        cfg = tmpl.config(wl, self.target, config)
-        if reason := tmpl.check(wl, self.target, cfg):
-            raise OpcError(f"invalid config {cfg} for {tmpl.name} on {self.target.name}: {reason}", arg="--config")
-        sch = tmpl.apply(wl, self.target, cfg)
-        return tmpl, cfg, (sch.mod if hasattr(sch, "mod") else sch)
-
-    @abstractmethod
-    def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
-        """Schedule `wl` with its template and `config` (default when None) and compile it.
-        Raises OpcError (e.g. CapacityError) for a config that cannot work."""
-
-    @abstractmethod
-    def run(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> RunResult:
-        """Execute with real values: outputs plus time (functional mode on simulators)."""
-
-    @abstractmethod
-    def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:
-        """Time only, as fast as the backend can (timing mode on simulators; repeated runs on devices)."""
-
-
-def device_args(wl: Workload, inputs: Sequence[np.ndarray], dev: Any) -> list:
-    """Inputs checked against the op's signature and copied to `dev`, plus a zeroed output
-    buffer (TVM kernels are destination-passing). A mismatch names expected and got."""
-    from ..ops import get_op
-    import tvm
-
-    op = get_op(wl.op)
-    specs = op.inputs(wl)
-    if len(inputs) != len(specs):
-        raise OpcError(f"{wl.op} takes {len(specs)} inputs, got {len(inputs)}")
-    args = []
-    for (name, shape, dt), x in zip(specs, inputs):
-        if tuple(x.shape) != tuple(shape) or str(x.dtype) != dt:
-            raise OpcError(f"input {name}: expected {dt}{list(shape)}, got {x.dtype}{list(x.shape)}")
-        args.append(tvm.runtime.tensor(np.ascontiguousarray(x), dev))
-    shape, dt = op.output_spec(wl)
-    args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev))
-    return args
-
+from .base import Backend, Kernel, RunResult, device_args
+from ..capabilities import FAMILIES, Capabilities, capabilities, families_with
 
 _BACKENDS: dict[str, str] = {
     "cpu": "opcompiler.backend.cpu:CpuBackend",
-    "ascend": "opcompiler.backend.ascend:AscendSimBackend",
-    "dsp": "opcompiler.backend.dsp:DspSimBackend",
+    "ascend": "opcompiler.backend.ascend.backend:AscendSimBackend",
+    "dsp": "opcompiler.backend.dsp.backend:DspSimBackend",
     "cuda": "opcompiler.backend.cuda:CudaBackend",
 }
+assert set(_BACKENDS) == set(FAMILIES), "every declared family needs a backend, and only those"
 
 
-def get_backend(target: Target) -> Backend:
-    """The one backend that claims `target`'s family."""
+def backend_class(target: Target) -> type[Backend]:
+    """The backend class of `target`'s family (its module imported on first use)."""
     spec = _BACKENDS.get(target.family)
     if spec is None:
         raise OpcError(f"no backend for target family {target.family!r}", expected=", ".join(_BACKENDS))
@@ -122,4 +36,13 @@ def get_backend(target: Target) -> Backend:
         if e.name == mod:
             raise OpcError(f"the {target.family} backend is not available in this build") from None
         raise
-    return getattr(module, cls)(target)
+    return getattr(module, cls)
+
+
+def get_backend(target: Target) -> Backend:
+    """The one backend that claims `target`'s family."""
+    return backend_class(target)(target)
+
+
+__all__ = ["Backend", "Capabilities", "FAMILIES", "Kernel", "RunResult", "backend_class", "capabilities",
+           "device_args", "families_with", "get_backend"]

@@ -1,36 +1,17 @@
 """The host CPU through LLVM: build with `tvm.compile`, run, time (warm-up, median of repeats)."""
 from __future__ import annotations
 
-import os
 import statistics
-from functools import cache
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 import tvm
 
+from ..config import ConfigSpec
 from ..ops import get_op
 from ..workload import Workload
-from . import Backend, Kernel, RunResult, device_args
-
-
-@cache
-def llvm_target() -> tvm.target.Target:
-    """The host as LLVM sees it (mcpu asked of LLVM, never hard-coded), all cores."""
-    cpu = tvm.target.codegen.llvm_get_system_cpu()
-    spec: dict[str, Any] = {"kind": "llvm", "num-cores": os.cpu_count() or 1}
-    if cpu and cpu != "generic":
-        spec["mcpu"] = cpu
-    return tvm.target.Target(spec)
-
-
-def vector_lanes(dtype: str = "float32") -> int:
-    """SIMD lanes for `dtype` on the host, from LLVM's vector width for the detected CPU."""
-    try:
-        bits = int(tvm.target.codegen.llvm_get_vector_width(llvm_target()))
-    except Exception:  # an LLVM without the query: assume SSE
-        bits = 128
-    return max(bits // (np.dtype(dtype).itemsize * 8), 1)
+from .base import Backend, Kernel, RunResult, device_args
+from .llvm import llvm_target, vector_lanes  # noqa: F401  (re-exported: callers import them from here)
 
 
 class CpuBackend(Backend):
@@ -38,7 +19,7 @@ class CpuBackend(Backend):
     repeats = 10
     min_repeat_ms = 5  # tiny kernels repeat inside one measurement so timer overhead does not dominate
 
-    def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
+    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
         tmpl, cfg, mod = self.schedule(wl, config)
         ex = tvm.compile(mod, target=llvm_target())
         return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,

@@ -28,7 +28,7 @@ from ..errors import OpcError, OpcFailure
 from ..ops import get_op
 from ..target import Target
 from ..workload import Workload
-from . import Backend, Kernel, RunResult, device_args
+from .base import Backend, Kernel, RunResult, device_args
 from .cuda_compile import (arch_number, compile_cuda, cuda_compiler, fatbin_entries, nvcc_path,  # noqa: F401
                            ptxas_facts)
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 import argparse
 
 from ..api import run_op
+from ..capabilities import capabilities
 from ..errors import OpcFailure
 from ..ops import PRESETS, list_ops
 from ..target import builtin_targets
@@ -51,8 +52,9 @@ def cmd_targets(args: argparse.Namespace) -> int:
     for t in ts.values():
         alias = f" (alias {', '.join(t.aliases)})" if t.aliases else ""
         print(f"{t.name:<{width}}  [{t.family}] {t.description}{alias}")
-    if any(t.family == "cuda" for t in ts.values()):
-        print("\n`cuda` is the target for the GPU in this machine (its compute capability); cuda-sm80 without one")
+    for note in dict.fromkeys(capabilities(t).auto_target_note for t in ts.values()):  # one line per family that has one
+        if note:
+            print(f"\n{note}")
     return 0
 
 
@@ -62,7 +64,7 @@ def cmd_run(args: argparse.Namespace) -> int:
     if args.dsp_mode is not None:
         from dataclasses import replace
         from types import MappingProxyType
-        if target.family != "dsp":
+        if "data_mode" not in capabilities(target).run_options:
             from ..errors import OpcError
             raise OpcError("only applies to dsp targets", arg="--dsp-mode", value=args.dsp_mode)
         target = replace(target, extra=MappingProxyType({**target.extra, "data_mode": args.dsp_mode}))

@@ -10,8 +10,8 @@ import argparse
 from pathlib import Path
 from typing import Any
 
-from ..api import parse_config, resolve_config
-from ..backend import get_backend
+from ..backend import FAMILIES, capabilities, get_backend
+from ..config import choose, parse_config
 from ..errors import OpcError
 from ..ops import get_op
 from .common import add_workload_args, emit_json, fmt_si, resolve
@@ -35,27 +35,35 @@ def _emit_cpu(kernel: Any, path: Path) -> str:
     return kernel.artifact.mod.inspect_source(fmt)
 
 
+def _targets_with(capability: str) -> str:
+    """`--target cpu or cuda`: the families whose backends declare `capability`."""
+    return "--target " + " or ".join(f for f in FAMILIES if getattr(capabilities(f), capability))
+
+
 def cmd_build(args: argparse.Namespace) -> int:
     wl, target = resolve(args)
-    if args.cubin and target.family != "cuda":
-        raise OpcError("only applies to cuda targets", arg="--cubin", value=args.cubin, expected="--target cuda")
+    caps = capabilities(target)
+    if args.cubin and not caps.binary_kinds:
+        raise OpcError(f"only applies to targets that build a device binary, not {target.name}", arg="--cubin",
+                       value=args.cubin, expected=_targets_with("binary_kinds"))
     if args.emit_source:
         out = Path(args.emit_source)
-        if target.family == "cuda" and out.suffix not in (".cu", ".cuh"):
-            raise OpcError("a cuda kernel's source is CUDA C", arg="--emit-source", value=args.emit_source,
-                           expected="a .cu file")
-        if target.family in ("ascend", "dsp"):
-            raise OpcError(f"{target.name} is a simulator: it has no source to emit", arg="--emit-source",
-                           value=args.emit_source, expected="--target cuda or cpu")
+        if not caps.source_kinds:
+            what = "a simulator" if caps.simulator else "a target without generated source"
+            raise OpcError(f"{target.name} is {what}: it has no source to emit", arg="--emit-source",
+                           value=args.emit_source, expected=_targets_with("source_kinds"))
+        if out.suffix not in caps.source_kinds:
+            raise OpcError(f"a {target.family} kernel's source is written as {' or '.join(caps.source_kinds)}",
+                           arg="--emit-source", value=args.emit_source, expected=f"a {caps.source_kinds[0]} file")
         if not out.parent.exists():
             raise OpcError("directory does not exist", arg="--emit-source", value=args.emit_source)
     backend = get_backend(target)
-    cfg = resolve_config(wl, target, parse_config(args.config))
-    kernel = backend.build(wl, cfg)
+    chosen = choose(wl, target, parse_config(args.config))
+    kernel = backend.build(wl, chosen.spec)
     rep: dict[str, Any] = {"op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
                            "template": kernel.template, "config": kernel.config,
                            "flops": get_op(wl.op).flops(wl), **kernel.info}
-    if target.family == "cuda":
+    if caps.binary_kinds:  # CUDA C through nvcc; the CPU's LLVM IR or assembly below
         from ..backend.cuda import cuda_source, nvcc_compile
         source = cuda_source(kernel)
         if args.emit_source:

@@ -6,13 +6,13 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from ..capabilities import capabilities
 from ..errors import OpcError, OpcFailure
 from ..ops import get_op
 from ..target import Target
 from .common import add_workload_args, emit_json, fmt_si, resolve
 
 DEFAULT_PRESET = {"conv": "resnet50.res2_3x3", "matmul": "seed.matmul_16x256x1024"}
-DEFAULT_TRIALS = {"ascend": 128, "dsp": 128, "cpu": 32, "cuda": 64}  # a few minutes on 2 cores
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -57,7 +57,7 @@ def _default_args(args: argparse.Namespace) -> None:
 
 def _default_dtype(op: str, target: Target) -> str | None:
     from ..ops import default_dtype
-    return default_dtype(op, target.family)  # fp16 on the Ascend cube, fp32 elsewhere
+    return default_dtype(op, target)  # the family's preferred dtype (fp16 on the Ascend cube), else fp32
 
 
 def cmd_tune(args: argparse.Namespace) -> int:
@@ -67,7 +67,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
         return cmd_tune_model(args)
     target = load_target(args.target)
     _default_args(args)
-    if target.family == "cuda":
+    if capabilities(target).needs_device:
         _require_cuda(args.rpc, args.target, target)
     elif args.rpc:
         raise OpcError("only measures on remote devices (cuda targets)", arg="--rpc", value=args.rpc,
@@ -75,7 +75,7 @@ def cmd_tune(args: argparse.Namespace) -> int:
     if args.workers is not None and args.workers < 0:
         raise OpcError("must be >= 0", arg="--workers", value=args.workers, expected="1 or 2 on this machine")
     wl, _ = resolve(args, _default_dtype(args.op, target))
-    trials = args.trials if args.trials is not None else DEFAULT_TRIALS.get(target.family, 64)
+    trials = args.trials if args.trials is not None else capabilities(target).default_trials
     res = tune(wl.op, target, shape=dict(wl.params), dtype=wl.dtype, trials=trials, tuner=args.tuner,
                log=args.log, workers=args.workers, batch_size=args.batch_size, timeout=args.timeout,
                early_stop=args.early_stop, transfer=not args.no_transfer, seed=args.seed, rpc=args.rpc or "",
@@ -98,13 +98,13 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
     from ..target import load_target
     from ..tune.model import tune_model
     target = load_target(args.target)
-    if target.family == "cuda":
+    if capabilities(target).needs_device:
         _require_cuda(args.rpc, args.target, target)
     if args.log:
         raise OpcError("a model's kernels each go to their own log", arg="--log", value=args.log,
                        expected="OPC_LOG_DIR=DIR to choose where the records go")
     graph = load(args.op, batch=args.batch)
-    trials = args.trials if args.trials is not None else 16 * DEFAULT_TRIALS.get(target.family, 64) // 8
+    trials = args.trials if args.trials is not None else 16 * capabilities(target).default_trials // 8
     res = tune_model(graph, target, trials, workers=args.workers, batch_size=max(8, args.batch_size),
                      progress=not args.json, seed=args.seed, timeout=args.timeout)
     if args.json:

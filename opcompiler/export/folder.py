@@ -17,7 +17,8 @@ from typing import Any
 
 from tqdm import tqdm
 
-from ..backend import Kernel, get_backend
+from ..backend import Kernel, capabilities, get_backend
+from ..config import choose
 from ..errors import OpcError, OpcFailure
 from ..ops import get_op
 from ..target import Target
@@ -39,7 +40,7 @@ _COPIED = {"lib": {"runtime.py": "opc_runtime.py"},
 class ResolvedConfig:
     """The knobs to build with and where they came from (for the manifest)."""
 
-    config: dict[str, Any] | None
+    config: dict[str, Any] | str | None  # knobs, a name the template knows ("paper"), or None (default)
     source: str
     record: dict[str, Any] | None = None
 
@@ -56,23 +57,13 @@ def parse_bindings(to: str | Sequence[str]) -> tuple[str, ...]:
 
 
 def resolve(wl: Workload, target: Target, config: Any) -> ResolvedConfig:
-    """`best` -> the best verified record's config (template default when none); dict -> given."""
-    if config in (None, "default"):
-        return ResolvedConfig(config=None, source="template default")
-    if config == "best":
-        from ..tune.records import find_best
-        found = find_best(wl, target)
-        if found is None:
-            return ResolvedConfig(config=None, source="template default (no verified record for this key)")
-        rec = found.record
-        return ResolvedConfig(config=dict(rec.config), source=f"best verified record ({found.describe()})",
-                              record={"cycles": rec.cycles, "seconds": rec.seconds, "verified": rec.verified,
-                                      "tuner": rec.tuner, "timestamp": rec.timestamp,
-                                      "metrics": dict(rec.metrics)})
-    if isinstance(config, dict):
-        return ResolvedConfig(config=dict(config), source="given")
-    raise OpcError("unsupported config for export", arg="--config", value=config,
-                   expected="default, best or a JSON object of knobs")
+    """`best` -> the best verified record's config (template default when none); a name or knobs
+    pass through to the backend's build, which checks them (`opcompiler.config`)."""
+    c = choose(wl, target, config)
+    rec = c.record
+    record = None if rec is None else {"cycles": rec.cycles, "seconds": rec.seconds, "verified": rec.verified,
+                                       "tuner": rec.tuner, "timestamp": rec.timestamp, "metrics": dict(rec.metrics)}
+    return ResolvedConfig(config=c.spec, source=c.source, record=record)
 
 
 def record_key(wl: Workload, target: Target, kernel: Kernel) -> dict[str, Any]:
@@ -186,7 +177,7 @@ def _write_artifact(out: Path, wl: Workload, target: Target, kernel: Kernel) -> 
     info: dict[str, Any] = {"kind": "tvm-library", "file": lib, "entry": "main",
                             "tir_script": "kernel.tir.py",
                             "how": "TVM export_library; tvm.runtime.load_module(file)[entry](*inputs, out)"}
-    if target.family == "cuda":
+    if ".cu" in capabilities(target).source_kinds:
         try:
             (out / "kernel.cu").write_text(art.mod.imports[0].inspect_source())
             info["source"] = "kernel.cu"

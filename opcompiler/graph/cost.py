@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 from ..api import resolve_config
-from ..backend import Backend, Kernel, get_backend
+from ..backend import Backend, Kernel, capabilities, get_backend
 from ..ops import workload
 from ..target import Target
 from ..workload import Workload
@@ -67,7 +67,7 @@ def prebuild(target: Target, wls: list[Workload], config: str = "best", workers:
     mostly LLVM, which runs outside Python's lock, so threads build in parallel (2x on 2 cores);
     the simulators' builds are Python and are left to `built` on demand. Returns how many were
     built here; a kernel that fails to build is left for `built` to report."""
-    if target.family != "cpu":
+    if not capabilities(target).threaded_build:
         return 0
     todo: dict[tuple, tuple[Workload, Any]] = {}
     for wl in wls:

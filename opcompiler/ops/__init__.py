@@ -8,8 +8,7 @@ with defaults, and its unfused decomposition when it is a fusion.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Any, Callable, Mapping, Sequence
+from typing import Any, Mapping
 
 import numpy as np
 
@@ -17,94 +16,11 @@ from ..errors import OpcError
 from ..workload import Workload
 from .presets import PRESETS, parse_shape
 from .presets import preset as preset_params
-
-
-@dataclass(frozen=True, kw_only=True)
-class Step:
-    """One kernel of an unfused sequence: `inputs` name op inputs (`in0`..) or earlier steps (`s0`..)."""
-
-    op: str
-    params: Mapping[str, Any]
-    inputs: tuple[str, ...]
-
-
-@dataclass(frozen=True, kw_only=True)
-class OpDef:
-    name: str
-    summary: str
-    family: str  # template family: conv2d | matmul | elemwise | reduce | pool
-    defaults: Mapping[str, Any]
-    dtypes: tuple[str, ...]
-    compute_fn: Callable[[Workload], tuple[list, Any]]
-    reference_fn: Callable[[Workload, list[np.ndarray]], np.ndarray]
-    input_specs: Callable[[Workload], list[tuple[str, tuple[int, ...], str]]]  # (name, shape, dtype)
-    flops_fn: Callable[[Workload], int]
-    validate_fn: Callable[[Workload], None] = lambda wl: None
-    unfused_fn: Callable[[Workload], list[Step]] | None = None
-    preset_kind: str = ""  # which presets apply: conv | matmul | ""
-    fusion: str = ""  # fusion pattern name when this op is a fusion
-
-    def compute(self, wl: Workload) -> tuple[list, Any]:
-        """(input placeholders, output tensor) as one TE graph."""
-        return self.compute_fn(wl)
-
-    def reference(self, wl: Workload, inputs: Sequence[np.ndarray]) -> np.ndarray:
-        return self.reference_fn(wl, list(inputs))
-
-    def flops(self, wl: Workload) -> int:
-        return int(self.flops_fn(wl))
-
-    def inputs(self, wl: Workload) -> list[tuple[str, tuple[int, ...], str]]:
-        return self.input_specs(wl)
-
-    def output_spec(self, wl: Workload) -> tuple[tuple[int, ...], str]:
-        """(shape, dtype) of the output; read off the compute once per workload, since every
-        run and measurement asks for it to allocate the output buffer."""
-        key = (self.name, wl)
-        if key not in _OUTPUT_SPECS:
-            _, out = self.compute(wl)
-            _OUTPUT_SPECS[key] = tuple(int(d) for d in out.shape), str(out.dtype)
-        return _OUTPUT_SPECS[key]
-
-    def bytes(self, wl: Workload) -> int:
-        """Compulsory bytes: every input read once, the output written once."""
-        total = sum(int(np.prod(s)) * np.dtype(d).itemsize for _, s, d in self.inputs(wl))
-        shape, dt = self.output_spec(wl)
-        return total + int(np.prod(shape)) * np.dtype(dt).itemsize
-
-    def unfused(self, wl: Workload) -> list[Step]:
-        """The op-by-op sequence (one kernel each); a single-op list for non-fused ops."""
-        if self.unfused_fn is None:
-            return [Step(op=self.name, params=dict(wl.params), inputs=tuple(f"in{i}" for i in range(len(self.inputs(wl)))))]
-        return self.unfused_fn(wl)
-
-    def make_inputs(self, wl: Workload, seed: int = 0) -> list[np.ndarray]:
-        rng = np.random.default_rng(seed)
-        out = []
-        for name, shape, dt in self.inputs(wl):
-            if dt == "int8":
-                out.append(rng.integers(-8, 8, size=shape).astype(dt))
-            elif name in ("scale", "bn_scale"):
-                out.append(rng.uniform(0.5, 1.5, size=shape).astype(dt))
-            else:
-                out.append(rng.standard_normal(size=shape).astype(dt))
-        return out
-
-
-_OUTPUT_SPECS: dict[tuple[str, Workload], tuple[tuple[int, ...], str]] = {}  # op names are unique
-_OPS: dict[str, OpDef] = {}
-
-
-def register_op(op: OpDef) -> OpDef:
-    if op.name in _OPS:
-        raise OpcError(f"op {op.name!r} is already registered")
-    _OPS[op.name] = op
-    return op
+from .registry import _OPS, OpDef, Step, register_op
 
 
 def _load() -> None:
-    if not _OPS:
-        from . import catalogue  # noqa: F401  (defines the built-in ops)
+    from . import catalogue  # noqa: F401  (defines the built-in ops; imported once, even after a user's register_op)
 
 
 def get_op(name: str) -> OpDef:
@@ -159,11 +75,14 @@ def workload(op: str, shape: str | Mapping[str, Any] | None = None, *, preset: s
     return wl
 
 
-def default_dtype(op: str, target_family: str) -> str:
-    """The dtype a target runs an op in by default: fp16 on the Ascend cube, fp32 elsewhere."""
+def default_dtype(op: str, target: Any) -> str:
+    """The dtype a target (or a target family) runs an op in by default: the first of the family's
+    preferred dtypes the op has (fp16 on the Ascend cube), else fp32, else the op's first."""
+    from ..capabilities import capabilities
     dts = get_op(op).dtypes
-    if target_family == "ascend" and "float16" in dts:
-        return "float16"
+    for dt in capabilities(target).preferred_dtypes:
+        if dt in dts:
+            return dt
     return "float32" if "float32" in dts else dts[0]
 
 

@@ -8,7 +8,8 @@ from .. import dsl
 from ..errors import OpcError
 from ..fusion import fusion_manager
 from ..workload import Workload
-from . import OpDef, Step, reference as ref, register_op
+from . import reference as ref
+from .registry import OpDef, Step, register_op
 
 _FLOAT = ("float32", "float16")
 _CUBE = ("float32", "float16", "int8")

@@ -1,14 +1,27 @@
-"""Built-in fusion patterns, written in the DSL exactly as a TBE user writes them."""
+"""Built-in fusion patterns, written in the DSL as a TBE user writes them.
+
+`@fused(name, ops=...)` stands where a user writes `@fused(name, ops=...)`:
+it collects the pattern in `BUILTIN`, which `opcompiler.fusion`'s manager registers on first
+use (the manager imports this module, so this module does not import the manager).
+"""
 from __future__ import annotations
 
-from typing import Sequence
+from typing import Callable, Sequence
 
 from .. import dsl
 from ..dsl import util
-from ..fusion import fusion_manager
+
+BUILTIN: list[tuple[str, tuple[str, ...], Callable]] = []  # (name, ops it replaces, compute)
 
 
-@fusion_manager.register("fuse_add_relu", ops=("add", "relu"))
+def fused(name: str, ops: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+    def deco(fn: Callable) -> Callable:
+        BUILTIN.append((name, tuple(ops), fn))
+        return fn
+    return deco
+
+
+@fused("fuse_add_relu", ops=("add", "relu"))
 def fuse_add_relu_compute(input_x, input_y, output_z, kernel_name="fuse_add_relu"):
     # shape inference (seed 002)
     shape_x = util.shape_to_list(input_x.shape)
@@ -23,27 +36,27 @@ def fuse_add_relu_compute(input_x, input_y, output_z, kernel_name="fuse_add_relu
     return res
 
 
-@fusion_manager.register("fuse_conv2d_bias_relu", ops=("conv2d", "bias_add", "relu"))
+@fused("fuse_conv2d_bias_relu", ops=("conv2d", "bias_add", "relu"))
 def fuse_conv2d_bias_relu_compute(data, weight, bias, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
                                   kernel_name="fuse_conv2d_bias_relu"):
     conv = dsl.conv2d(data, weight, stride, padding, dilation, groups, layout, bias=bias)
     return dsl.vrelu(conv)
 
 
-@fusion_manager.register("fuse_conv2d_bn_relu", ops=("conv2d", "batch_norm", "relu"))
+@fused("fuse_conv2d_bn_relu", ops=("conv2d", "batch_norm", "relu"))
 def fuse_conv2d_bn_relu_compute(data, weight, scale, shift, stride=1, padding=0, dilation=1, groups=1,
                                 layout="NCHW", kernel_name="fuse_conv2d_bn_relu"):
     conv = dsl.conv2d(data, weight, stride, padding, dilation, groups, layout)
     return dsl.vrelu(dsl.batch_norm(conv, scale, shift, layout))
 
 
-@fusion_manager.register("fuse_matmul_bias_relu", ops=("matmul", "bias_add", "relu"))
+@fused("fuse_matmul_bias_relu", ops=("matmul", "bias_add", "relu"))
 def fuse_matmul_bias_relu_compute(tensor_a, tensor_b, bias, trans_a=False, trans_b=False,
                                   kernel_name="fuse_matmul_bias_relu"):
     return dsl.vrelu(dsl.matmul(tensor_a, tensor_b, trans_a, trans_b, bias=bias))
 
 
-@fusion_manager.register("fuse_bn_relu", ops=("batch_norm", "relu"))
+@fused("fuse_bn_relu", ops=("batch_norm", "relu"))
 def fuse_bn_relu_compute(data, scale, shift, layout="NCHW", kernel_name="fuse_bn_relu"):
     return dsl.vrelu(dsl.batch_norm(data, scale, shift, layout))
 
@@ -51,7 +64,7 @@ def fuse_bn_relu_compute(data, scale, shift, layout="NCHW", kernel_name="fuse_bn
 ELEMWISE_UNARY = {"relu": dsl.vrelu, "abs": dsl.vabs, "exp": dsl.vexp, "log": dsl.vlog, "rec": dsl.vrec}
 
 
-@fusion_manager.register("fuse_elemwise_chain", ops=("elemwise*",))
+@fused("fuse_elemwise_chain", ops=("elemwise*",))
 def fuse_elemwise_chain_compute(data, chain: Sequence[str], kernel_name="fuse_elemwise_chain"):
     """Apply unary element-wise ops in order, one kernel: e.g. chain=("abs", "exp", "relu")."""
     res = data

@@ -39,7 +39,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
-from .measure import BackendSpec, MeasureResult, _ENV_LOCK, _KEEP_METRICS, _clean_sys_path, _context, _one_line
+from .process import BackendSpec, MeasureResult, _ENV_LOCK, _KEEP_METRICS, _clean_sys_path, _context, _one_line
 
 # imported once by the forkserver, so each build process starts with them (TVM's CUDA tensor
 # intrinsics take tens of seconds to register on a slow machine)

@@ -14,74 +14,20 @@ processes that never initialise CUDA feed one runner process per GPU, started wi
 """
 from __future__ import annotations
 
-import copyreg
-import multiprocessing as mp
 import os
 import sys
-import threading
 import time
 import traceback
-from dataclasses import dataclass, field, replace
-from importlib import import_module
+from dataclasses import replace
 from multiprocessing.connection import Connection, wait
 from pathlib import Path
-from types import MappingProxyType
 from typing import Any, Callable, Mapping, Sequence
 
-from ..backend import Backend, get_backend
+from ..backend import Backend, capabilities
 from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
-
-
-def _mappingproxy(d: dict) -> MappingProxyType:
-    return MappingProxyType(d)
-
-
-# Targets hold MappingProxyType fields; let them cross the process boundary as dicts.
-copyreg.pickle(MappingProxyType, lambda m: (_mappingproxy, (dict(m),)))
-
-
-@dataclass(frozen=True, kw_only=True)
-class BackendSpec:
-    """How a worker gets its backend: `get_backend(target)`, an RPC spec, or a factory
-    `"module:callable"` taking the target (tests register fake backends this way)."""
-
-    target: Target
-    factory: str = ""
-    rpc: str = ""
-    threads: int = 0  # TVM / OpenMP threads per worker (0 = leave the environment alone)
-
-    def make(self) -> Backend:
-        if self.factory:
-            mod, fn = self.factory.split(":")
-            return getattr(import_module(mod), fn)(self.target)
-        if self.rpc:
-            from ..rpc import rpc_backend
-            return rpc_backend(self.target, self.rpc)
-        return get_backend(self.target)
-
-
-@dataclass(frozen=True, kw_only=True)
-class MeasureResult:
-    """What one candidate did: status as in `records.STATUSES`, cycles and/or seconds, metrics."""
-
-    status: str
-    cycles: int | None = None
-    seconds: float | None = None
-    metrics: dict[str, Any] = field(default_factory=dict)
-    verified: bool = False
-    error: str = ""
-    elapsed: float = 0.0  # wall time of the measurement itself
-
-    @property
-    def cost(self) -> float:
-        if self.status != "ok":
-            return float("inf")
-        return float(self.cycles) if self.cycles is not None else float(self.seconds or float("inf"))
-
-
-_KEEP_METRICS = ("percent_of_peak", "bound", "tflops", "gflops", "pipe_ratios", "bytes_by_level")
+from .process import _KEEP_METRICS, BackendSpec, MeasureResult, _clean_sys_path, _context, _one_line
 
 
 def measure_one(backend: Backend, wl: Workload, config: Mapping[str, Any], verify: bool = False,
@@ -135,24 +81,6 @@ def check_result(backend: Backend, kernel: Any, wl: Workload, seed: int = 0) -> 
     return ok, err, "" if ok else f"wrong result: max abs error {err:.3g} beyond tolerance"
 
 
-def _one_line(e: BaseException) -> str:
-    return " ".join(str(e).split())[:300]
-
-
-def _clean_sys_path() -> None:
-    """Drop the current directory from `sys.path` (multiprocessing copies the parent's, which has
-    it under `python -m`), unless that is where this opcompiler itself was imported from."""
-    import opcompiler
-    home = Path(opcompiler.__file__).resolve().parents[1]
-    cwd = Path.cwd().resolve()
-
-    def is_cwd(p: str) -> bool:
-        where = Path(p or ".").resolve()
-        return where == cwd and where != home
-
-    sys.path[:] = [p for p in sys.path if not is_cwd(p)]
-
-
 def _probe_path(target: Target) -> Backend:
     """A `BackendSpec.factory` for tests: a backend whose every build fails with "clean" when the
     worker's `sys.path` holds neither '' nor the current directory and its opcompiler was not
@@ -196,39 +124,6 @@ def _worker_main(conn: Connection, spec: BackendSpec) -> None:
             res = MeasureResult(status="crash", error=f"{type(e).__name__}: {_one_line(e)}\n"
                                                       f"{traceback.format_exc(limit=3)}"[:500])
         conn.send(res)
-
-
-def _context(extra_preload: Sequence[str] = ()) -> Any:
-    """A forkserver that has imported TVM once: fresh workers (after a crash or a hang) start in
-    milliseconds instead of re-importing. The server itself never runs a kernel, so no TVM
-    thread pool is forked. `extra_preload`: more modules for the server to import, if this call
-    starts it (the GPU builders' CUDA backend)."""
-    ctx = mp.get_context("forkserver")
-    ctx.set_forkserver_preload(["tvm", "opcompiler.ops.catalogue", "opcompiler.backend", "opcompiler.tune.measure",
-                                *extra_preload])
-    _start_forkserver_clean()
-    return ctx
-
-
-_ENV_LOCK = threading.Lock()
-
-
-def _start_forkserver_clean() -> None:
-    """Start the forkserver with a clean `sys.path`. It runs `python -c ...`, which would put the
-    current directory first on `sys.path`; from a source checkout that directory's `opcompiler/`
-    would then shadow the installed package in every worker. PYTHONSAFEPATH=1 (Python >= 3.11)
-    drops it, and the workers forked from the server (and their own subprocesses) inherit that."""
-    from multiprocessing import forkserver
-    with _ENV_LOCK:
-        old = os.environ.get("PYTHONSAFEPATH")
-        os.environ["PYTHONSAFEPATH"] = "1"
-        try:
-            forkserver.ensure_running()
-        finally:
-            if old is None:
-                del os.environ["PYTHONSAFEPATH"]
-            else:
-                os.environ["PYTHONSAFEPATH"] = old
 
 
 class _Worker:
@@ -275,7 +170,7 @@ class Measurer:
     def uses_gpu_runner(spec: BackendSpec, workers: int) -> bool:
         """A cuda target measured on this machine's GPU, in worker processes (not in-process, not over
         RPC, not a test factory): build processes feeding one spawned runner (`gpu_runner.py`)."""
-        return workers > 0 and spec.target.family == "cuda" and not spec.rpc and not spec.factory
+        return workers > 0 and capabilities(spec.target).device_runner and not spec.rpc and not spec.factory
 
     @property
     def stats(self) -> dict[str, Any]:

@@ -8,11 +8,12 @@ from typing import Callable, Mapping, Sequence
 
 import numpy as np
 
-from opcompiler.backend.ascend import KernelBuilder, Machine, ceil_div
+from opcompiler.backend.ascend.builder import KernelBuilder, ceil_div
+from opcompiler.backend.ascend.machine import Machine
 from opcompiler.backend.ascend.isa import Buf, VOp
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
-from opcompiler.template import Template
+from opcompiler.template_base import Template
 from opcompiler.workload import Workload
 
 POW2_TILES = (16, 32, 64, 128, 256, 512, 1024)

@@ -34,7 +34,7 @@ from typing import Any
 
 import numpy as np
 
-from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
 from opcompiler.backend.ascend.isa import ConvGeom, VOp
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
@@ -42,6 +42,7 @@ from opcompiler.target import Target
 from opcompiler.workload import Workload
 
 from .common import channel_op, from_5hd, machine, to_5hd
+from .conv_geometry import ConvGeometry
 
 _REGISTERED: set[str] = set()
 _TRACE: list[tuple] = []  # events, appended while the compiled kernel runs
@@ -340,10 +341,8 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
     padded = Workload.make(wl.op, {**dict(p), "c": c1 * 16, "k": n1 * 16}, wl.dtype)  # channels pad and pay
     key = (wl.op, tuple(sorted(dict(padded.params).items())), mt, kt, nt)
     if key not in _TRACES:  # a tile that cannot fit fails here, before paying for TVM (same sizes as check())
-        from .conv2d import _Geo
-
         dry = KernelBuilder(m)
-        for level, name, nbytes in tir_buffers(wl, _Geo(wl, target).max_rows(mt), cfg):
+        for level, name, nbytes in tir_buffers(wl, ConvGeometry(wl, target).max_rows(mt), cfg):
             dry.alloc(level, name, (nbytes // 2,), "float16")
         _TRACES[key] = trace(padded, mt, kt, nt)
     groups: list[tuple[tuple, list[tuple]]] = []  # (feature-map event in effect, events of one output tile)

@@ -18,12 +18,12 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
 from opcompiler.backend.ascend.isa import Buf, VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template import Knob, register_template
+from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
 from .common import AscendTemplate, channel_op, core_values, from_5hd, machine, per_channel, to_5hd

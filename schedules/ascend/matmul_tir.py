@@ -21,7 +21,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
 from opcompiler.backend.ascend.isa import VOp
 from opcompiler.ops import get_op
 from opcompiler.target import Target

@@ -12,11 +12,11 @@ from typing import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
 from opcompiler.backend.ascend.isa import Buf, VOp
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template import Knob, register_template
+from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
 from .common import AscendTemplate, core_values, machine

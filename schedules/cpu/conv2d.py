@@ -5,10 +5,10 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.cpu import vector_lanes
+from opcompiler.backend.llvm import vector_lanes
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template, register_template
+from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .common import block_names, create_schedule, divisors, inline_all_except, near, output_block

@@ -5,10 +5,10 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.cpu import vector_lanes
+from opcompiler.backend.llvm import vector_lanes
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template, register_template
+from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .common import create_schedule, divisors, inline_all_except, near, output_block

@@ -4,7 +4,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template, register_template
+from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .common import block_names, create_schedule, output_block

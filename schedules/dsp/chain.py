@@ -30,11 +30,11 @@ from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import _CHAIN_EXTRA, _chain_steps
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template
+from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
-from .conv2d import require_fp32
+from .common import require_fp32
 from .stream import cdiv, cores_knob, group_key, share, stream, vpu_op
 
 TILES = (1024, 2048, 4096, 8192, 16384, 32768)

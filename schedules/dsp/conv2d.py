@@ -12,10 +12,11 @@ from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw, conv_out_shape
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template, register_template
+from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .assemble import Relayout, assemble, host_ops, nbytes
+from .common import require_fp32
 from .direct import (
     ConvSpec,
     DirectConfig,
@@ -33,12 +34,6 @@ EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("b
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (4, 8, 12, 16, 28, 32, 56)
-
-
-def require_fp32(wl: Workload, target: Target) -> None:
-    if wl.dtype != "float32":
-        raise OpcError(f"{target.name} computes in fp32 on its VPEs (no {wl.dtype} arithmetic)", arg="--dtype",
-                       value=wl.dtype, expected="float32")
 
 
 class DirectTemplate(Template):

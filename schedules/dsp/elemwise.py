@@ -16,13 +16,13 @@ from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dm
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template, register_template
+from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
 from .chain import DspChain
 from .concat import DspConcat
-from .conv2d import require_fp32
+from .common import require_fp32
 from .direct import stage_order
 from .pad import DspPad
 from .slice import DspSlice

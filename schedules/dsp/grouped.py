@@ -30,7 +30,7 @@ from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template
+from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
@@ -114,7 +114,7 @@ class DspGroupedConv(Template):
     version = 1
 
     def _check_wl(self, wl: Workload, target: Target) -> None:
-        from .conv2d import require_fp32
+        from .common import require_fp32
         require_fp32(wl, target)
         if wl.layout != "NCHW":
             raise OpcError("the dsp grouped / depthwise convolution is NCHW (output columns on the lanes)",

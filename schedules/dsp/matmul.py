@@ -18,11 +18,12 @@ from opcompiler.backend.dsp.program import Allocator, Program
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template import Knob, register_template
+from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
 from .assemble import Relayout, assemble, host_ops, nbytes
-from .conv2d import DirectTemplate, require_fp32
+from .common import require_fp32
+from .conv2d import DirectTemplate
 from .direct import ConvSpec, DirectConfig, check
 from .gemm import KC, MB, NB, GemmGeo, GemmLowering, check_gemm, gemm_features
 from .ksplit import chunks, footprint_k

@@ -19,7 +19,7 @@ from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dm
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template
+from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
@@ -65,7 +65,7 @@ class DspPad(Template):
     version = 1
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
-        from .conv2d import require_fp32
+        from .common import require_fp32
         require_fp32(wl, target)
         g = _Geo(machine(target), wl, {"planes": 1, "rows": 1, "dbuf": 0})
         return [Knob("planes", tuple(v for v in PLANES if v <= g.P) or (1,), "planes per stage"),

@@ -23,11 +23,11 @@ from opcompiler.backend.dsp.vector import Mem, Nest, VI, VKernel
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template, register_template
+from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
-from .conv2d import require_fp32
+from .common import require_fp32
 from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)

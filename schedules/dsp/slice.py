@@ -7,11 +7,11 @@ from __future__ import annotations
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.ops.catalogue import slice_geometry
 from opcompiler.target import Target
-from opcompiler.template import Knob
+from opcompiler.template_base import Knob
 from opcompiler.workload import Workload
 
 from .concat import TILES, DspConcat
-from .conv2d import require_fp32
+from .common import require_fp32
 from .stream import cores_knob
 
 

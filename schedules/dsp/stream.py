@@ -16,7 +16,7 @@ from typing import Any, Callable, Hashable, Sequence
 from opcompiler.backend.dsp import vector as vx
 from opcompiler.backend.dsp.machine import DspMachine
 from opcompiler.backend.dsp.program import Op
-from opcompiler.template import Knob
+from opcompiler.template_base import Knob
 
 from .direct import stage_order
 

@@ -29,11 +29,11 @@ from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import transpose_dims
 from opcompiler.target import Target
-from opcompiler.template import Knob, Template
+from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
 from .assemble import assemble, host_ops, nbytes
-from .conv2d import require_fp32
+from .common import require_fp32
 from .stream import cores_knob, group_key, share, stream
 
 TILES = (256, 1024, 4096, 16384, 65536, 131072)

@@ -1,7 +1,8 @@
 """`AscendSimBackend`: build a template's program, run it (functional) or time it (timing).
 
-build   template.config -> template.apply -> Plan; core 0's program is emitted (capacity and
-        alignment are checked here: CapacityError names buffer, level and bytes).
+build   resolve_config (the template's check) -> template.apply -> Plan; core 0's program is
+        emitted (capacity and alignment are enforced here: CapacityError names buffer, level
+        and bytes, and is what a config `check` rejects reports).
 run     host-side packing of the inputs into GM layouts, every active core's program executed
         instruction by instruction on simulated memories, output unpacked; cycles from the
         pipe scheduler replaying core 0's program.
@@ -10,15 +11,16 @@ measure the same scheduler replay without any arithmetic (timing mode): same cyc
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
+from ...config import ConfigSpec, InvalidConfig
 from ...errors import CapacityError, OpcError
 from ...ops import get_op
-from ...template import get_template
+from ...template_base import Config, Template
 from ...workload import Workload
-from .. import Backend, Kernel, RunResult
+from ..base import Backend, Kernel, RunResult
 from .builder import Plan, Program
 from .isa import Memory
 from .machine import Machine
@@ -47,10 +49,11 @@ class AscendSimBackend(Backend):
         super().__init__(target)
         self.machine = Machine.from_target(target)
 
-    def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
-        op = get_op(wl.op)
-        tmpl = get_template(op.family, "ascend")
-        cfg = tmpl.config(wl, self.target, config)
+    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
+        try:
+            tmpl, cfg = self.resolve(wl, config)
+        except InvalidConfig as e:
+            raise self._emission_error(wl, e) from None
         self._check_gm(wl)
         plan: Plan = tmpl.apply(wl, self.target, cfg)
         prog = plan.make_program(0)
@@ -59,6 +62,18 @@ class AscendSimBackend(Backend):
                 "buffer_high_water": {k: v for k, v in prog.high_water.items() if v}, **plan.info}
         return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,
                       config=cfg, artifact=Compiled(plan, prog), info=info)
+
+    def _emission_error(self, wl: Workload, invalid: InvalidConfig) -> OpcError:
+        """What emitting the rejected config reports: the builder's CapacityError names the buffer,
+        the level and the bytes exactly (`check` is its prefilter). The check's own error when
+        emission happens to succeed."""
+        tmpl: Template = invalid.template
+        cfg: Config = invalid.config
+        try:
+            tmpl.apply(wl, self.target, cfg).make_program(0)
+        except OpcError as e:
+            return e
+        return invalid
 
     def _check_gm(self, wl: Workload) -> None:
         """The kernel's inputs and output must fit off-chip memory (checked before emitting code)."""

@@ -1,38 +1,16 @@
 """DspSimBackend: build a DSP template's lowered program, run it (values + cycles) or time it."""
 from __future__ import annotations
 
-from typing import Any, Mapping, Sequence
+from typing import Sequence
 
 import numpy as np
 
-from ...errors import OpcError, OpcFailure
-from ...ops import get_op
-from ...template import get_template
+from ...config import ConfigSpec
+from ...errors import OpcFailure
 from ...workload import Workload
-from .. import Backend, Kernel, RunResult
+from ..base import Backend, Kernel, RunResult
 from .engine import Timing, execute, timing
 from .machine import machine
-
-
-def resolve_config(template: Any, wl: Workload, target: Any, config: Mapping[str, Any] | str | None) -> dict:
-    """None -> the template default; "paper" -> the paper's schedule; a dict -> validated knobs."""
-    if config is None or config == "default":
-        cfg = template.default(wl, target)
-    elif config == "paper":
-        if not hasattr(template, "paper"):
-            raise OpcError(f"template {template.name} has no paper schedule", arg="--config", value=config,
-                           expected="default or a JSON object of knobs")
-        cfg = template.paper(wl, target)
-    elif isinstance(config, str):
-        raise OpcError("unknown config name", arg="--config", value=config,
-                       expected="default, paper, best or a JSON object of knobs")
-    else:
-        cfg = template.config(wl, target, config)
-    why = template.check(wl, target, cfg)
-    if why is not None:
-        raise OpcError(f"config cannot run on {target.name}: {why}", arg="--config", value=cfg,
-                       expected="; ".join(k.describe() for k in template.space(wl, target)))
-    return cfg
 
 
 class DspSimBackend(Backend):
@@ -45,11 +23,9 @@ class DspSimBackend(Backend):
 
     family = "dsp"
 
-    def build(self, wl: Workload, config: Mapping[str, Any] | str | None = None) -> Kernel:
+    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
         m = machine(self.target)
-        op = get_op(wl.op)
-        tmpl = get_template(op.family, "dsp")
-        cfg = resolve_config(tmpl, wl, self.target, config)
+        tmpl, cfg = self.resolve(wl, config)
         prog = tmpl.apply(wl, self.target, cfg)  # timing program: validates capacities, fast
         info = {"data_mode": m.data_mode, "cores_used": prog.cores_used, **prog.info}
         return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,

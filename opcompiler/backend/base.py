@@ -1,0 +1,112 @@
+"""The backend interface: build, run (functional: values + time) and measure (time only) one kernel.
+
+A backend is a small interface so the tuner, the CLI, graphs and export treat the CPU, CUDA
+and the two simulators alike. Which backend serves a target is the registry's business
+(`opcompiler.backend.get_backend`); what a family can do is declared in
+`opcompiler.backend.capabilities`. Every `build` resolves its config through
+`Backend.resolve` (`opcompiler.config.resolve_config`: always the template's `check`).
+"""
+from __future__ import annotations
+
+from abc import ABC, abstractmethod
+from dataclasses import dataclass, field
+from typing import Any, ClassVar, Sequence
+
+import numpy as np
+
+from ..config import ConfigSpec, resolve_config
+from ..errors import OpcError
+from ..target import Target
+from ..template_base import Config, Template
+from ..workload import Workload
+from ..capabilities import Capabilities, capabilities
+
+
+@dataclass(kw_only=True)
+class Kernel:
+    """A built kernel: what was built (workload, template, config) and the backend's artifact."""
+
+    workload: Workload
+    target: Target
+    template: str
+    template_version: int
+    config: dict[str, Any]
+    artifact: Any = None  # backend-specific: a tvm Executable, a simulator program, ...
+    info: dict[str, Any] = field(default_factory=dict)  # build facts worth reporting (e.g. layout handling)
+
+
+@dataclass(kw_only=True)
+class RunResult:
+    """The outcome of one run. `seconds` is wall time on real devices, simulated time on simulators."""
+
+    outputs: list[np.ndarray] | None
+    seconds: float
+    cycles: int | None = None
+    metrics: dict[str, Any] = field(default_factory=dict)  # percent_of_peak, bound, bytes_by_level, pipe_ratios...
+
+
+class Backend(ABC):
+    """One target family's build / run / measure."""
+
+    family: ClassVar[str]
+
+    def __init__(self, target: Target):
+        if target.family != self.family:
+            raise OpcError(f"backend {type(self).__name__} ({self.family}) cannot serve target {target.name} "
+                           f"of family {target.family}")
+        self.target = target
+
+    @property
+    def capabilities(self) -> Capabilities:
+        """What this backend's family can do (declared in `opcompiler.capabilities`)."""
+        return capabilities(self.family)
+
+    def template(self, wl: Workload) -> Template:
+        """The template that schedules `wl` on this backend's family."""
+        from ..ops import get_op
+        from ..template import get_template
+        return get_template(get_op(wl.op).family, self.family)
+
+    def resolve(self, wl: Workload, config: ConfigSpec) -> tuple[Template, Config]:
+        """(template, full checked config): every `build` starts here (`opcompiler.config`)."""
+        tmpl = self.template(wl)
+        return tmpl, resolve_config(tmpl, wl, self.target, config)
+
+    def schedule(self, wl: Workload, config: ConfigSpec) -> tuple[Template, Config, Any]:
+        """(template, full config, scheduled IRModule) for the backends that compile through TVM."""
+        tmpl, cfg = self.resolve(wl, config)
+        sch = tmpl.apply(wl, self.target, cfg)
+        return tmpl, cfg, (sch.mod if hasattr(sch, "mod") else sch)
+
+    @abstractmethod
+    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
+        """Schedule `wl` with its template and `config` (default when None) and compile it.
+        Raises OpcError (e.g. CapacityError) for a config that cannot work."""
+
+    @abstractmethod
+    def run(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> RunResult:
+        """Execute with real values: outputs plus time (functional mode on simulators)."""
+
+    @abstractmethod
+    def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:
+        """Time only, as fast as the backend can (timing mode on simulators; repeated runs on devices)."""
+
+
+def device_args(wl: Workload, inputs: Sequence[np.ndarray], dev: Any) -> list:
+    """Inputs checked against the op's signature and copied to `dev`, plus a zeroed output
+    buffer (TVM kernels are destination-passing). A mismatch names expected and got."""
+    from ..ops import get_op
+    import tvm
+
+    op = get_op(wl.op)
+    specs = op.inputs(wl)
+    if len(inputs) != len(specs):
+        raise OpcError(f"{wl.op} takes {len(specs)} inputs, got {len(inputs)}")
+    args = []
+    for (name, shape, dt), x in zip(specs, inputs):
+        if tuple(x.shape) != tuple(shape) or str(x.dtype) != dt:
+            raise OpcError(f"input {name}: expected {dt}{list(shape)}, got {x.dtype}{list(x.shape)}")
+        args.append(tvm.runtime.tensor(np.ascontiguousarray(x), dev))
+    shape, dt = op.output_spec(wl)
+    args.append(tvm.runtime.tensor(np.zeros(shape, dtype=dt), dev))
+    return args

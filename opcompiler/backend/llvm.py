@@ -1,0 +1,32 @@
+"""The host as LLVM sees it: the TVM target and its SIMD width.
+
+Shared by the CPU backend and the CPU templates (which size their vectors by it); it sits
+below both so neither imports the other.
+"""
+from __future__ import annotations
+
+import os
+from functools import cache
+from typing import Any
+
+import numpy as np
+import tvm
+
+
+@cache
+def llvm_target() -> tvm.target.Target:
+    """The host as LLVM sees it (mcpu asked of LLVM, never hard-coded), all cores."""
+    cpu = tvm.target.codegen.llvm_get_system_cpu()
+    spec: dict[str, Any] = {"kind": "llvm", "num-cores": os.cpu_count() or 1}
+    if cpu and cpu != "generic":
+        spec["mcpu"] = cpu
+    return tvm.target.Target(spec)
+
+
+def vector_lanes(dtype: str = "float32") -> int:
+    """SIMD lanes for `dtype` on the host, from LLVM's vector width for the detected CPU."""
+    try:
+        bits = int(tvm.target.codegen.llvm_get_vector_width(llvm_target()))
+    except Exception:  # an LLVM without the query: assume SSE
+        bits = 128
+    return max(bits // (np.dtype(dtype).itemsize * 8), 1)

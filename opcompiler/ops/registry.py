@@ -1,0 +1,95 @@
+"""The op registry: `OpDef` (an op's compute, reference, shapes and flops), `Step` and
+`register_op`. The catalogue of built-in ops registers into it; `opcompiler.ops` looks ops
+up (loading the catalogue first), so the catalogue imports this module, never the package."""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Callable, Mapping, Sequence
+
+import numpy as np
+
+from ..errors import OpcError
+from ..workload import Workload
+
+
+@dataclass(frozen=True, kw_only=True)
+class Step:
+    """One kernel of an unfused sequence: `inputs` name op inputs (`in0`..) or earlier steps (`s0`..)."""
+
+    op: str
+    params: Mapping[str, Any]
+    inputs: tuple[str, ...]
+
+
+@dataclass(frozen=True, kw_only=True)
+class OpDef:
+    name: str
+    summary: str
+    family: str  # template family: conv2d | matmul | elemwise | reduce | pool
+    defaults: Mapping[str, Any]
+    dtypes: tuple[str, ...]
+    compute_fn: Callable[[Workload], tuple[list, Any]]
+    reference_fn: Callable[[Workload, list[np.ndarray]], np.ndarray]
+    input_specs: Callable[[Workload], list[tuple[str, tuple[int, ...], str]]]  # (name, shape, dtype)
+    flops_fn: Callable[[Workload], int]
+    validate_fn: Callable[[Workload], None] = lambda wl: None
+    unfused_fn: Callable[[Workload], list[Step]] | None = None
+    preset_kind: str = ""  # which presets apply: conv | matmul | ""
+    fusion: str = ""  # fusion pattern name when this op is a fusion
+
+    def compute(self, wl: Workload) -> tuple[list, Any]:
+        """(input placeholders, output tensor) as one TE graph."""
+        return self.compute_fn(wl)
+
+    def reference(self, wl: Workload, inputs: Sequence[np.ndarray]) -> np.ndarray:
+        return self.reference_fn(wl, list(inputs))
+
+    def flops(self, wl: Workload) -> int:
+        return int(self.flops_fn(wl))
+
+    def inputs(self, wl: Workload) -> list[tuple[str, tuple[int, ...], str]]:
+        return self.input_specs(wl)
+
+    def output_spec(self, wl: Workload) -> tuple[tuple[int, ...], str]:
+        """(shape, dtype) of the output; read off the compute once per workload, since every
+        run and measurement asks for it to allocate the output buffer."""
+        key = (self.name, wl)
+        if key not in _OUTPUT_SPECS:
+            _, out = self.compute(wl)
+            _OUTPUT_SPECS[key] = tuple(int(d) for d in out.shape), str(out.dtype)
+        return _OUTPUT_SPECS[key]
+
+    def bytes(self, wl: Workload) -> int:
+        """Compulsory bytes: every input read once, the output written once."""
+        total = sum(int(np.prod(s)) * np.dtype(d).itemsize for _, s, d in self.inputs(wl))
+        shape, dt = self.output_spec(wl)
+        return total + int(np.prod(shape)) * np.dtype(dt).itemsize
+
+    def unfused(self, wl: Workload) -> list[Step]:
+        """The op-by-op sequence (one kernel each); a single-op list for non-fused ops."""
+        if self.unfused_fn is None:
+            return [Step(op=self.name, params=dict(wl.params), inputs=tuple(f"in{i}" for i in range(len(self.inputs(wl)))))]
+        return self.unfused_fn(wl)
+
+    def make_inputs(self, wl: Workload, seed: int = 0) -> list[np.ndarray]:
+        rng = np.random.default_rng(seed)
+        out = []
+        for name, shape, dt in self.inputs(wl):
+            if dt == "int8":
+                out.append(rng.integers(-8, 8, size=shape).astype(dt))
+            elif name in ("scale", "bn_scale"):
+                out.append(rng.uniform(0.5, 1.5, size=shape).astype(dt))
+            else:
+                out.append(rng.standard_normal(size=shape).astype(dt))
+        return out
+
+
+_OUTPUT_SPECS: dict[tuple[str, Workload], tuple[tuple[int, ...], str]] = {}  # op names are unique
+_OPS: dict[str, OpDef] = {}
+
+
+def register_op(op: OpDef) -> OpDef:
+    if op.name in _OPS:
+        raise OpcError(f"op {op.name!r} is already registered")
+    _OPS[op.name] = op
+    return op

@@ -1,0 +1,45 @@
+"""Derived sizes of one Ascend conv workload (fractals, output pixels, the input rows a pixel tile
+needs): shared by the img2col template (`conv2d.py`) and its TIR route (`conv2d_tir.py`)."""
+from __future__ import annotations
+
+from opcompiler.backend.ascend.builder import ceil_div
+from opcompiler.backend.ascend.isa import ConvGeom
+from opcompiler.ops.catalogue import conv_out_hw
+from opcompiler.target import Target
+from opcompiler.workload import Workload
+
+from .common import cube_dtype
+
+
+class ConvGeometry:
+    """Derived sizes of one conv workload."""
+
+    def __init__(self, wl: Workload, target: Target):
+        p = wl.p
+        m0, k0, n0 = cube_dtype(wl, target)
+        self.m0, self.k0, self.n0 = m0, k0, n0
+        self.c0 = k0
+        self.groups = p["groups"]
+        self.n, self.h, self.w = p["n"], p["h"], p["w"]
+        self.c_all, self.k_all = p["c"], p["k"]
+        self.c, self.k = p["c"] // self.groups, p["k"] // self.groups  # per group
+        self.nb = self.n * self.groups  # (image, group) pairs: each an independent GEMM
+        self.r, self.s, self.st, self.pad, self.dil = p["r"], p["s"], p["stride"], p["pad"], p["dilation"]
+        self.ho, self.wo = conv_out_hw(wl)
+        self.c1 = ceil_div(self.c, self.c0)
+        self.q = self.c1 * self.r * self.s  # K fractals
+        self.n1 = ceil_div(self.k, n0)
+        self.hw = self.ho * self.wo
+        self.mp1 = ceil_div(self.hw, m0)  # pixel fractals per image
+        self.geom = ConvGeom(h=self.h, w=self.w, ho=self.ho, wo=self.wo, r=self.r, s=self.s, stride=self.st,
+                             dilation=self.dil, pad_top=self.pad, pad_left=self.pad)
+
+    def rows(self, p0: int, npix: int) -> tuple[int, int]:
+        """Input rows [lo, hi] the pixels p0 .. p0+npix need (clipped to the image)."""
+        last = min(p0 + npix, self.hw) - 1
+        lo = (p0 // self.wo) * self.st - self.pad
+        hi = (last // self.wo) * self.st - self.pad + (self.r - 1) * self.dil
+        return max(lo, 0), min(hi, self.h - 1)
+
+    def max_rows(self, mt: int) -> int:
+        return max(hi - lo + 1 for lo, hi in (self.rows(p0, mt) for p0 in range(0, self.hw, mt)))
