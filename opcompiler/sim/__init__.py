@@ -20,6 +20,7 @@ from .clock import Clocked
 from .instr import Instruction
 from .profile import Profile, Timing
 from .scoreboard import Channels, Scoreboard, barrier, run_repeated
+from .trace import Event, Trace
 
 __all__ = ["Arena", "CapacityError", "Level", "Clocked", "Instruction", "Profile", "Timing", "Channels",
-           "Scoreboard", "barrier", "run_repeated"]
+           "Scoreboard", "barrier", "run_repeated", "Event", "Trace"]

@@ -48,6 +48,26 @@ class Memory:
         self.arenas = {lvl: np.zeros(cap, np.uint8) for lvl, cap in capacities.items()}
         self.gm = gm
         self._views: dict[int, np.ndarray] = {}
+        # what the executing instruction touched, in order: (buffer, "r" | "w"); None: not recorded
+        self.log: list[tuple[Buf, str]] | None = None
+
+    def load(self, b: Buf) -> np.ndarray:
+        """The buffer, read by the executing instruction."""
+        if self.log is not None:
+            self.log.append((b, "r"))
+        return self.view(b)
+
+    def store(self, b: Buf) -> np.ndarray:
+        """The buffer, written by the executing instruction."""
+        if self.log is not None:
+            self.log.append((b, "w"))
+        return self.view(b)
+
+    def update(self, b: Buf) -> np.ndarray:
+        """The buffer, read and written (an accumulation)."""
+        if self.log is not None:
+            self.log += [(b, "r"), (b, "w")]
+        return self.view(b)
 
     def view(self, b: Buf) -> np.ndarray:
         v = self._views.get(b.id)
@@ -131,9 +151,9 @@ class DataMove(Instr):
             bpc = min(bpc, write_bpc)
         return ceil(p.latency_cycles + self.nbytes / bpc + p.burst_cycles * max(self.bursts - 1, 0))
 
-    def execute(self, mem: Memory) -> None:
-        d = mem.view(self.dst)
-        s = mem.view(self.src)[self.src_idx]
+    def execute(self, mem: Memory) -> int:
+        s = mem.load(self.src)[self.src_idx]
+        d = mem.store(self.dst)
         tgt = d[self.dst_idx]
         if self.transform == "nd2zz":
             k0 = tgt.shape[-1]
@@ -147,6 +167,7 @@ class DataMove(Instr):
             raise OpcFailure(f"data_move {self.src.name}{self.src_idx} -> {self.dst.name}{self.dst_idx}: "
                              f"{s.size} elements into {tgt.size}")
         d[self.dst_idx] = s.reshape(tgt.shape).astype(d.dtype, copy=False)
+        return s.size * s.itemsize  # bytes moved
 
 
 @dataclass(frozen=True)
@@ -187,10 +208,10 @@ class Load3D(Instr):
         p = m.path("L1", self.dst.level)
         return ceil(p.latency_cycles + self.nbytes / p.bytes_per_cycle)
 
-    def execute(self, mem: Memory) -> None:
+    def execute(self, mem: Memory) -> int:
         g = self.geom
-        fm = mem.view(self.src)
-        out = mem.view(self.dst)
+        fm = mem.load(self.src)
+        out = mem.store(self.dst)
         pix = self.p0 + np.arange(self.mt)
         oy, ox = pix // g.wo, pix % g.wo
         q = self.q0 + np.arange(self.kt1)
@@ -208,6 +229,7 @@ class Load3D(Instr):
         vals[~ok] = 0
         k0 = fm.shape[3]
         out[:self.mt // 16, :self.kt1] = vals.reshape(self.mt // 16, 16, self.kt1, k0).transpose(0, 2, 1, 3)
+        return vals.size * out.itemsize  # bytes written into L0
 
 
 @dataclass(eq=False)
@@ -227,10 +249,10 @@ class Mmad(Instr):
     def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
         return ceil(m.cube_startup + self.m1 * self.k1 * self.n1)
 
-    def execute(self, mem: Memory) -> None:
-        a = mem.view(self.a)[:self.m1, :self.k1]  # (m1, k1, 16, k0)
-        b = mem.view(self.b)[:self.k1, :self.n1]  # (k1, n1, 16, k0)
-        c = mem.view(self.c)
+    def execute(self, mem: Memory) -> int:
+        a = mem.load(self.a)[:self.m1, :self.k1]  # (m1, k1, 16, k0)
+        b = mem.load(self.b)[:self.k1, :self.n1]  # (k1, n1, 16, k0)
+        c = mem.store(self.c) if self.init else mem.update(self.c)
         k0 = a.shape[3]
         am = a.transpose(0, 2, 1, 3).reshape(self.m1 * 16, self.k1 * k0).astype(self.acc_dtype)
         bm = b.transpose(0, 3, 1, 2).reshape(self.k1 * k0, self.n1 * 16).astype(self.acc_dtype)
@@ -240,6 +262,7 @@ class Mmad(Instr):
             dst[...] = prod
         else:
             dst += prod
+        return (am.shape[0] // 16) * (bm.shape[0] // k0) * (bm.shape[1] // 16)  # fractal products
 
 
 @dataclass(frozen=True)
@@ -288,9 +311,9 @@ class Vec(Instr):
         per_lane = (e // epb) * o.blk_stride * epb + e % epb
         return o.offset + np.arange(self.repeat)[:, None] * (o.rep_stride * epb) + per_lane[None, :]
 
-    def execute(self, mem: Memory) -> None:
-        dv = mem.view(self.dst.buf).reshape(-1)
-        svs = [mem.view(s.buf).reshape(-1) for s in self.srcs]
+    def execute(self, mem: Memory) -> int:
+        svs = [mem.load(s.buf).reshape(-1) for s in self.srcs]
+        dv = mem.store(self.dst.buf).reshape(-1)
         xs = [] if self.op == "dups" else [sv[self._idx(s, sv.itemsize, self.lanes)] for s, sv in zip(self.srcs, svs)]
         op = self.op
         if op in _BINARY:
@@ -308,10 +331,11 @@ class Vec(Instr):
         elif op in _REDUCE:
             red = _REDUCE[op](xs[0].astype(np.float32), axis=1).astype(dv.dtype)
             dv[self.dst.offset + np.arange(self.repeat)] = red
-            return
+            return xs[0].size
         else:  # pragma: no cover - the builder rejects unknown ops
             raise OpcFailure(f"unknown vector op {op}")
         dv[self._idx(self.dst, dv.itemsize, self.lanes)] = r.astype(dv.dtype, copy=False)
+        return r.size  # elements computed
 
 
 @dataclass(eq=False)

@@ -22,26 +22,34 @@ damped fixed-point iteration over a few replays (`CONTENTION_ROUNDS`).
 The pipes, the issue clock, the flag costs and barriers are the simulator core's scoreboard
 (`opcompiler.sim.scoreboard`); what stays here is the DaVinci ISA's: which instructions the
 scalar unit runs itself, the GM rates under contention, and the counters the report reads.
+`replay` / `run` are functional mode with its own accounting (`opcompiler.sim.trace`, from
+the buffers each instruction's execution touched), never this scoreboard; `report` builds the
+run's metrics from the typed `Profile`.
 """
 from __future__ import annotations
 
 from ...sim.profile import Profile, Timing
 from ...sim.scoreboard import Scoreboard, barrier
-from .builder import Program
-from .isa import Barrier, DataMove, Load3D, Mmad, Scalar, Vec
+from ...sim.trace import BARRIER, STALL, WORK as EV_WORK, Event, Trace
+from .builder import Plan, Program
+from .isa import Barrier, DataMove, Load3D, Memory, Mmad, Scalar, Vec
 from .machine import PIPES
 
 GB = 1e9
 
-__all__ = ["Timing", "Profile", "schedule", "cost", "profile", "report", "CONTENTION_ROUNDS"]
+__all__ = ["Timing", "Profile", "schedule", "replay", "run", "cost", "profile", "report", "CONTENTION_ROUNDS"]
 
 
-def _hbm_fraction(prog: Program) -> tuple[float, int, int]:
-    """(fraction of GM reads served by HBM, core 0's GM read bytes, core 0's GM write bytes)."""
+def _hbm_fraction(prog: Program, gm_bytes: tuple[int, int] | None = None) -> tuple[float, int, int]:
+    """(fraction of GM reads served by HBM, core 0's GM read bytes, core 0's GM write bytes);
+    the bytes are the program's (or `gm_bytes`: what an execution moved)."""
     m = prog.machine
     n = max(prog.active_cores, 1)
-    per_core_read = sum(i.nbytes for i in prog.instrs if isinstance(i, DataMove) and i.path[0] == "GM")
-    per_core_write = sum(i.nbytes for i in prog.instrs if isinstance(i, DataMove) and i.path[1] == "GM")
+    if gm_bytes is None:
+        per_core_read = sum(i.nbytes for i in prog.instrs if isinstance(i, DataMove) and i.path[0] == "GM")
+        per_core_write = sum(i.nbytes for i in prog.instrs if isinstance(i, DataMove) and i.path[1] == "GM")
+    else:
+        per_core_read, per_core_write = gm_bytes
     unique = sum(b.nbytes for name, b in prog.gm.items() if name in prog.info.get("gm_inputs", ()))
     total_reads = per_core_read * n
     if total_reads <= 0:
@@ -129,11 +137,7 @@ def schedule(prog: Program) -> Timing:
     for _ in range(CONTENTION_ROUNDS):
         read_bpc, write_bpc = _gm_rates(prog, hbm_frac, readers, writers)
         cycles, busy, syncs = _replay(prog, seq, cost(prog, read_bpc, write_bpc))
-        duty_r = busy["MTE2"] / cycles if cycles else 1.0
-        duty_w = busy["MTE3"] / cycles if cycles else 1.0
-        # damped update keeps the iteration from oscillating
-        readers = max(1.0, 0.5 * readers + 0.5 * n * duty_r)
-        writers = max(1.0, 0.5 * writers + 0.5 * n * duty_w)
+        readers, writers = _damped(n, readers, writers, busy, cycles)  # damped: no oscillation
     c = counters(prog)
     return Timing(cycles=int(cycles), busy=busy, bytes_by_level=c["bytes_by_path"], syncs=syncs,
                   instructions=len(prog.instrs), detail={**c, "hbm_read_fraction": hbm_frac})
@@ -154,6 +158,91 @@ def _replay(prog: Program, seq: list[tuple], cycles: list[int]) -> tuple[int, di
         else:
             barrier([sb])
     return sb.now(), busy, sb.syncs
+
+
+# -- functional mode: execution and its own accounting -------------------------------------
+
+
+def _damped(n: float, readers: float, writers: float, busy: dict, cycles: int) -> tuple[float, float]:
+    duty_r = busy.get("MTE2", 0) / cycles if cycles else 1.0
+    duty_w = busy.get("MTE3", 0) / cycles if cycles else 1.0
+    return max(1.0, 0.5 * readers + 0.5 * n * duty_r), max(1.0, 0.5 * writers + 0.5 * n * duty_w)
+
+
+def replay(prog: Program, mem: Memory) -> Timing:
+    """Functional mode: execute core 0's program on `mem` and account its cycles from what the
+    execution did, independently of `schedule` (which replays what the program declares):
+    the memory records the buffers each instruction actually read and wrote, the instructions
+    report the work they did (bytes moved, fractal products, vector elements), and
+    `sim.trace` derives the dependency graph from those accesses and evaluates it -- with its
+    own bandwidth-share rounds, from the GM bytes the execution moved. The two must agree; a
+    dependency the program fails to declare, or a byte count it gets wrong, shows."""
+    m = prog.machine
+    tr = Trace(1)
+    by_path: dict[str, int] = {}
+    gm_r = gm_w = fractals = vec_el = 0
+    for ins in prog.instrs:
+        if isinstance(ins, Barrier):
+            tr.record(0, Event(BARRIER))
+            continue
+        if isinstance(ins, Scalar):
+            tr.record(0, Event(STALL, "S"))
+            continue
+        mem.log = log = []
+        work = ins.execute(mem)
+        mem.log = None
+        tr.record(0, Event(EV_WORK, ins.pipe, tuple(b.id for b, mode in log if mode == "r" and b.level != "GM"),
+                           tuple(b.id for b, mode in log if mode == "w" and b.level != "GM")))
+        if isinstance(ins, (DataMove, Load3D)):
+            src = next(b.level for b, mode in log if mode == "r")
+            dst = next(b.level for b, mode in log if mode == "w")
+            key = f"{src}->{dst}"
+            by_path[key] = by_path.get(key, 0) + work
+            if src == "GM":
+                gm_r += work
+            elif dst == "GM":
+                gm_w += work
+        elif isinstance(ins, Mmad):
+            fractals += work
+        elif isinstance(ins, Vec):
+            vec_el += work
+    hbm_frac, _, _ = _hbm_fraction(prog, (gm_r, gm_w))
+    n = float(max(prog.active_cores, 1))
+    readers = writers = n
+    acc = None
+    for _ in range(CONTENTION_ROUNDS):
+        read_bpc, write_bpc = _gm_rates(prog, hbm_frac, readers, writers)
+        costs = [ins.cost_cycles(m, read_bpc, write_bpc) for ins in prog.instrs]
+        acc = tr.account(costs=[costs], issue_cycles=m.issue_cycles, issue_unit="S", start=m.launch_cycles,
+                         sync_cycles=m.sync_cycles)
+        readers, writers = _damped(n, readers, writers, acc.busy, acc.cycles)
+    busy = {p: int(acc.busy.get(p, 0)) for p in PIPES}
+    detail = {"bytes_by_path": by_path, "gm_read_bytes": gm_r, "gm_write_bytes": gm_w, "cube_fractals": fractals,
+              "vec_elements": vec_el, "hbm_read_fraction": hbm_frac}
+    return Timing(cycles=acc.cycles, busy=busy, bytes_by_level=by_path, syncs=acc.syncs,
+                  instructions=len(prog.instrs), detail=detail)
+
+
+def run(plan: Plan, program: Program, inputs) -> tuple:
+    """Functional mode for a whole kernel: the host packs the inputs into GM, every active
+    core's program executes on its own on-chip memories (core 0's is `program`), the host
+    unpacks the output. Returns (output, core 0's Timing by the functional accounting)."""
+    import numpy as np
+
+    m = program.machine
+    gm = plan.pack([np.asarray(x) for x in inputs])
+    gm[plan.out_name] = np.zeros(plan.out_shape, plan.out_dtype)
+    caps = {lvl: lv.capacity for lvl, lv in m.levels.items()}
+    t = None
+    for core in range(plan.active_cores):
+        prog = program if core == 0 else plan.make_program(core)
+        mem = Memory(caps, gm)
+        if core == 0:
+            t = replay(prog, mem)
+        else:
+            for ins in prog.instrs:
+                ins.execute(mem)
+    return plan.unpack(gm[plan.out_name]), t
 
 
 # -- the report ------------------------------------------------------------------------------

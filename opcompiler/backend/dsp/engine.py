@@ -8,19 +8,26 @@ transfer holds its channel for bytes / bandwidth, so cores loading at once queue
 other (a bandwidth-blind model over-predicts multi-core speedup). Cores reach barriers
 together. Identical cores may be simulated as one entry with a multiplicity: they issue the
 same transfers at the same times, so the channel is held for all of them.
+
+The scoreboard, the channels, barriers and the steady-state skip are the simulator core's
+(`opcompiler.sim.scoreboard`); the DSP ISA adds a transfer's engine and channel cycles, FMAC
+busy time and the issued-work counters. `replay` is functional mode with its own accounting
+(`opcompiler.sim.trace`): the per-core op lists as executed, never this scoreboard; tests
+hold the two to each other. `report` builds the run's metrics from the typed `Profile`.
 """
 from __future__ import annotations
 
 import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Callable, Sequence
 
 import numpy as np
 
 from ...errors import OpcFailure
 from ...sim.profile import Profile, Timing
 from ...sim.scoreboard import Channels, Scoreboard, barrier, run_repeated
+from ...sim.trace import BARRIER, WORK, Event, Trace
 from .machine import DspMachine
 from .program import F32, Op, Program, Repeat, View, expand
 
@@ -258,8 +265,10 @@ class Memory:
         return np.lib.stride_tricks.as_strided(arr[v.offset:], v.shape, tuple(s * F32 for s in v.strides))
 
 
-def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, Counters]:
-    """Run the program on real values; cores run phase by phase between barriers."""
+def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
+            record: Callable[[int, Op], None] | None = None) -> tuple[np.ndarray, Counters]:
+    """Run the program on real values; cores run phase by phase between barriers (`record`,
+    if given, sees every op a core executed and every barrier it reached)."""
     ddr = {name: np.full(int(np.prod(shape)), np.nan, np.float32) for name, shape in prog.ddr_tensors.items()}
     for name, x in zip(prog.inputs, inputs):
         ddr[name][...] = np.ascontiguousarray(x, dtype=np.float32).reshape(-1)
@@ -274,14 +283,50 @@ def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray]) -> tuple
             while pos[c] < len(ops):
                 op = ops[pos[c]]
                 pos[c] += 1
+                if record is not None:
+                    record(c, op)
                 if op.kind == "barrier":
                     break
                 if op.fn is None:
                     raise OpcFailure(f"op {op.kind} {op.label} has no functional body (built for timing only)")
-                done = op.fn(mem)  # a VPU pass returns the micro-kernel calls it executed
+                done = op.execute(mem)  # a VPU pass returns the micro-kernel calls it executed
                 counters.add_op(op, 1, done if isinstance(done, int) else None)
     _host_bytes(prog, counters)
     return ddr[prog.output].reshape(prog.out_shape).copy(), counters
+
+
+def replay(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, Counters, Timing]:
+    """Functional mode with its own accounting: `execute` the (functional) program, recording
+    every op each core executed, in the order it executed them (cores phase by phase between
+    barriers), as a trace; `sim.trace` derives the dependencies from the trace and evaluates
+    them with the shared DDR and GSM channels, independently of `timing` (no repeat blocks,
+    steady-state skips or core groups: one op list per core). Returns (output, counters,
+    Timing)."""
+    tr = Trace(len(prog.cores))
+    statics: dict[int, tuple] = {}
+
+    def record(c: int, op: Op) -> None:
+        if op.kind == "barrier":
+            tr.record(c, Event(BARRIER))
+            return
+        st = statics.get(id(op))
+        if st is None:
+            if op.kind == "dma":
+                eng, ddr, gsm = _dma_cycles(m, op)
+                st = statics[id(op)] = Event(WORK, op.pipe, tuple(op.reads), tuple(op.writes), eng,
+                                             (("ddr", ddr), ("gsm", gsm)), m.dma_startup)
+            else:
+                st = statics[id(op)] = Event(WORK, op.pipe, tuple(op.reads), tuple(op.writes), op.cycles)
+        tr.record(c, st)
+
+    out, counters = execute(m, prog, inputs, record)
+    acc = tr.account()
+    host = sum(cyc for _, cyc, _ in prog.host_pre) + sum(cyc for _, cyc, _ in prog.host_post)
+    busy = dict(acc.busy)
+    busy["host"] = host
+    t = Timing(cycles=int(acc.cycles + host), host_cycles=int(host), busy=busy,
+               bytes_by_level=counters.bytes_by_level, counters=counters, detail={"dsp_cycles": int(acc.cycles)})
+    return out, counters, t
 
 
 def _host_bytes(prog: Program, counters: Counters) -> None:

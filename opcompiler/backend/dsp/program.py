@@ -65,13 +65,14 @@ class Op(Instruction):
     "vpu" or "sync"; `reads`/`writes` are buffer tags (for the scoreboard's dependencies); `fn`
     does the functional work (None in timing mode) and `execute` runs it."""
 
-    __slots__ = ("kind", "pipe", "cycles", "reads", "writes", "nbytes", "path", "nruns", "cost", "fn", "label")
+    __slots__ = ("kind", "pipe", "cycles", "reads", "writes", "nbytes", "path", "nruns", "cost", "fn", "label", "views")
 
     def __init__(self, kind: str, pipe: str, *, cycles: int = 0, reads: tuple = (), writes: tuple = (),
                  nbytes: int = 0, path: str = "", nruns: int = 0, cost: MkCost | None = None,
                  fn: Callable[[Any], None] | None = None, label: str = ""):
         self.kind, self.pipe, self.cycles, self.reads, self.writes = kind, pipe, cycles, reads, writes
         self.nbytes, self.path, self.nruns, self.cost, self.fn, self.label = nbytes, path, nruns, cost, fn, label
+        self.views: tuple = ()  # a transfer's (source, destination) Views
 
     def execute(self, mem: Any) -> Any:
         """Run the functional body (a VPU pass returns the micro-kernel calls it executed)."""
@@ -162,8 +163,10 @@ def dma_op(m: DspMachine, src: View, dst: View, reads: tuple, writes: tuple, fun
     if functional:
         def fn(mem: Any, src=src, dst=dst) -> None:
             mem.view(dst)[...] = mem.view(src)
-    return Op("dma", "dma", reads=reads, writes=writes, nbytes=src.size * F32, path=path, nruns=runs(src, dst),
-              fn=fn, label=label)
+    op = Op("dma", "dma", reads=reads, writes=writes, nbytes=src.size * F32, path=path, nruns=runs(src, dst),
+            fn=fn, label=label)
+    op.views = (src, dst)
+    return op
 
 
 def contiguous(space: tuple, offset: int, shape: tuple[int, ...]) -> View:
