@@ -29,7 +29,7 @@ from ...sim.profile import Profile, Timing
 from ...sim.scoreboard import Channels, Scoreboard, barrier, run_repeated
 from ...sim.trace import BARRIER, WORK, Event, Trace
 from .machine import DspMachine
-from .program import F32, Op, Program, Repeat, View, expand
+from .program import F32, Op, Program, Repeat, View, dma_cycles, expand
 
 
 @dataclass
@@ -63,14 +63,7 @@ class Counters:
                 "vldst": self.vldst, "slds": self.slds, "valu": self.valu, "mk_calls": self.mk_calls}
 
 
-def _dma_cycles(m: DspMachine, op: Op) -> tuple[int, int, int]:
-    """(engine cycles, DDR channel cycles, GSM channel cycles) of one transfer by one core."""
-    src, dst = op.path.split("->")
-    ddr = op.nbytes / m.ddr_bytes_per_cycle * ((src == "DDR") + (dst == "DDR"))
-    gsm = op.nbytes / m.gsm_bytes_per_cycle * ((src == "GSM") + (dst == "GSM"))
-    lat = max(m.ddr_latency if "DDR" in (src, dst) else 0, m.gsm_latency if "GSM" in (src, dst) else 0)
-    eng = m.dma_startup + lat + op.nbytes / m.dma_bytes_per_cycle + op.nruns * m.dma_row_cycles
-    return int(eng), int(np.ceil(ddr)), int(np.ceil(gsm))
+_dma_cycles = dma_cycles  # the transfer cost lives with the ISA (program.Op)
 
 
 SKIP_REPEATS = True  # tests turn the steady-state skip of repeated stages off to check it is exact

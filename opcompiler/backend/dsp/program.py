@@ -78,6 +78,21 @@ class Op(Instruction):
         """Run the functional body (a VPU pass returns the micro-kernel calls it executed)."""
         return self.fn(mem)
 
+    def cost_cycles(self, m: DspMachine, **rates: float) -> int:
+        """Cycles on its pipe: a transfer's DMA-engine time (its shared-channel time is
+        `dma_cycles`' other two figures), a VPU pass's scheduled micro-kernel cycles."""
+        return dma_cycles(m, self)[0] if self.kind == "dma" else self.cycles
+
+
+def dma_cycles(m: DspMachine, op: Op) -> tuple[int, int, int]:
+    """(engine cycles, DDR channel cycles, GSM channel cycles) of one transfer by one core."""
+    src, dst = op.path.split("->")
+    ddr = op.nbytes / m.ddr_bytes_per_cycle * ((src == "DDR") + (dst == "DDR"))
+    gsm = op.nbytes / m.gsm_bytes_per_cycle * ((src == "GSM") + (dst == "GSM"))
+    lat = max(m.ddr_latency if "DDR" in (src, dst) else 0, m.gsm_latency if "GSM" in (src, dst) else 0)
+    eng = m.dma_startup + lat + op.nbytes / m.dma_bytes_per_cycle + op.nruns * m.dma_row_cycles
+    return int(eng), int(np.ceil(ddr)), int(np.ceil(gsm))
+
 
 @dataclass(frozen=True)
 class Repeat:
