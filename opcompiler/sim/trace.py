@@ -112,7 +112,8 @@ class Trace:
         def cost(c: int, i: int) -> int:
             return self.cores[c][i].cycles if costs is None else costs[c][i]
 
-        def earliest(c: int, i: int, count: bool) -> tuple[int, int]:
+        def earliest(c: int, i: int) -> tuple[int, int]:
+            """(start, flag syncs) of event i of core c if it issued now."""
             e, (prev, raw, war) = self.cores[c][i], edges[c][i]
             t = max(floor[c], issue[c] + issue_cycles)
             if prev is not None and ends[c][prev] > t:
@@ -149,7 +150,7 @@ class Trace:
                     floor[c] = issue[c] = last_end[c] = t
                     pos[c] += 1
                 continue
-            c = min(runnable, key=lambda j: (earliest(j, pos[j], False)[0] if self.cores[j][pos[j]].kind == WORK
+            c = min(runnable, key=lambda j: (earliest(j, pos[j])[0] if self.cores[j][pos[j]].kind == WORK
                                              else issue[j], j))
             i = pos[c]
             e = self.cores[c][i]
@@ -159,7 +160,7 @@ class Trace:
                 busy[issue_unit] += cost(c, i)
                 last_end[c] = max(last_end[c], issue[c])
                 continue
-            t, k = earliest(c, i, True)
+            t, k = earliest(c, i)
             syncs += k
             if issue_cycles:
                 issue[c] += issue_cycles

@@ -32,6 +32,9 @@ def test_both_machines_allocate_through_the_core():
     assert b.offset == asc.level("UB").alignment and isinstance(kb.arenas["UB"], Arena)
     with pytest.raises(CapacityError, match="in L0A"):
         kb.alloc("L0A", "huge", (asc.level("L0A").capacity,), "float16")
+    dm = dsp_machine(load_target("dsp-sim"))
+    am = Allocator.of(dm.level("AM"))  # the target's capacity and alignment
+    assert (am.capacity, am.align) == (dm.cap("AM"), 128) and am.alloc("p", 3) == 0 and am.alloc("q", 1) == 32
     dsp = Allocator("AM", 1024)
     assert isinstance(dsp, Arena) and dsp.alloc("t", 3) == 0 and dsp.alloc("u", 1) == 64 // 4
     with pytest.raises(CapacityError, match="'v' needs 2048 B in AM"):

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ...errors import OpcError
+from ...sim.buffers import Level
 from ...sim.clock import Clocked
 from ...target import Target
 
@@ -50,9 +51,17 @@ class DspMachine(Clocked):
     # extra.host_replicate_overhead_us; the CONV1 analysis in README, Fidelity)
     host_replicate_bytes_per_cycle: float = 0.0  # 0: as host_copy_bytes_per_cycle
     host_replicate_overhead_cycles: int = 0
+    levels: tuple[Level, ...] = ()  # DDR, GSM, AM, SM with the target's capacity and alignment
 
     def cap(self, level: str) -> int:
         return dict(self.capacity)[level]
+
+    def level(self, name: str) -> Level:
+        """A memory level as the simulator core sees it (`program.Allocator.of(m.level("AM"))`)."""
+        for lv in self.levels:
+            if lv.name == name:
+                return lv
+        raise OpcError(f"dsp target {self.name} has no memory level {name}", expected=", ".join(LEVELS))
 
     @property
     def peak_flops(self) -> float:
@@ -95,6 +104,8 @@ def _read(target: Target) -> DspMachine:
         name=target.name, cores=target.cores, clock_hz=clock,
         peak_flops_per_cycle=float(target.peak_flops_per_cycle.get("float32", 0.0)),
         capacity=tuple((lv, mem[lv].capacity_bytes) for lv in LEVELS),
+        levels=tuple(Level(name=lv, capacity=mem[lv].capacity_bytes, alignment=mem[lv].alignment_bytes)
+                     for lv in LEVELS),
         lanes=int(_f(vpe, "count", "units.vpe") * _f(vpe, "lanes_fp32", "units.vpe")),
         registers=int(_f(vpe, "registers", "units.vpe")),
         fmac_units=int(_f(vpe, "fmac_units", "units.vpe")),
