@@ -18,12 +18,13 @@ import tempfile
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Mapping, Sequence
+from typing import Any, Sequence
 
 import numpy as np
 import tvm
 
 from .backend import Backend, Kernel, RunResult, capabilities, device_args, families_with, get_backend
+from .config import ConfigSpec
 from .errors import OpcError
 from .ops import get_op
 from .target import Target
@@ -123,8 +124,8 @@ class RpcBackend(Backend):
 
     # -- Backend ------------------------------------------------------------------------------
 
-    def build(self, wl: Workload, config: Mapping[str, Any] | None = None) -> Kernel:
-        kernel = self.local.build(wl, config)
+    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
+        kernel = self.local.build(wl, config)  # the local backend resolves and checks the config
         kernel.info = {**kernel.info, "rpc": str(self.spec)}
         return kernel
 

@@ -206,3 +206,18 @@ def test_known_cycles_still_exist(edge):
     g = import_graph()
     a, b = edge
     assert b in g[a] and _reaches(_without_known(g), b, a), f"{a} -> {b} no longer closes a cycle: remove it"
+
+
+def test_loading_the_templates_runs_no_backend():
+    """The run-time half of the old cycle: templates import backend internals (machines, builders),
+    never a backend class's module, so the template lookup a backend makes cannot re-enter it."""
+    import subprocess
+    import sys
+    code = ("import sys, opcompiler.template as t; t.templates(); "
+            "print(sorted(m for m in sys.modules if m in BACKENDS))")
+    backends = ["opcompiler.backend.cpu", "opcompiler.backend.cuda", "opcompiler.backend.ascend.backend",
+                "opcompiler.backend.dsp.backend"]
+    out = subprocess.run([sys.executable, "-c", f"BACKENDS = {backends!r}; {code}"], capture_output=True,
+                         text=True, cwd=ROOT, timeout=300)
+    assert out.returncode == 0, out.stderr
+    assert out.stdout.strip() == "[]"

@@ -3,7 +3,7 @@
 A backend is a small interface so the tuner, the CLI, graphs and export treat the CPU, CUDA
 and the two simulators alike. Which backend serves a target is the registry's business
 (`opcompiler.backend.get_backend`); what a family can do is declared in
-`opcompiler.backend.capabilities`. Every `build` resolves its config through
+`opcompiler.capabilities`. Every `build` resolves its config through
 `Backend.resolve` (`opcompiler.config.resolve_config`: always the template's `check`).
 """
 from __future__ import annotations
@@ -14,12 +14,12 @@ from typing import Any, ClassVar, Sequence
 
 import numpy as np
 
+from ..capabilities import Capabilities, capabilities
 from ..config import ConfigSpec, resolve_config
 from ..errors import OpcError
 from ..target import Target
 from ..template_base import Config, Template
 from ..workload import Workload
-from ..capabilities import Capabilities, capabilities
 
 
 @dataclass(kw_only=True)

@@ -26,7 +26,7 @@ def add_workload_args(p: argparse.ArgumentParser, default_target: str = "cpu", c
 
 def resolve(args: argparse.Namespace, default_dtype: str | None = None) -> tuple[Workload, Target]:
     target = load_target(args.target)
-    dtype = args.dtype or default_dtype or _default_dtype(args.op, target.family)
+    dtype = args.dtype or default_dtype or _default_dtype(args.op, target)
     wl = workload(args.op, args.shape, preset=args.preset, batch=args.batch, dtype=dtype)
     return wl, target
 

@@ -3,7 +3,7 @@
 Modules: `machine` (figures from the target file), `core` (VPU micro-kernel scheduling),
 `program` (the lowered kernel: per-core DMA / VPU ops over flat memories), `engine`
 (functional execution and multi-core timing), `backend` (the Backend interface).
-"""
-from .backend import DspSimBackend
 
-__all__ = ["DspSimBackend"]
+`backend.DspSimBackend` is not imported here: the templates import this package's
+internals, and the backend looks templates up, so importing a template never runs it.
+"""
