@@ -15,10 +15,12 @@ Busy time is charged per pipe as the cycles an instruction held it (end - start,
 waits included), per channel as the cycles it carried data, and per issue unit as issue cycles.
 `run_repeated` runs a block issued many times in a row and, once the state advances by the
 same amount for three repetitions in a row, adds the rest exactly (the schedule is then
-periodic).
+periodic). `interleave` issues several cores' streams in earliest-start order (channels are
+granted in time order); `merge` folds identical core groups into one board.
 """
 from __future__ import annotations
 
+import heapq
 from collections import defaultdict
 from typing import Any, Callable, Iterable
 
@@ -248,3 +250,53 @@ def run_repeated(sb: Scoreboard, channels: Channels | None, body: tuple, count: 
                     busy[key] = v + r * (v - was.get(key, 0.0))
             on_skip(r)
             done = count
+
+
+def merge(boards: list[Scoreboard], mult: int) -> Scoreboard:
+    """One board standing for `boards` from now on (identical groups whose programs no longer
+    differ): every timestamp the latest of theirs, the multiplicity their sum, busy shared."""
+    one = Scoreboard(boards[0].pipes, work=boards[0].work, busy=boards[0].busy, mult=mult,
+                     issue_cycles=boards[0].issue_cycles, issue_unit=boards[0].issue_unit,
+                     sync_cycles=boards[0].sync_cycles if boards[0].flags else None)
+    one.pipe = {k: max(sb.pipe[k] for sb in boards) for k in one.pipe}
+    one.issue = max(sb.issue for sb in boards)
+    for attr in ("ready", "read_end"):
+        d: dict = {}
+        for sb in boards:
+            for t, v in getattr(sb, attr).items():
+                d[t] = max(d.get(t, 0), v)
+        setattr(one, attr, d)
+    return one
+
+
+def interleave(streams: list[list], mult: list[int], earliest: Callable[[int, Any], int],
+               issue: Callable[[int, Any], None], sync: Callable[[list[int]], None],
+               is_barrier: Callable[[Any], bool]) -> None:
+    """Several cores (or groups) issuing their streams: at each step the core whose next
+    instruction can start earliest (ties to the lower core) issues it, so shared channels are
+    granted in time order. A barrier holds a core until every core with a stream reached it
+    (counting multiplicities), then `sync` aligns them."""
+    n = len(streams)
+    idx = [0] * n
+    heap: list[tuple[int, int]] = [(0, c) for c in range(n) if streams[c]]
+    heapq.heapify(heap)
+    at_barrier: set[int] = set()
+    total = sum(mult[c] for c in range(n) if streams[c])
+    while heap:
+        _, c = heapq.heappop(heap)
+        ins = streams[c][idx[c]]
+        if is_barrier(ins):
+            at_barrier.add(c)
+            if sum(mult[j] for j in at_barrier) < total:
+                continue
+            sync(sorted(at_barrier))
+            for j in sorted(at_barrier):
+                idx[j] += 1
+                if idx[j] < len(streams[j]):
+                    heapq.heappush(heap, (earliest(j, streams[j][idx[j]]), j))
+            at_barrier.clear()
+            continue
+        issue(c, ins)
+        idx[c] += 1
+        if idx[c] < len(streams[c]):
+            heapq.heappush(heap, (earliest(c, streams[c][idx[c]]), c))

@@ -17,7 +17,6 @@ hold the two to each other. `report` builds the run's metrics from the typed `Pr
 """
 from __future__ import annotations
 
-import heapq
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
@@ -26,7 +25,7 @@ import numpy as np
 
 from ...errors import OpcFailure
 from ...sim.profile import Profile, Timing
-from ...sim.scoreboard import Channels, Scoreboard, barrier, run_repeated
+from ...sim.scoreboard import Channels, Scoreboard, barrier, interleave, merge, run_repeated
 from ...sim.trace import BARRIER, WORK, Event, Trace
 from .machine import DspMachine
 from .program import F32, Op, Program, Repeat, View, dma_cycles, expand
@@ -178,17 +177,9 @@ def _timing_groups(sched: _Sched, cores: list[list]) -> None:
         cut.append(b)
     if all(b is not None for b in cut) and len({_sig(ops[b + 1:]) for ops, b in zip(cores, cut)}) == 1:
         _timing_heap(sched, [expand(ops[:b + 1]) for ops, b in zip(cores, cut)])
-        n = len(cores)
         merged = _Sched(sched.m, 1, [sum(sched.mult)])
-        one, boards = merged.boards[0], sched.boards
-        one.pipe = {k: max(boards[c].pipe[k] for c in range(n)) for k in one.pipe}
-        for attr in ("ready", "read_end"):
-            d: dict = {}
-            for c in range(n):
-                for t, v in getattr(boards[c], attr).items():
-                    d[t] = max(d.get(t, 0), v)
-            setattr(one, attr, d)
-        one.busy = merged.busy = sched.busy
+        one = merge(sched.boards, sum(sched.mult))
+        merged.boards, merged.busy = [one], sched.busy
         merged.chan, merged.static, merged.counts = sched.chan, sched.static, sched.counts
         for op in cores[0][cut[0] + 1:]:
             if isinstance(op, Repeat):
@@ -197,7 +188,7 @@ def _timing_groups(sched: _Sched, cores: list[list]) -> None:
                 merged.barrier([0])
             else:
                 merged.run(0, op)
-        for sb in boards:
+        for sb in sched.boards:
             sb.pipe = dict(one.pipe)
         return
     _timing_heap(sched, [expand(ops) for ops in cores])
@@ -205,30 +196,7 @@ def _timing_groups(sched: _Sched, cores: list[list]) -> None:
 
 def _timing_heap(sched: _Sched, cores: list[list[Op]]) -> None:
     """Several core groups: issue ops in the order of their earliest start across the groups."""
-    n = len(cores)
-    idx = [0] * n
-    heap: list[tuple[int, int]] = [(0, c) for c in range(n) if cores[c]]
-    heapq.heapify(heap)
-    at_barrier: set[int] = set()
-    total = sum(sched.mult[c] for c in range(n) if cores[c])
-    while heap:
-        _, c = heapq.heappop(heap)
-        op = cores[c][idx[c]]
-        if op.kind == "barrier":
-            at_barrier.add(c)
-            if sum(sched.mult[j] for j in at_barrier) < total:
-                continue
-            sched.barrier(sorted(at_barrier))
-            for j in sorted(at_barrier):
-                idx[j] += 1
-                if idx[j] < len(cores[j]):
-                    heapq.heappush(heap, (sched.candidate(j, cores[j][idx[j]]), j))
-            at_barrier.clear()
-            continue
-        sched.run(c, op)
-        idx[c] += 1
-        if idx[c] < len(cores[c]):
-            heapq.heappush(heap, (sched.candidate(c, cores[c][idx[c]]), c))
+    interleave(cores, sched.mult, sched.candidate, sched.run, sched.barrier, lambda op: op.kind == "barrier")
 
 
 class Memory:
