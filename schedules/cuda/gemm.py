@@ -125,6 +125,14 @@ def check_tiles(t: GemmTiles, target: Target) -> str | None:
     if t.static_shared_bytes > lim["max_static_shared_memory_per_block"]:
         return (f"needs {t.static_shared_bytes} B of static shared memory per block but CUDA allows "
                 f"{lim['max_static_shared_memory_per_block']} B")
+    dynamic = t.shared_bytes - t.static_shared_bytes
+    default = lim["max_static_shared_memory_per_block"]
+    if t.shared_bytes > default and dynamic < default:
+        # TVM's CUDA runtime opts a kernel into more than 48 KB (cuFuncSetAttribute
+        # MAX_DYNAMIC_SHARED_SIZE_BYTES) only when its dynamic part alone is 48 KB or more; below
+        # that, static + dynamic over 48 KB fails at launch (CUDA_ERROR_INVALID_VALUE, seen on an H100)
+        return (f"needs {t.static_shared_bytes} B static + {dynamic} B dynamic shared memory per block: over "
+                f"{default} B, which TVM's runtime allows only when the dynamic part alone is {default} B or more")
     if t.registers > lim["max_registers_per_thread"]:
         return f"needs about {t.registers} registers per thread but {target.name} allows {lim['max_registers_per_thread']}"
     if t.registers * t.threads > lim["registers_per_sm"]:
@@ -206,10 +214,20 @@ def k_contiguous(block: tirx.SBlock, operand: int, width: int) -> bool:
                and int(iv.dom.extent) > 1 for iv in block.iter_vars)
 
 
-def operand_vectors(block: tirx.SBlock, vec: int) -> tuple[int, int]:
-    """Load widths for A and B: `vec` when the operand's K run is contiguous; at most 4 for a
-    strided gather (TVM's CUDA codegen cannot emit an 8-wide fp16 gather)."""
-    return tuple(vec if vec <= 4 or k_contiguous(block, i, vec) else 4 for i in (0, 1))  # type: ignore[return-value]
+def operand_vectors(block: tirx.SBlock, vec: int, async_copy: bool = False) -> tuple[int, int]:
+    """Load widths for A and B: `vec` when the operand's K run is contiguous; for a strided gather
+    at most 4 (TVM's CUDA codegen cannot emit an 8-wide fp16 gather), and 1 when the copy is
+    asynchronous (`stages` > 1): TVM's cp.async injection turns a vectorized copy into one
+    `vec * 2`-byte cp.async from the first element's address, ignoring the gather's stride. On an
+    H100 that read the wrong elements from a misaligned address (cudaErrorMisalignedAddress for
+    every pipelined matmul / conv whose B operand is N-contiguous); element-wise, the gathered
+    operand is copied with plain loads and stores inside the pipelined stage, the contiguous one
+    still with cp.async."""
+    def width(i: int) -> int:
+        if k_contiguous(block, i, vec):
+            return vec
+        return 1 if async_copy else min(vec, 4)
+    return width(0), width(1)
 
 
 def normalize_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:

@@ -39,9 +39,9 @@ CASES = [
     ("conv2d", "n=2,c=64,h=19,w=19,k=64,r=3,s=3,pad=1,layout=NHWC", "float16"),
     ("conv2d_bias_relu", "resnet50.res4_1x1a", "float32"),
     ("matmul_bias_relu", "m=64,k=96,n=80", "float32"),
-    ("conv2d_bn_relu", "n=4,c=64,h=19,w=19,k=64,r=3,s=3,pad=1,layout=NHWC", "float32"),  # direct
+    ("conv2d_bn_relu", "n=4,c=64,h=19,w=19,k=64,r=3,s=3,pad=1,layout=NHWC", "float32"),
 ]
-CONFIGS = {CASES[-1]: {"algo": "direct"}}
+CONFIGS: dict = {}  # the fp32 direct conv, once CASES[-1]'s config here, gave wrong results on an H100: disabled
 
 
 def _wl(op: str, shape: str, dtype: str):
@@ -99,8 +99,10 @@ def test_epilogues_are_in_the_kernel(built):
 
 @pytest.mark.parametrize("target,cfg", [
     (SM80, None),
-    (SM80, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 2, "warp_col_tiles": 2, "chunk": 4, "vec": 4}),
-    (SM90, {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 4, "warp_col_tiles": 2, "chunk": 4, "vec": 8}),
+    (SM80, {"block_row_warps": 4, "block_col_warps": 2, "warp_row_tiles": 2, "warp_col_tiles": 2, "chunk": 4, "vec": 4,
+             "stages": 2}),  # 54 KB dynamic + 32 KB static: over 48 KB, so the dynamic part must be too
+    (SM90, {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 4, "warp_col_tiles": 2, "chunk": 4, "vec": 8,
+             "stages": 3}),
 ], ids=["sm80-default", "sm80-big", "sm90-wide"])
 def test_shared_memory_model_matches_lowered_kernel(target, cfg):
     """check() rejects configs from the knobs alone; its shared-memory figure must be what TVM's
@@ -120,10 +122,10 @@ def test_validity_comes_from_the_target_description():
     wl = workload("conv2d", preset="resnet50.res3_3x3", dtype="float16")
     tmpl = get_template("conv2d", "cuda")
     cfg = tmpl.config(wl, SM80, {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 4,
-                                 "warp_col_tiles": 2, "chunk": 4, "vec": 8})
+                                 "warp_col_tiles": 2, "chunk": 4, "vec": 8, "stages": 2})
     t = tmpl.tiles(wl, cfg)
-    # A 128 x (64 + 8) and B 64 x (64 + 8) fp16 tiles (dynamic), the 128 x 64 fp32 staging tile (static)
-    assert (t.shared_bytes, t.static_shared_bytes) == (128 * 72 * 2 + 64 * 72 * 2 + 128 * 64 * 4, 128 * 64 * 4)
+    # A 128 x (64 + 8) and B 64 x (64 + 8) fp16 tiles twice (dynamic), the 128 x 64 fp32 staging tile (static)
+    assert (t.shared_bytes, t.static_shared_bytes) == (2 * (128 * 72 * 2 + 64 * 72 * 2) + 128 * 64 * 4, 128 * 64 * 4)
     assert tmpl.check(wl, SM80, cfg) is None
     small = replace(SM80, extra=MappingProxyType({**SM80.extra, "max_shared_memory_per_block": 48 * 1024}))
     why = tmpl.check(wl, small, cfg)
@@ -136,13 +138,31 @@ def test_validity_comes_from_the_target_description():
         CudaBackend(SM90).build(wl, wide)
 
 
-def test_direct_conv_shared_model_matches_lowered_kernel():
+def test_direct_conv_is_refused():
+    """The fp32 direct conv returned wrong results on an H100 (max abs error 118 on the NHWC case
+    above): it is off the search space and `check()` refuses it, so no record can select it."""
+    from opcompiler.schedules.cuda.templates import DIRECT_WRONG
     wl = workload("conv2d", preset="resnet50.conv1", dtype="float32")
     tmpl = get_template("conv2d", "cuda")
-    cfg = tmpl.config(wl, SM80, {"algo": "direct", "threads_x": 16, "micro_x": 4, "micro_k": 8})
-    assert tmpl.tiles(wl, cfg).shared_bytes == 64 * 3 * 7 * 7 * 4  # 64 channels x min(8, C=3) x 7 x 7, fp32
-    sch = tmpl.apply(wl, SM80, cfg)
-    assert gemm.measured_shared_bytes(sch.mod, tvm_cuda_target(SM80)) == tmpl.tiles(wl, cfg).shared_bytes
+    assert "direct" not in next(k for k in tmpl.space(wl, SM80) if k.name == "algo").values
+    assert tmpl.check(wl, SM80, {**tmpl.default(wl, SM80), "algo": "direct"}) == DIRECT_WRONG
+    with pytest.raises(OpcError, match="out of range"):
+        CudaBackend(SM80).build(wl, {"algo": "direct"})
+
+
+def test_static_plus_dynamic_over_48kb_needs_48kb_dynamic():
+    """TVM's runtime raises a kernel's shared-memory limit past 48 KB only when the dynamic part
+    alone is 48 KB or more: 27 KB of operand tiles + a 32 KB staging tile failed at launch on an H100
+    (CUDA_ERROR_INVALID_VALUE); check() now refuses it, on every part."""
+    wl = workload("matmul", preset="resnet50.fc", batch=256, dtype="float16")
+    tmpl = get_template("matmul", "cuda")
+    cfg = tmpl.config(wl, SM90, {"block_row_warps": 4, "block_col_warps": 1, "warp_row_tiles": 2,
+                                 "warp_col_tiles": 4, "chunk": 4, "vec": 4, "stages": 1})
+    t = tmpl.tiles(wl, cfg)
+    assert t.shared_bytes > 48 * 1024 > t.shared_bytes - t.static_shared_bytes
+    assert "dynamic" in (tmpl.check(wl, SM90, cfg) or "")
+    big = {**cfg, "stages": 3, "vec": 8}  # 81 KB of operand tiles: the runtime opts in, allowed
+    assert tmpl.check(wl, SM90, tmpl.config(wl, SM90, big)) is None
 
 
 @pytest.mark.parametrize("cfg,match", [
