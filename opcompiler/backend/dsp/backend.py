@@ -9,7 +9,7 @@ from ...config import ConfigSpec
 from ...errors import OpcFailure
 from ...workload import Workload
 from ..base import Backend, Kernel, RunResult
-from .engine import Timing, execute, timing
+from .engine import Timing, replay, report, timing
 from .machine import machine
 
 
@@ -35,10 +35,14 @@ class DspSimBackend(Backend):
         m = machine(self.target)
         tmpl = kernel.artifact["template"]
         fprog = tmpl.apply(kernel.workload, self.target, kernel.config, functional=True)
-        out, counters = execute(m, fprog, inputs)
+        # the functional replay executes every op and accounts its own cycles from what ran
+        # (`engine.replay`); the reported cycles stay the timing model's, which merges identical
+        # cores into groups (the two agree within a few %: tests/sim/test_crosscheck.py)
+        out, counters, ft = replay(m, fprog, inputs)
         t = timing(m, kernel.artifact["program"])
         res = self._result(kernel, t, [out])
         res.metrics["functional_counters"] = counters.as_dict()
+        res.metrics["functional_cycles"] = ft.cycles
         if hasattr(tmpl, "tir_check"):
             tiles = tmpl.tir_check(kernel.workload, self.target, kernel.config)
             if tiles is not None:
@@ -53,34 +57,6 @@ class DspSimBackend(Backend):
 
     def _result(self, kernel: Kernel, t: Timing, outputs: list[np.ndarray] | None) -> RunResult:
         m = machine(self.target)
-        prog = kernel.artifact["program"]
+        metrics = report(m, kernel.artifact["program"], t)
         seconds = t.cycles / m.clock_hz
-        peak = m.peak_flops * m.cores
-        gflops = prog.flops / seconds / 1e9 if seconds else 0.0
-        cyc = max(t.cycles, 1)
-        share = {
-            "host (launch + copies)": t.host_cycles / cyc,
-            "FMAC": t.busy.get("fmac", 0.0) / (m.cores * cyc),
-            "VPU issue": t.busy.get("vpu", 0.0) / (m.cores * cyc),
-            "DDR bandwidth": t.busy.get("ddr", 0.0) / cyc,
-            "GSM bandwidth": t.busy.get("gsm", 0.0) / cyc,
-            "DMA engines": t.busy.get("dma", 0.0) / (m.cores * cyc),
-        }
-        bound = max(share, key=share.get)
-        if bound == "VPU issue" and share["FMAC"] >= 0.9 * share["VPU issue"]:
-            bound = "FMAC"  # the VPU is busy and almost every cycle issues its 3 FMAs
-        elif bound == "VPU issue":
-            bound = "VPU issue (FMAC latency / loads)"
-        metrics = {
-            "percent_of_peak": 100.0 * gflops * 1e9 / peak if peak else 0.0,
-            "gflops": gflops,
-            "bound": bound,
-            "busy_ratios": {k: round(v, 4) for k, v in share.items()},
-            "pipe_ratios": {k: round(v, 4) for k, v in share.items()},  # printed by `opcompiler run`
-            "fmac_utilization": t.busy.get("fmac", 0.0) / (m.cores * cyc),
-            "bytes_by_level": dict(t.counters.bytes_by_level),
-            "counters": t.counters.as_dict(),
-            "dsp_cycles": t.dsp_cycles, "host_cycles": t.host_cycles,
-            "data_mode": m.data_mode, "cores_used": prog.cores_used,
-        }
         return RunResult(outputs=outputs, seconds=seconds, cycles=t.cycles, metrics=metrics)
