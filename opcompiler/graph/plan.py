@@ -6,6 +6,7 @@ from typing import Callable, Mapping
 
 import numpy as np
 
+from ..capabilities import capabilities
 from ..errors import OpcError
 from ..ops import get_op, workload
 from ..target import Target, load_target
@@ -13,9 +14,6 @@ from ..workload import Workload
 from .importer import Graph
 from .lower import lower
 from .partition import Group, partition, split, toposort
-
-# The dtype each target family computes graphs in: Ascend's cube is fp16 (fp32 accumulate).
-FAMILY_DTYPE = {"ascend": "float16"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -61,7 +59,7 @@ def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True,
         raise OpcError("unknown plan", arg="--plan", value=mode, expected=" | ".join(MODES))
     prims, consts, shapes = lower(graph, fallback)
     groups = partition(prims, graph.outputs, mode != "unfused")
-    dt = dtype or FAMILY_DTYPE.get(tgt.family, "float32")
+    dt = dtype or (capabilities(tgt).preferred_dtypes or ("float32",))[0]  # ascend: float16
     if mode == "cost":
         from .cost import cost, prebuild
         prebuild(tgt, [workload(x.op, dict(x.params), dtype=dt) for g in groups if len(g.prims) > 1
@@ -157,4 +155,4 @@ def flops(plan: Plan, g: Group) -> int:
     return get_op(wl.op).flops(wl) if wl is not None else 0
 
 
-__all__ = ["Plan", "make_plan", "choose", "format_plan", "describe", "flops", "FAMILY_DTYPE", "MODES"]
+__all__ = ["Plan", "make_plan", "choose", "format_plan", "describe", "flops", "MODES"]
