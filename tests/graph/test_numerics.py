@@ -58,9 +58,8 @@ def test_cli_exits_1_with_the_diagnosis_in_one_line(overflowing, capsys):
     assert "no node named 'nosuch'" in capsys.readouterr().err
 
 
-def test_rounding_drift_names_where_the_error_grew(tmp_path):
-    """(x + 1000) - 1000 in float16: exact in fp32, off by up to 0.25 in fp16 (the spacing at 1000 is
-    0.5). No overflow, so the report names the kernel where the error first passed the tolerance."""
+def _plus_minus_1000(tmp_path):
+    """relu(x) + 1000 - 1000, two Add kernels: exact in fp32, rounded to fp16's 0.5 grid at 1000."""
     c = lambda name, v: numpy_helper.from_array(np.full((1, 4, 1, 1), v, np.float32), name)  # noqa: E731
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
              helper.make_node("Add", ["r", "big"], ["a"], name="plus_1000"),
@@ -70,6 +69,13 @@ def test_rounding_drift_names_where_the_error_grew(tmp_path):
                           initializer=[c("big", 1000.0), c("minus", -1000.0)])
     p = tmp_path / "drift.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    return p
+
+
+def test_rounding_drift_names_where_the_error_grew(tmp_path):
+    """(x + 1000) - 1000 in float16: exact in fp32, off by up to 0.25 in fp16 (the spacing at 1000 is
+    0.5). No overflow, so the report names the kernel where the error first passed the tolerance."""
+    p = _plus_minus_1000(tmp_path)
     r = run_plan(make_plan(load(p), "ascend-sim", mode="unfused"))
     assert r.overflow is None
     assert r.drift["node"] == "minus_1000" and r.drift["rel"] > 0.02
@@ -87,15 +93,7 @@ def test_a_wrong_kernel_is_not_passed_off_as_drift(tmp_path, monkeypatch):
     """The same graph with one simulated kernel made 1 % wrong: the per-kernel check finds it
     (its own inputs, fp32 on the host), so the run is a mismatch that names that kernel."""
     from opcompiler.backend.ascend.backend import AscendSimBackend as AscendBackend
-    c = lambda name, v: numpy_helper.from_array(np.full((1, 4, 1, 1), v, np.float32), name)  # noqa: E731
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Add", ["r", "big"], ["a"], name="plus_1000"),
-             helper.make_node("Add", ["a", "minus"], ["y"], name="minus_1000")]
-    g = helper.make_graph(nodes, "drift", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 6, 6])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 6, 6])],
-                          initializer=[c("big", 1000.0), c("minus", -1000.0)])
-    p = tmp_path / "drift.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    p = _plus_minus_1000(tmp_path)
     run = AscendBackend.run
 
     def off_by_one_percent(self, kernel, args):

@@ -24,12 +24,8 @@ from ..base import Backend, Kernel, RunResult
 from .builder import Plan, Program
 from .machine import Machine
 from . import scheduler
-from .scheduler import Timing, schedule
+from .scheduler import PIPE_RATIO, PIPE_RESOURCE, Timing, schedule  # noqa: F401 (re-exported)
 
-PIPE_RATIO = {"M": "mac_ratio", "V": "vec_ratio", "S": "scalar_ratio", "MTE1": "mte1_ratio",
-              "MTE2": "mte2_ratio", "MTE3": "mte3_ratio"}
-PIPE_RESOURCE = {"M": "cube (M pipe)", "V": "vector unit (V pipe)", "S": "scalar unit (S pipe)",
-                 "MTE1": "L1 -> L0 loads (MTE1)", "MTE2": "GM reads (MTE2)", "MTE3": "GM writes (MTE3)"}
 LAYOUT_NOTE = ("host-side preprocessing (not counted): inputs are packed on the host into the GM layouts "
                "named in gm_layouts and the output is unpacked back")
 
@@ -105,45 +101,9 @@ class AscendSimBackend(Backend):
     # -- reporting ----------------------------------------------------------------------------
 
     def _result(self, kernel: Kernel, t: Timing, outputs: list[np.ndarray] | None) -> RunResult:
-        plan: Plan = kernel.artifact.plan
         m, tgt = self.machine, self.target
-        seconds = m.cycles_to_seconds(t.cycles)
-        flops = plan.flops
-        if plan.unit == "cube":
-            peak_per_cycle = m.peak_flops_per_cycle.get(kernel.workload.dtype, 0.0)
-        else:
-            peak_per_cycle = float(m.lanes(np.dtype(kernel.workload.dtype).itemsize))
-        peak = peak_per_cycle * m.clock_ghz * 1e9 * m.cores
-        n = plan.active_cores
-        gm_bytes = (t.gm_read_bytes + t.gm_write_bytes) * n
-        hbm_bytes = (t.gm_read_bytes * t.hbm_read_fraction + t.gm_write_bytes) * n
-        bw = m.offchip_gbps * 1e9
-        intensity = flops / hbm_bytes if hbm_bytes else float("inf")
-        attainable = min(peak, intensity * bw)
-        ratios = {PIPE_RATIO[p]: round(t.busy[p] / t.cycles, 4) if t.cycles else 0.0 for p in PIPE_RATIO}
-        busiest = max(PIPE_RATIO, key=lambda p: t.busy[p])
-        bound = PIPE_RESOURCE[busiest] if t.busy[busiest] >= 0.5 * t.cycles else "latency (pipes wait on each other)"
-        by_level = {"GM_read": t.gm_read_bytes * n, "GM_write": t.gm_write_bytes * n,
-                    m.offchip_name: int(hbm_bytes), "L2_hit": int(t.gm_read_bytes * (1 - t.hbm_read_fraction) * n)}
-        for key, v in t.bytes_by_path.items():
-            dst = key.split("->")[1]
-            if dst != "GM":
-                by_level[f"{key}"] = v * n
-        metrics = {
-            "cycles": t.cycles, "time_us": seconds * 1e6, "tflops": flops / seconds / 1e12 if seconds else 0.0,
-            "percent_of_peak": 100.0 * flops / seconds / peak if seconds and peak else 0.0,
-            "bound": bound, "pipe_ratios": ratios, "bytes_by_level": by_level,
-            "gm_bytes": gm_bytes,
-            "memory_bound_ratio": round(ratios["mte2_ratio"] / max(ratios["mac_ratio"], ratios["vec_ratio"], 1e-9), 4),
-            "roofline": {"peak_tflops": peak / 1e12, "arithmetic_intensity": intensity,
-                         "attainable_tflops": attainable / 1e12,
-                         "roofline_bound": "compute" if intensity * bw >= peak else "memory",
-                         "offchip_gbps": m.offchip_gbps},
-            "active_cores": n, "sync_events_core0": t.syncs, "instructions_core0": t.instructions,
-            "l2_hit_ratio": round(1 - t.hbm_read_fraction, 4),
-            "mode": "functional" if outputs is not None else "timing",
-            "bytes_note": "bytes are core 0's traffic x active cores (core 0 holds the largest share)",
-        }
         if tgt.clock_ghz <= 0:
             raise OpcError(f"target {tgt.name} has no clock", arg="clock_ghz", value=tgt.clock_ghz)
+        metrics = scheduler.report(m, kernel.artifact.plan, t, kernel.workload.dtype, outputs is not None)
+        seconds = m.cycles_to_seconds(t.cycles)
         return RunResult(outputs=outputs, seconds=seconds, cycles=t.cycles, metrics=metrics)
