@@ -270,7 +270,7 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
                 # Is the mismatch the dtype's or ours? Check every kernel on its own inputs, and
                 # run onnxruntime storing the same tensors in the dtype (the storage twin).
                 run.drift.update(_audit_kernels(plan, built, values, set(run.fp32_kernels)))
-                run.drift["twin_rel"] = _storage_twin(plan, feeds)
+                run.drift["twin_rel"] = _storage_twin(plan, feeds, ref)
                 run.correct = run.drift["kernels_ok"]
     return run
 
@@ -289,31 +289,34 @@ def _audit_kernels(plan: Plan, built: list[tuple[Group, _Built | None]], values:
     by far more; drift that only compounds over layers is not."""
     from .cost import prebuild
     tol = KERNEL_TOLERANCE.get(plan.dtype, 0.0)
-    todo = [(g, b) for g, b in built if b is not None and b.where != "host" and g.name not in skip
+    todo = [g for g, b in built if b is not None and b.where != "host" and g.name not in skip
             and g.outputs[0] in values]
-    prebuild(load_target("cpu"), [workload(g.op, dict(g.params), dtype="float32") for g, _ in todo], "default")
-    worst: tuple[float, Group | None] = (0.0, None)
-    for g, _ in todo:
+    prebuild(load_target("cpu"), [workload(g.op, dict(g.params), dtype="float32") for g in todo], "default")
+
+    def off(g: Group) -> float:
         ins = [values[v] if v in values else plan.constants[v] for v in g.inputs]
-        want = _fp32_on_host(plan, g, ins, "default").astype(np.float64).ravel()
-        got = values[g.outputs[0]].astype(np.float64).ravel()
-        rel = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30)) if want.size else 0.0
-        if rel > worst[0] or worst[1] is None:
-            worst = (rel, g)
-    rel, g = worst
+        return _rel(values[g.outputs[0]], _fp32_on_host(plan, g, ins, "default"))
+    rel, g = max(((off(g), g) for g in todo), key=lambda x: x[0], default=(0.0, None))
     return {"kernels_ok": bool(todo) and rel <= tol, "kernels_checked": len(todo), "kernel_tolerance": tol,
             "worst_kernel": g.name if g else None, "worst_kernel_rel": rel}
 
 
-def _storage_twin(plan: Plan, feeds: Mapping[str, np.ndarray]) -> float | None:
+def _rel(got: np.ndarray, want: np.ndarray) -> float:
+    """The largest error of `got` against `want`, relative to `want`'s range (0 when empty)."""
+    got, want = got.astype(np.float64).ravel(), want.astype(np.float64).ravel()
+    return float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30)) if want.size else 0.0
+
+
+def _storage_twin(plan: Plan, feeds: Mapping[str, np.ndarray], ref: Mapping[str, np.ndarray]) -> float | None:
     """onnxruntime's fp32 graph with the plan's storage in `plan.dtype`: the inputs, the weights
     and every kernel's output rounded to the dtype. Its error against plain fp32 (relative to the
-    output's range) is what storing those tensors in the dtype costs this model, whoever runs it."""
+    output's range) is what storing those tensors in the dtype costs this model, whoever runs it.
+    `ref`: the plain fp32 outputs (`reference`)."""
     import onnx
     from onnx import TensorProto, helper, numpy_helper
-    dt = {"float16": TensorProto.FLOAT16}.get(plan.dtype)
-    if dt is None:
+    if plan.dtype == "float32":
         return None
+    dt = helper.np_dtype_to_tensor_dtype(np.dtype(plan.dtype))
     m = onnx.ModelProto()
     m.CopyFrom(plan.graph.model)
     low = np.dtype(plan.dtype)
@@ -338,11 +341,9 @@ def _storage_twin(plan: Plan, feeds: Mapping[str, np.ndarray]) -> float | None:
     try:
         low_feeds = {k: a.astype(low).astype(np.float32) for k, a in feeds.items()}
         twin = ort_session(m).run(list(plan.graph.outputs), low_feeds)
-        ref = reference(plan, feeds)
     except Exception:  # an exporter's graph onnxruntime will not rewrite: no twin figure
         return None
-    return max(float(np.abs(t.astype(np.float64) - ref[o]).max() / max(float(np.abs(ref[o]).max()), 1e-30))
-               for t, o in zip(twin, plan.graph.outputs))
+    return max(_rel(t, ref[o]) for t, o in zip(twin, plan.graph.outputs))
 
 
 def _drift(plan: Plan, feeds: Mapping[str, np.ndarray], values: Mapping[str, np.ndarray], rtol: float
@@ -368,8 +369,7 @@ def _drift(plan: Plan, feeds: Mapping[str, np.ndarray], values: Mapping[str, np.
         return None
     first, rel = None, 0.0
     for (g, v), want in zip(order, outs):
-        got = values[v].astype(np.float64).reshape(want.shape)
-        rel = float(np.abs(got - want).max() / max(float(np.abs(want).max()), 1e-30))
+        rel = _rel(values[v], want)
         if first is None and rel > rtol:
             first = (g, rel)
     if first is None:

@@ -1,6 +1,7 @@
-"""The simulator against the published Ascend 910 behaviour (seed 000), read from
-/work/shared/calibration/published.json. Tolerances are stated beside each assertion; the
-simulator has never seen a real chip, so trends are asserted tightly and levels loosely."""
+"""The simulator against the published Ascend 910 behaviour (seed 000), read from the
+repository's opcompiler/calibration/published.json (fixture `published`). Tolerances are stated
+beside each assertion; the simulator has never seen a real chip, so trends are asserted tightly
+and levels loosely."""
 from __future__ import annotations
 
 import pytest

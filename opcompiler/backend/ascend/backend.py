@@ -24,7 +24,7 @@ from ..base import Backend, Kernel, RunResult
 from .builder import Plan, Program
 from .machine import Machine
 from . import scheduler
-from .scheduler import PIPE_RATIO, PIPE_RESOURCE, Timing, schedule  # noqa: F401 (re-exported)
+from .scheduler import Timing, schedule
 
 LAYOUT_NOTE = ("host-side preprocessing (not counted): inputs are packed on the host into the GM layouts "
                "named in gm_layouts and the output is unpacked back")
