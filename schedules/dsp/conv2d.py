@@ -15,7 +15,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
-from .assemble import Relayout, assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import Relayout, assemble, host_ops, nbytes
 from .common import require_fp32
 from .direct import (
     ConvSpec,
@@ -49,7 +49,7 @@ class DirectTemplate(Template):
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
         """Lower the schedule to the cluster program (timing-only ops unless `functional`)."""
         if config.get("lowering") == "tir":  # the program lowered from TVM's scheduled TIR
-            from .tir_lower import build_program
+            from .tir_sched import build_program
             return build_program(self, wl, target, config, functional)
         m = machine(target)
         sp = self.spec(wl, target)

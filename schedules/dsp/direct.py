@@ -22,8 +22,9 @@ from typing import Any, Mapping
 import numpy as np
 
 from opcompiler.backend.dsp.core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws
+from opcompiler.backend.dsp.core import sum_costs as _sum
 from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, View, compress, dma_op
+from opcompiler.backend.dsp.program import F32, Allocator, Op, View, compress, dma_op, stage_order
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -124,10 +125,6 @@ def _items(sp: ConvSpec, cf: DirectConfig, cores: int) -> list[list[tuple[int, .
     return [allb[c * len(allb) // cores:(c + 1) * len(allb) // cores] for c in range(cores)]
 
 
-def _sum(costs: list[tuple[MkCost, int]]) -> MkCost:
-    return MkCost(cycles=sum(c.cycles * k for c, k in costs), fmas=sum(c.fmas * k for c, k in costs),
-                  vldst=sum(c.vldst * k for c, k in costs), slds=sum(c.slds * k for c, k in costs),
-                  valu=sum(c.valu * k for c, k in costs))
 
 
 def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: int | None = None
@@ -152,21 +149,6 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: i
     return _sum(parts), calls
 
 
-def stage_order(stage: list[tuple], dbuf: bool, functional: bool, period: int = 1) -> list:
-    """Program order of the stages' (DMA-in, VPU, DMA-out) ops. With two buffers the next tile's
-    DMA-in is issued before this tile's VPU pass (software pipelining), so the DMA engine
-    fetches while the VPU computes. Timing programs run-length encode repeated stages; `period`
-    is the stages per image (their pattern repeats image after image, buffers alternating)."""
-    if not stage:
-        return []
-    if dbuf:
-        blocks = [tuple(stage[0][0])] + [tuple((stage[i + 1][0] if i + 1 < len(stage) else []) + comp + outs)
-                                        for i, (_, comp, outs) in enumerate(stage)]
-    else:
-        blocks = [tuple(ins + comp + outs) for ins, comp, outs in stage]
-    if functional:
-        return [op for b in blocks for op in b]
-    return compress(blocks, tuple(dict.fromkeys((2 * period, period, 2, 1))))
 
 
 class _Lowering:

@@ -19,11 +19,11 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
-from .assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from .chain import DspChain
 from .concat import DspConcat
 from .common import require_fp32
-from .direct import stage_order
+from opcompiler.backend.dsp.program import stage_order
 from .pad import DspPad
 from .slice import DspSlice
 from .transpose import DspTranspose

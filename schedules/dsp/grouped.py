@@ -33,7 +33,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from .assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
 
 EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"), "conv2d_bn": ("bn",)}

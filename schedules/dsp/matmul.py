@@ -21,7 +21,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
-from .assemble import Relayout, assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import Relayout, assemble, host_ops, nbytes
 from .common import require_fp32
 from .conv2d import DirectTemplate
 from .direct import ConvSpec, DirectConfig, check

@@ -22,7 +22,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from .assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)

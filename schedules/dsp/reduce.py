@@ -26,7 +26,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
-from .assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from .common import require_fp32
 from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
 

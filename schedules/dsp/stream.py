@@ -18,7 +18,7 @@ from opcompiler.backend.dsp.machine import DspMachine
 from opcompiler.backend.dsp.program import Op
 from opcompiler.template_base import Knob
 
-from .direct import stage_order
+from opcompiler.backend.dsp.program import stage_order
 
 
 def cores_knob(m: DspMachine) -> Knob:

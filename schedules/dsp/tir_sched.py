@@ -20,18 +20,18 @@ the DSP program.
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
+from opcompiler.backend.dsp.program import View
+from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, Lowerer
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
-# epilogue blocks of the conv family in the catalogue's computes, in order
-EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vrelu": "relu"}
-REDUCTIONS = ("conv2d", "matmul")  # the reduction block of each family
 
 
 def nhwc_workload(wl: Workload) -> Workload:
@@ -186,3 +186,59 @@ def lowered(sch):
               st.CompactBufferAllocation()):
         mod = p(mod)
     return mod["main"]
+
+
+_FUNCS: dict[tuple, Any] = {}  # (workload, tiling knobs) -> lowered function: schedule once per process
+
+
+def lowered_func(wl, target, config: Mapping[str, Any]):
+    """The lowered TIR of this config (cached per process)."""
+    key = (wl.op, tuple(sorted(wl.params)), getattr(target, "digest", target.name),
+           tuple((k, config[k]) for k in ("pw", "kv", "rows", "cols", "order", "w_path", "out_path", "split")))
+    if key not in _FUNCS:
+        if len(_FUNCS) >= 256:  # a tuning run sees many configs; keep the cache bounded
+            _FUNCS.clear()
+        _FUNCS[key] = lowered(conv_schedule(wl, target, config))
+    return _FUNCS[key]
+
+
+def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
+                  tamper: Callable[[str, View], View] | None = None):
+    """The cluster program of `lowering="tir"`: per-core ops from the lowered TIR, framed like
+    the direct path (NCHW relayouts, host launch / copies)."""
+    m = machine(target)
+    sp = tmpl.spec(wl, target)
+    op = get_op(wl.op)
+    in_specs = op.inputs(wl)
+    names, ddr, pre, post, out_shape = tmpl.tensors(wl, sp)
+    func = lowered_func(wl, target, config)
+    params = [p.name for p in func.params]
+    ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
+    kbp = config["kv"] * m.lanes
+    nk = -(-sp.k // kbp)
+    low = Lowerer(m, func, ddr_names, ddr, config["kv"], bool(config["dbuf"]), nk > 1, functional, tamper)
+    cols = min(config["cols"], sp.wo)
+    per_image = -(-sp.ho // config["rows"]) * -(-sp.wo // cols)
+    nitems = sp.n * per_image if config["split"] == "items" else sp.n
+    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
+
+    def share(c: int) -> tuple[int, int]:
+        return c * nitems // m.cores, (c + 1) * nitems // m.cores
+
+    def key(c: int):
+        # a core's ops depend (for timing) on where its range starts and its length; the last
+        # term mirrors the direct path's grouping (its W slices) so both are timed alike
+        a, b = share(c)
+        rows_w = sp.taps * sp.c
+        return (a % per_image if config["split"] == "items" else 0, b - a,
+                (c + 1) * rows_w // m.cores - c * rows_w // m.cores)
+
+    prog = assemble(m, functional=functional, cores=m.cores, core_ops=lambda c: low.core_ops(c, m.cores, per_image),
+                    group_key=key, pre=pre, post=post, host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
+                    inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, flops=op.flops(wl),
+                    cores_used=sum(1 for c in range(m.cores) if share(c)[1] > share(c)[0]))
+    kbp = config["kv"] * m.lanes
+    nk = -(-sp.k // kbp)
+    prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)
+                 if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4), "lowering": "tir"}
+    return prog

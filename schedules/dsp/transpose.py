@@ -32,7 +32,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from .assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from .common import require_fp32
 from .stream import cores_knob, group_key, share, stream
 

@@ -87,7 +87,7 @@ def test_register_blocks_stay_within_a_row(t):
 
 
 def test_wrong_offset_in_one_lowered_dma_gives_wrong_result(t):
-    from opcompiler.schedules.dsp.tir_lower import build_program
+    from opcompiler.schedules.dsp.tir_sched import build_program
 
     from opcompiler.backend.dsp.program import View
 

@@ -224,3 +224,9 @@ def mk_ew(m: DspMachine, nvec: int, n_in: int, fm: int, va: int, params: int) ->
         return ins
 
     return _run(m, pro, body, nvec, lambda _: [], depth)
+
+
+def sum_costs(costs: list[tuple[MkCost, int]]) -> MkCost:
+    return MkCost(cycles=sum(c.cycles * k for c, k in costs), fmas=sum(c.fmas * k for c, k in costs),
+                  vldst=sum(c.vldst * k for c, k in costs), slds=sum(c.slds * k for c, k in costs),
+                  valu=sum(c.valu * k for c, k in costs))

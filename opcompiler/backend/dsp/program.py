@@ -190,3 +190,19 @@ def contiguous(space: tuple, offset: int, shape: tuple[int, ...]) -> View:
         strides.append(acc)
         acc *= d
     return View(space, offset, tuple(shape), tuple(reversed(strides)))
+
+def stage_order(stage: list[tuple], dbuf: bool, functional: bool, period: int = 1) -> list:
+    """Program order of the stages' (DMA-in, VPU, DMA-out) ops. With two buffers the next tile's
+    DMA-in is issued before this tile's VPU pass (software pipelining), so the DMA engine
+    fetches while the VPU computes. Timing programs run-length encode repeated stages; `period`
+    is the stages per image (their pattern repeats image after image, buffers alternating)."""
+    if not stage:
+        return []
+    if dbuf:
+        blocks = [tuple(stage[0][0])] + [tuple((stage[i + 1][0] if i + 1 < len(stage) else []) + comp + outs)
+                                        for i, (_, comp, outs) in enumerate(stage)]
+    else:
+        blocks = [tuple(ins + comp + outs) for ins, comp, outs in stage]
+    if functional:
+        return [op for b in blocks for op in b]
+    return compress(blocks, tuple(dict.fromkeys((2 * period, period, 2, 1))))
