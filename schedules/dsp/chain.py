@@ -1,4 +1,7 @@
-"""dsp-sim template for ew_chain: a chain of element-wise steps in one kernel, as VPU instructions.
+"""dsp-sim template for element-wise ops: a chain of steps in one kernel, as VPU instructions.
+
+relu, add, add_relu, bias_add, batch_norm and bn_relu are fixed chains (`chain_of`); ew_chain
+spells its chain out.
 
 Steps (the ew_chain vocabulary, `opcompiler.ops.catalogue._chain_apply`): relu, sigmoid,
 clip:LO:HI, affine:A:B, pow:P (x > 0), add / mul with a full-shape operand, bias / scale / bn with per-channel
@@ -38,6 +41,23 @@ from .common import require_fp32
 from .stream import cdiv, cores_knob, group_key, share, stream, vpu_op
 
 TILES = (1024, 2048, 4096, 8192, 16384, 32768)
+# the family's single-step ops as chains over the same inputs (x, then each step's operands)
+FIXED_CHAINS = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn", "bn_relu": "bn;relu"}
+
+
+def chain_of(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
+    """The op as a step chain: ew_chain spells it out; relu, add, add_relu, bias_add,
+    batch_norm and bn_relu are fixed chains (add_relu with a per-channel y is bias;relu)."""
+    if wl.op == "ew_chain":
+        return _chain_steps(wl)
+    if wl.op == "add_relu":
+        text = "bias;relu" if wl.p.get("bcast") else "add;relu"
+    elif wl.op in FIXED_CHAINS:
+        text = FIXED_CHAINS[wl.op]
+    else:
+        raise OpcError(f"no dsp element-wise chain for {wl.op}", arg="op", value=wl.op,
+                       expected="ew_chain, " + ", ".join(FIXED_CHAINS) + " or add_relu")
+    return [(name, ()) for name in text.split(";")]
 
 
 def emit_steps(steps: list[tuple[str, tuple[float, ...]]], fulls: list[Mem], chans: list[Mem], chan_load: str,
@@ -83,7 +103,8 @@ class _Geo:
         self.n, self.c, self.h, self.w = p["n"], p["c"], p["h"], p["w"]
         self.hw = self.h * self.w
         self.total = self.n * self.c * self.hw
-        self.steps = _chain_steps(wl)
+        self.steps = chain_of(wl)
+        self.batch = cfg.get("split", "items") == "batch"
         kinds = [k for name, _ in self.steps for k in _CHAIN_EXTRA[name]]
         self.nfull, self.nchan = kinds.count("full"), kinds.count("chan")
         self.L = L = m.lanes
@@ -106,6 +127,10 @@ class _Geo:
             self.buf = self.per * self.pitch
 
     def items(self) -> list[tuple]:
+        if self.mode == "flat" and self.batch:  # whole images per core: stages never cross an image
+            img = self.c * self.hw
+            return [(e0, min(self.per, (b + 1) * img - e0)) for b in range(self.n)
+                    for e0 in range(b * img, (b + 1) * img, self.per)]
         if self.mode == "flat":
             return [(e0, min(self.per, self.total - e0)) for e0 in range(0, self.total, self.per)]
         if self.mode == "plane":
@@ -115,7 +140,27 @@ class _Geo:
             return [(b, c, 1, s0, min(self.chunk, self.hw - s0)) for b in range(self.n) for c in range(self.c)
                     for s0 in range(0, self.hw, self.chunk)]
         npix = self.n * self.hw
+        if self.batch:
+            return [(p0, min(self.per, (b + 1) * self.hw - p0)) for b in range(self.n)
+                    for p0 in range(b * self.hw, (b + 1) * self.hw, self.per)]
         return [(p0, min(self.per, npix - p0)) for p0 in range(0, npix, self.per)]
+
+    def image(self, it: tuple) -> int:
+        if self.mode == "plane":
+            return it[0]
+        return it[0] // (self.c * self.hw) if self.mode == "flat" else it[0] // self.hw
+
+    def shares(self, cores: int, total_cores: int) -> list[list]:
+        """Items per core: contiguous balanced shares, or whole images per core (split=batch)."""
+        items = self.items()
+        if not self.batch:
+            return share(items, cores, total_cores)
+        k = max(1, min(cores, total_cores))
+        out: list[list] = [[] for _ in range(total_cores)]
+        for it in items:
+            b = self.image(it)
+            out[next(c for c in range(k) if b < (c + 1) * self.n // k)].append(it)
+        return out
 
     def key(self, it: tuple) -> tuple:
         return it[1:2] if self.mode != "plane" else (it[2], it[4])
@@ -129,7 +174,7 @@ class _Geo:
 
 
 class DspChain(Template):
-    """ew_chain on the VPU (dispatched to by `dsp.elemwise`)."""
+    """ew_chain and the single-step element-wise ops on the VPU (dispatched to by `dsp.elemwise`)."""
 
     name = "dsp.ew_chain"
     op_families = ("elemwise",)
@@ -138,16 +183,32 @@ class DspChain(Template):
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         require_fp32(wl, target)
-        _chain_steps(wl)
+        chain_of(wl)
         return [Knob("tile", TILES, "elements per DMA stage (rounded to whole planes / pixels with per-channel steps)"),
-                Knob("dbuf", (1, 0), "double-buffer the AM tiles"), cores_knob(machine(target))]
+                Knob("dbuf", (1, 0), "double-buffer the AM tiles"), cores_knob(machine(target)),
+                Knob("split", ("items", "batch"), "stages across cores, or whole images per core (seed 004 §2.1.3)")]
+
+    def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
+        """Seed 004 §2.1.3: images across the cores, one image per stage (the largest tile that
+        fits it), no double buffering."""
+        if wl.op == "ew_chain":
+            raise OpcError("no paper schedule for ew_chain (seed 004 has none)", arg="--config", value="paper",
+                           expected="default, best or a JSON object of knobs")
+        m = machine(target)
+        img = wl["c"] * wl["h"] * wl["w"]
+        cfg = {"tile": TILES[0], "dbuf": 0, "cores": m.cores, "split": "batch"}
+        for tile in sorted((t for t in TILES if t <= max(img, TILES[0])), reverse=True):
+            cfg["tile"] = tile
+            if self.check(wl, target, cfg) is None:
+                break
+        return cfg
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
         m = machine(target)
         g = _Geo(m, wl, {"tile": TILES[0], "dbuf": 0})
         cfg: dict[str, Any] = {}
         for tile in sorted(TILES, reverse=True):
-            cfg = {"tile": tile, "dbuf": 1, "cores": m.cores}
+            cfg = {"tile": tile, "dbuf": 1, "cores": m.cores, "split": "items"}
             # at least two stages per core when the tensor allows it
             if g.total // tile < 2 * m.cores and tile > TILES[0]:
                 continue
@@ -170,7 +231,7 @@ class DspChain(Template):
         g = _Geo(m, wl, config)
         items = g.items()
         return {"ddr_bytes": float((2 + g.nfull) * g.total * F32), "stages": float(len(items)),
-                "work_per_core": len(items) / max(1, min(config["cores"], len(items))),
+                "work_per_core": len(items) / max(1, min(config.get("cores", m.cores), len(items))),
                 "am_occupancy": g.am_elems() * F32 / m.cap("AM"), "steps": float(len(g.steps)),
                 "lane_use": (g.hw / g.pitch) if g.mode == "plane" and g.pitch else
                 (g.c / g.pitch if g.mode == "pixel" else 1.0)}
@@ -188,7 +249,7 @@ class DspChain(Template):
         kinds = ["x"] + [k for name, _ in g.steps for k in _CHAIN_EXTRA[name]]
         fulls = [nm for nm, k in zip(names, kinds) if k == "full"]
         chans = [nm for nm, k in zip(names, kinds) if k == "chan"]
-        shares = share(g.items(), int(config["cores"]), m.cores)
+        shares = g.shares(int(config.get("cores", m.cores)), m.cores)
         cache: dict = {}
 
         def core_ops(core: int) -> list[Op]:
@@ -209,7 +270,7 @@ class DspChain(Template):
                                   ("const",), functional, f"{nm} DDR->{lv}"))
 
             def stage(it, slot, first):
-                return self._stage(m, g, it, slot, ["x"] + fulls, bufs[slot], par, functional)
+                return self._stage(m, g, it, slot, [names[0]] + fulls, bufs[slot], par, functional)
 
             return ops + stream(items, g.nbuf, functional, stage, g.key, cache)
 
