@@ -122,7 +122,11 @@ def _weights(sch, red, ko, config, epi: list[str]) -> None:
     sch.annotate(sch.get_loops(w)[1], "opc.dsp.op", "dma")
     if wg is not None:  # W_g: each core brings a slice of the rows, then all read it whole
         sch.compute_at(wg, ko)
-        lps = sch.get_loops(wg)[1:-1]
+        inner = sch.get_loops(wg)[1:]
+        # the innermost loop runs over the lanes of a weight row, unless the block has one output
+        # channel (K = 1: TVM drops that unit loop and the rows are all that is left)
+        one_lane = int(sch.get(wg).writes[0].region[-1].extent) == 1
+        lps = inner if one_lane or len(inner) == 1 else inner[:-1]
         rows = sch.fuse(*lps) if len(lps) > 1 else lps[0]
         sch.annotate(rows, "opc.dsp.op", "dma_shared")
     for b in epi:

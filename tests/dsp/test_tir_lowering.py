@@ -29,6 +29,9 @@ def t():
     ("conv2d", "n=2,c=9,h=6,w=7,k=20,r=1,s=1,pad=0,layout=NHWC", {"rows": 2, "pw": 2}),  # no pad block
     ("conv2d", "n=2,c=13,h=8,w=8,k=70,r=3,s=3,dilation=2,pad=2,layout=NHWC", {"rows": 2, "pw": 4}),
     ("conv2d_bias_relu", "n=2,c=5,h=9,w=9,k=36,r=3,s=3,stride=2,pad=0,layout=NCHW", {"rows": 2, "pw": 3}),
+    # one output channel (MiniGo's value head): TVM drops the unit lane loop of the weight copy
+    ("conv2d", "n=4,c=64,h=7,w=7,k=1,r=1,s=1,pad=0,layout=NHWC", {"rows": 1, "pw": 4}),
+    ("conv2d", "n=4,c=8,h=7,w=7,k=1,r=3,s=3,pad=1,layout=NHWC", {"rows": 2, "pw": 3, "w_path": "gsm"}),
 ])
 def test_tir_program_matches_numpy(t, op, shape, knobs):
     wl = workload(op, shape=shape)
