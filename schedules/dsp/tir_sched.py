@@ -125,7 +125,8 @@ def _weights(sch, red, ko, config, epi: list[str]) -> None:
         inner = sch.get_loops(wg)[1:]
         # the innermost loop runs over the lanes of a weight row, unless the block has one output
         # channel (K = 1: TVM drops that unit loop and the rows are all that is left)
-        one_lane = int(sch.get(wg).writes[0].region[-1].extent) == 1
+        reg = sch.get(red).reads[1]
+        one_lane = int((reg.source if hasattr(reg, "source") else reg.buffer).shape[-1]) == 1
         lps = inner if one_lane or len(inner) == 1 else inner[:-1]
         rows = sch.fuse(*lps) if len(lps) > 1 else lps[0]
         sch.annotate(rows, "opc.dsp.op", "dma_shared")
