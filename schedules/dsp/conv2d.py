@@ -48,9 +48,11 @@ class DirectTemplate(Template):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
         """Lower the schedule to the cluster program (timing-only ops unless `functional`)."""
-        if config.get("lowering") == "tir":  # the program lowered from TVM's scheduled TIR
+        if self.route(config) == "tir":  # the program lowered from TVM's scheduled TIR
             from .tir_sched import build_program
-            return build_program(self, wl, target, config, functional)
+            prog = build_program(self, wl, target, config, functional)
+            prog.info["lowering"] = "tir" if config.get("lowering") == "tir" else "tir (auto)"
+            return prog
         m = machine(target)
         sp = self.spec(wl, target)
         cf = DirectConfig.of(config)
@@ -97,6 +99,19 @@ class DirectTemplate(Template):
         prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)
                      if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4)}
         return prog
+
+    def route(self, config: Mapping[str, Any]) -> str:
+        """Which lowering builds this config: `lowering=auto` takes the TVM route wherever it
+        covers the config (order=out, weights DDR or GSM -> AM, output AM -> DDR) and emits the
+        rest (the paper's weight-stationary pass, host copies, output through GSM) directly."""
+        lw = config.get("lowering", "direct")
+        if lw == "auto":
+            from .tir_sched import unsupported
+            return "tir" if self.tir_covers(config) and unsupported(config) is None else "direct"
+        return lw
+
+    def tir_covers(self, config: Mapping[str, Any]) -> bool:
+        return True
 
     def tir_check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
         """Build the TVM schedule of this config (`tir.py`) and check that the tiles TVM stages in
@@ -194,9 +209,9 @@ class DspDirectConv2d(DirectTemplate):
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or AM -> GSM -> DDR as in the paper"),
             Knob("split", ("items", "batch"), "cores take (image, row block) items, or whole images"),
-            Knob("lowering", ("direct", "tir"), "emit the program from the knobs (direct) or lower TVM's scheduled "
-                 "TIR into it (tir: order=out, w_path=ddr, out_path=ddr)",
-                 tunable=False),
+            Knob("lowering", ("auto", "tir", "direct"), "lower TVM's scheduled TIR into the program (tir: order=out, "
+                 "w_path=ddr|gsm, out_path=ddr), emit it from the knobs (direct), or tir wherever it covers the "
+                 "config (auto)", tunable=False),
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
@@ -213,10 +228,21 @@ class DspDirectConv2d(DirectTemplate):
                         for dbuf in (1, 0):
                             cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": min(rows, sp.ho), "cols": cols,
                                    "order": "out", "dbuf": dbuf, "w_path": "gsm", "out_path": "ddr", "split": "items",
-                                   "lowering": "direct"}
-                            if self.check(wl, target, cfg) is None:
+                                   "lowering": "auto"}
+                            if self.check(wl, target, cfg) is None and self._tir_fits(wl, target, cfg):
                                 return cfg
         return cfg
+
+    def _tir_fits(self, wl: Workload, target: Target, cfg: Mapping[str, Any]) -> bool:
+        """Whether the TVM route builds this config: TVM compacts a staged tile to the region its
+        loops can touch, which with a row split that does not divide the output can exceed
+        the tile `check` counts (the build is cached, so the default's first build reuses it)."""
+        from .tir_sched import build_program
+        try:
+            build_program(self, wl, target, cfg, False)
+        except OpcError:
+            return False
+        return True
 
     def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
         """Algorithm 3 as written: whole images per core, all of K on the lanes, one output pixel

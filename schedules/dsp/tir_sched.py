@@ -102,12 +102,13 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
         for b in ["conv2d"] + epi[:-1]:
             sch.set_scope(sch.get_sblock(b), 0, "local.REG")  # accumulators live in registers
         epi_blocks = [sch.get_sblock(b) for b in epi]
+    pixels = sch.fuse(yi, xi)  # the tile's pixels, row-major: register blocks may span rows
     for b in epi_blocks:  # per output pixel, right after its reduction (exact regions)
-        sch.reverse_compute_at(b, xi)
+        sch.reverse_compute_at(b, pixels)
     sch.reverse_compute_at(o, item)
     sch.annotate(sch.get_loops(o)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
     sch.annotate(sch.get_loops(pad)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
-    blk, _ = sch.split(xi, [None, pw])  # register blocks of pw pixels within a row
+    blk, _ = sch.split(pixels, [None, pw])  # register blocks of pw pixels of the flattened tile
     sch.annotate(blk, "opc.dsp.op", "mk")
     _weights(sch, conv, ko, config, epi)
     return sch

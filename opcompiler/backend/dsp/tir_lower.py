@@ -64,6 +64,8 @@ class Lowerer:
         self.comp = _Compiler(lambda b: self._strides(b))
         self._cache: dict[int, Any] = {}  # per nest: compiled pieces
         self.interned: dict[tuple, Op] = {}
+        self._sigs: dict[int, list] = {}  # stage loop -> its shape terms, compiled
+        self._stages: dict[tuple, tuple] = {}  # timing: (stage, slot, shape, zero state) -> ops
         self._checked: set[tuple] = set()
         self._allocate()
 
@@ -210,11 +212,21 @@ class Lowerer:
                 if "opc.dsp.stage" in ann:
                     slot = len(self.pending) % self.nbuf
                     E2["slot"] = slot
+                    memo = None
+                    if not self.fn:  # timing: a stage equal in shape to one already lowered reuses its ops
+                        memo = (_key(st), slot, self._stage_sig(st, E2), self._zeroed_sig())
+                        hit = self._stages.get(memo)
+                        if hit is not None:
+                            self.pending.append(hit[0])
+                            self.zeroed = {k: v.copy() for k, v in hit[1].items()}
+                            continue
                     stg: list = [[], [], []]
                     self._walk(st.body, E2, stg)
                     if stg[1]:  # the VPU ops of a stage: one pass of all its micro-kernel calls
                         stg[1] = [self._merge_vpu(stg[1], slot)]
                     self.pending.append(tuple(stg))
+                    if memo is not None:
+                        self._stages[memo] = (tuple(stg), {k: v.copy() for k, v in self.zeroed.items()})
                 else:
                     self._walk(st.body, E2, stage)
         elif name == "IfThenElse":
@@ -224,6 +236,46 @@ class Lowerer:
                 self._walk(st.else_case, E, stage)
         else:
             raise OpcFailure(f"tir lowering: unexpected {name} outside an annotated nest")
+
+    # ---- timing mode: stages keyed by their shape -------------------------------------------
+    def _stage_sig(self, st, E: dict) -> tuple:
+        """What a stage's timing ops can depend on: the values, at this iteration, of every
+        outer-variable subterm of the expressions that shape its nests (loop bounds, block
+        predicates, conditions, padding tests, the `min` of a tail). Address-only terms (the
+        image a tile belongs to) are left out: timing ops do not carry addresses (`_intern`)."""
+        k = _key(st)
+        if k not in self._sigs:
+            inner: set[int] = set()
+            shaping: list = []
+
+            def visit(x) -> None:
+                name = type(x).__name__
+                if name == "For":
+                    inner.add(_key(x.loop_var))
+                    shaping.extend((x.min, x.extent))
+                    visit(x.body)
+                elif name == "SBlockRealize":
+                    shaping.append(x.predicate)
+                    visit(x.block.body)
+                elif name == "SeqStmt":
+                    for y in x.seq:
+                        visit(y)
+                elif name == "IfThenElse":
+                    shaping.append(x.condition)
+                    visit(x.then_case)
+                    if x.else_case is not None:
+                        visit(x.else_case)
+                elif name == "BufferStore":
+                    shaping.append(x.value)  # if_then_else padding tests (indices only move addresses)
+            visit(st.body)
+            terms: dict[str, Any] = {}
+            for e in shaping:
+                _outer_terms(e, inner, terms)
+            self._sigs[k] = [self.comp.fn(e) for e in terms.values()]
+        return tuple(int(np.asarray(f(E, None))) for f in self._sigs[k])
+
+    def _zeroed_sig(self) -> tuple:
+        return tuple(sorted((k, v.shape, v.tobytes()) for k, v in self.zeroed.items()))
 
     def _emit(self, op: Op, stage: list | None, where: int) -> None:
         if stage is None:
@@ -433,3 +485,35 @@ class Lowerer:
                 nruns=len(calls), fn=f, label=f"VPU pass out {len(calls)} blocks")
         return self._intern(op)
 
+
+def _vars(e, acc: set[int]) -> set[int]:
+    name = type(e).__name__
+    if name == "Var":
+        acc.add(_key(e))
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
+            _vars(getattr(e, attr), acc)
+    for attr in ("args", "indices"):
+        if hasattr(e, attr):
+            for x in getattr(e, attr):
+                _vars(x, acc)
+    return acc
+
+
+def _outer_terms(e, inner: set[int], out: dict[str, Any]) -> None:
+    """The largest subterms of `e` that mention no loop variable of the stage (and mention some
+    variable), by their script text. The indices of a load are not entered: they only move an
+    address, which timing ops do not carry."""
+    if type(e).__name__ in ("BufferLoad", "TensorLoad"):
+        return
+    vs = _vars(e, set())
+    if not vs:
+        return
+    if not (vs & inner):
+        out.setdefault(str(e), e)
+        return
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
+            _outer_terms(getattr(e, attr), inner, out)
+    for x in getattr(e, "args", ()):
+        _outer_terms(x, inner, out)
