@@ -4,7 +4,6 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
 
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import Allocator, Program
@@ -48,11 +47,9 @@ class DirectTemplate(Template):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
         """Lower the schedule to the cluster program (timing-only ops unless `functional`)."""
-        if self.route(config) == "tir":  # the program lowered from TVM's scheduled TIR
+        if config.get("lowering") == "tir":  # the program lowered from TVM's scheduled TIR
             from .tir_sched import build_program
-            prog = build_program(self, wl, target, config, functional)
-            prog.info["lowering"] = "tir" if config.get("lowering") == "tir" else "tir (auto)"
-            return prog
+            return build_program(self, wl, target, config, functional)
         m = machine(target)
         sp = self.spec(wl, target)
         cf = DirectConfig.of(config)
@@ -100,45 +97,6 @@ class DirectTemplate(Template):
                      if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4)}
         return prog
 
-    def route(self, config: Mapping[str, Any]) -> str:
-        """Which lowering builds this config: `lowering=auto` takes the TVM route wherever it
-        covers the config (order=out, weights DDR or GSM -> AM, output AM -> DDR) and emits the
-        rest (the paper's weight-stationary pass, host copies, output through GSM) directly."""
-        lw = config.get("lowering", "direct")
-        if lw == "auto":
-            from .tir_sched import unsupported
-            return "tir" if self.tir_covers(config) and unsupported(config) is None else "direct"
-        return lw
-
-    def tir_covers(self, config: Mapping[str, Any]) -> bool:
-        return True
-
-    def tir_check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
-        """Build the TVM schedule of this config (`tir.py`) and check that the tiles TVM stages in
-        local.SM / local.AM are the ones the program allocates; None when there is no TIR form."""
-        from .tir import tile_buffers, tir_schedule
-        sch = tir_schedule(wl, target, config)
-        if sch is None:
-            return None
-        m = machine(target)
-        sp = self.spec(wl, target)
-        cf = DirectConfig.of(config)
-        kb = min(cf.kv * m.lanes, sp.k)
-        rows, cols = min(cf.rows, sp.ho), min(cf.cols, sp.wo)
-        ours = {"local.SM": sorted([min(in_rows(sp, rows), sp.h + 2 * sp.pad) * min(in_cols(sp, cols), sp.w + 2 * sp.pad)
-                                    * sp.c]),
-                "local.AM": sorted([sp.taps * sp.c * kb, rows * cols * kb])}
-        tvm_tiles = {sc: sorted(int(np.prod(sh)) for _, sh in bufs) for sc, bufs in tile_buffers(sch).items()}
-        # TVM compacts a buffer to the region its loops touch; with a split that does not divide
-        # the extent it keeps a conservative (larger) region, so then ours must only fit inside
-        exact = sp.ho % rows == 0 and sp.wo % cols == 0
-        if exact:
-            match = ours == tvm_tiles
-        else:
-            match = set(ours) == set(tvm_tiles) and all(
-                len(ours[k]) == len(tvm_tiles[k]) and all(a <= b for a, b in zip(ours[k], tvm_tiles[k])) for k in ours)
-        return {"program": ours, "tir": tvm_tiles, "match": match, "exact": exact}
-
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
         sp = self.spec(wl, target)
@@ -174,7 +132,7 @@ class DspDirectConv2d(DirectTemplate):
     name = "dsp.direct_conv2d"
     op_families = ("conv2d",)
     target_family = "dsp"
-    version = 1
+    version = 2  # v2: one route, TVM's scheduled TIR lowered by the backend (the `lowering` knob is gone)
     # groups > 1 (depthwise, grouped): output channels cannot share the lanes' input scalars;
     # those workloads go to the grouped template (VPU instruction streams, `grouped.py`)
     grouped = DspGroupedConv()
@@ -209,9 +167,6 @@ class DspDirectConv2d(DirectTemplate):
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or AM -> GSM -> DDR as in the paper"),
             Knob("split", ("items", "batch"), "cores take (image, row block) items, or whole images"),
-            Knob("lowering", ("auto", "tir", "direct"), "lower TVM's scheduled TIR into the program (tir: order=out, "
-                 "w_path=ddr|gsm, out_path=ddr), emit it from the knobs (direct), or tir wherever it covers the "
-                 "config (auto)", tunable=False),
         ]
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
@@ -227,14 +182,13 @@ class DspDirectConv2d(DirectTemplate):
                     for rows in (1, 2):
                         for dbuf in (1, 0):
                             cfg = {"pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": min(rows, sp.ho), "cols": cols,
-                                   "order": "out", "dbuf": dbuf, "w_path": "gsm", "out_path": "ddr", "split": "items",
-                                   "lowering": "auto"}
+                                   "order": "out", "dbuf": dbuf, "w_path": "gsm", "out_path": "ddr", "split": "items"}
                             if self.check(wl, target, cfg) is None and self._tir_fits(wl, target, cfg):
                                 return cfg
         return cfg
 
     def _tir_fits(self, wl: Workload, target: Target, cfg: Mapping[str, Any]) -> bool:
-        """Whether the TVM route builds this config: TVM compacts a staged tile to the region its
+        """Whether this config builds: TVM compacts a staged tile to the region its
         loops can touch, which with a row split that does not divide the output can exceed
         the tile `check` counts (the build is cached, so the default's first build reuses it)."""
         from .tir_sched import build_program
@@ -256,8 +210,7 @@ class DspDirectConv2d(DirectTemplate):
         m = machine(target)
         kv = max(1, -(-sp.k // m.lanes))
         cfg = {"pw": 1, "kv": kv, "rows": sp.ho, "cols": sp.wo, "order": "ws", "dbuf": 0,
-               "w_path": "host_copies" if sp.layout == "NHWC" else "ddr", "out_path": "gsm", "split": "batch",
-               "lowering": "direct"}
+               "w_path": "host_copies" if sp.layout == "NHWC" else "ddr", "out_path": "gsm", "split": "batch"}
         while cfg["rows"] > 1 and check(m, sp, DirectConfig.of(cfg)) is not None:
             cfg["rows"] -= 1
         while cfg["cols"] > 1 and check(m, sp, DirectConfig.of(cfg)) is not None:
@@ -271,27 +224,22 @@ class DspDirectConv2d(DirectTemplate):
         cf = DirectConfig.of(config)
         if cf.w_path == "host_copies" and sp.layout != "NHWC":
             return "w_path=host_copies replicates HWIO weights on the host; use gsm or ddr for NCHW"
-        if config.get("lowering") == "tir":
-            from .tir_sched import unsupported
-            why = unsupported(config)
-            if why is not None:
-                return why
         return check(machine(target), sp, cf)
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+        """The program lowered by the DSP backend from this config's TVM schedule (`tir_sched.py`)."""
         if wl.p["groups"] != 1:
             return self.grouped.apply(wl, target, config, functional)
-        return super().apply(wl, target, config, functional)
+        from .tir_sched import build_program
+        why = self.check(wl, target, config)
+        if why is not None and "host_copies" in why:
+            raise OpcError(why, arg="--config", value=dict(config))
+        return build_program(self, wl, target, config, functional)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         if wl.p["groups"] != 1:
             return self.grouped.features(wl, target, config)
         return super().features(wl, target, config)
-
-    def tir_check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
-        if wl.p["groups"] != 1:
-            return None  # no TIR form of the grouped template yet
-        return super().tir_check(wl, target, config)
 
     def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
         """(lowering names, DDR tensors, pre relayouts, post relayouts, output shape)."""

@@ -24,7 +24,7 @@ import numpy as np
 from opcompiler.backend.dsp.core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws
 from opcompiler.backend.dsp.core import sum_costs as _sum
 from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, View, compress, dma_op, stage_order
+from opcompiler.backend.dsp.program import F32, Allocator, Op, View, dma_op, stage_order
 
 
 @dataclass(frozen=True, kw_only=True)

@@ -167,11 +167,8 @@ class DspFullyConnected(DirectTemplate):
         if cf.w_path == "host_copies" and wl.p.get("trans_b"):
             return "w_path=host_copies replicates B as stored; use gsm or ddr with trans_b=1"
         m = machine(target)
-        if config.get("lowering") == "tir":
-            from .tir_sched import unsupported
-            why = unsupported(config) or ("lowering=tir covers split=items" if cf.split == "k" else None)
-            if why is not None:
-                return why
+        if config.get("lowering") == "tir" and cf.split == "k":
+            return "lowering=tir covers split=items"
         if cf.split != "k":
             return check(m, sp, cf)
         if cf.w_path != "ddr" or cf.out_path != "ddr" or cf.order != "out":
@@ -232,11 +229,6 @@ class DspFullyConnected(DirectTemplate):
                      "algo": f"gemm: C blocks {g.mb}x{g.nb} in AM, B blocks {g.kc}x{g.nb} via {g.w_path.upper()}, "
                              f"A stages {g.ms}x{g.kc} in SM, register blocks {g.pw}x{g.kv * m.lanes}"}
         return prog
-
-    def tir_check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
-        if config.get("algo") == "gemm":
-            return None  # no TIR form of the blocked GEMM
-        return super().tir_check(wl, target, config)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         if config.get("algo") == "gemm":

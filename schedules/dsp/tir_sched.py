@@ -41,27 +41,15 @@ def nhwc_workload(wl: Workload) -> Workload:
     return workload(wl.op, p, dtype=wl.dtype)
 
 
-def unsupported(config: Mapping[str, Any]) -> str | None:
-    """Why lowering=tir cannot take this config (None when it can)."""
-    if config.get("order") != "out":
-        return "lowering=tir covers order=out (register-block accumulation) only"
-    if config.get("w_path") not in ("ddr", "gsm"):
-        return "lowering=tir stages weights DDR -> AM or DDR -> GSM -> AM (w_path=ddr|gsm) only"
-    if config.get("out_path") != "ddr":
-        return "lowering=tir writes the output tile AM -> DDR (out_path=ddr) only"
-    return None
-
-
 def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     """The scheduled, annotated s_tir.Schedule of one direct-convolution config."""
     import tvm
     from tvm import te
 
-    why = unsupported(config)
-    if why is not None:
-        raise OpcError(why, arg="--config", value=dict(config), expected="order=out, w_path=ddr|gsm, out_path=ddr")
     if get_op(wl.op).family == "matmul":
         return fc_schedule(wl, target, config)
+    if config["order"] == "ws":
+        return ws_schedule(wl, target, config)
     base = nhwc_workload(wl)
     ins, out = get_op(base.op).compute(base)
     sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
@@ -106,10 +94,84 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     for b in epi_blocks:  # per output pixel, right after its reduction (exact regions)
         sch.reverse_compute_at(b, pixels)
     sch.reverse_compute_at(o, item)
-    sch.annotate(sch.get_loops(o)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
-    sch.annotate(sch.get_loops(pad)[2 if config["split"] == "items" else 3], "opc.dsp.op", "dma")
+    depth = 2 if config["split"] == "items" else 3
+    if config["out_path"] == "gsm":  # the tile AM -> GSM (this core's staging tile) -> DDR, as the paper
+        g = sch.cache_write(o, 0, "local.GSM")
+        sch.reverse_compute_at(g, item)
+        sch.annotate(sch.get_loops(g)[depth], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(pad)[depth], "opc.dsp.op", "dma")
     blk, _ = sch.split(pixels, [None, pw])  # register blocks of pw pixels of the flattened tile
     sch.annotate(blk, "opc.dsp.op", "mk")
+    _weights(sch, conv, ko, config, epi)
+    return sch
+
+
+def ws_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
+    """Seed 004's weight-stationary pass (order=ws): per tile, one micro-kernel call per input
+    channel (`opc.dsp.op = mk_ws`: the channel's R*S x kv weight vectors stay in registers while
+    every pixel of the tile accumulates into its partial sums in the AM output tile), then one
+    element-wise call applying the epilogue (`mk_ew`). Staging as `conv_schedule`."""
+    import tvm
+    from tvm import te
+
+    base = nhwc_workload(wl)
+    ins, out = get_op(base.op).compute(base)
+    sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    epi = [b for b in names if b in EPI_BLOCKS]
+    conv = sch.get_sblock("conv2d")
+    last = sch.get_sblock(epi[-1]) if epi else conv
+    p = base.p
+    wo = (p["w"] + 2 * p["pad"] - p["dilation"] * (p["s"] - 1) - 1) // p["stride"] + 1
+    cols = min(config["cols"], wo)
+    n, y, x, kk, ry, rx, rc = sch.get_loops(conv)
+    yo, yi = sch.split(y, [None, config["rows"]])
+    xo, xi = sch.split(x, [None, cols])
+    ko, ki = sch.split(kk, [None, config["kv"] * machine(target).lanes])
+    sch.reorder(ko, n, yo, xo, rc, yi, xi, ki, ry, rx)
+    if config["split"] == "batch":
+        item = sch.fuse(yo, xo)
+        sch.annotate(n, "opc.dsp.cores", 1)
+    else:
+        item = sch.fuse(n, yo, xo)
+        sch.annotate(item, "opc.dsp.cores", 1)
+    sch.annotate(item, "opc.dsp.stage", 1)
+    if "pad" in names:
+        pad = sch.get_sblock("pad")
+        sch.compute_at(pad, item)
+        sch.set_scope(pad, 0, "local.SM")
+    else:
+        pad = sch.cache_read(conv, 0, "local.SM")
+        sch.compute_at(pad, item)
+    o = sch.cache_write(last, 0, "local.AM")  # the output tile; `o` is its AM -> DDR copy
+    if epi:
+        sch.set_scope(conv, 0, "local.AM")  # partial sums across the channel passes
+        for b in epi[:-1]:
+            sch.set_scope(sch.get_sblock(b), 0, "local.REG")
+    sch.fuse(yi, xi)  # the tile's pixels, row-major
+    sch.annotate(rc, "opc.dsp.op", "mk_ws")
+    sch.annotate(rc, "opc.dsp.ws_cols", cols)
+    sch.annotate(rc, "opc.dsp.ws_r", p["r"])
+    sch.annotate(rc, "opc.dsp.ws_s", p["s"])
+    if epi:  # one element-wise call over the tile: every epilogue step per pixel
+        first = sch.get_sblock(epi[0])
+        sch.reverse_compute_at(first, item)
+        lp = sch.get_loops(first)
+        at = next(i for i, lv in enumerate(lp) if sch.get(lv).same_as(sch.get(item)))
+        inner = lp[at + 1:-1]  # the tile's rows and columns (the lanes stay inside)
+        pix = sch.fuse(*inner) if len(inner) > 1 else inner[0] if inner else sch.add_unit_loop(lp[-1])
+        for b in epi[1:]:
+            sch.reverse_compute_at(sch.get_sblock(b), pix)
+        sch.annotate(pix, "opc.dsp.op", "mk_ew")
+    sch.reverse_compute_at(o, item)
+    depth = 2 if config["split"] == "items" else 3
+    if config["out_path"] == "gsm":
+        g = sch.cache_write(o, 0, "local.GSM")
+        sch.reverse_compute_at(g, item)
+        sch.annotate(sch.get_loops(g)[depth], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(pad)[depth], "opc.dsp.op", "dma")
     _weights(sch, conv, ko, config, epi)
     return sch
 
@@ -175,6 +237,10 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     for b in epi_blocks:
         sch.reverse_compute_at(b, ii)
     sch.reverse_compute_at(o, io)
+    if config["out_path"] == "gsm":  # the output tile AM -> GSM (this core's staging tile) -> DDR
+        g = sch.cache_write(o, 0, "local.GSM")
+        sch.reverse_compute_at(g, io)
+        sch.annotate(sch.get_loops(g)[2], "opc.dsp.op", "dma")
     sch.annotate(sch.get_loops(o)[2], "opc.dsp.op", "dma")
     sch.annotate(sch.get_loops(a)[2], "opc.dsp.op", "dma")
     blk, _ = sch.split(ii, [None, config["pw"]])
@@ -222,11 +288,20 @@ def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
     ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
     kbp = config["kv"] * m.lanes
     nk = -(-sp.k // kbp)
-    low = Lowerer(m, func, ddr_names, ddr, config["kv"], bool(config["dbuf"]), nk > 1, functional, tamper)
+    core_names, replicate, prepare = {}, [], []
+    if config["w_path"] == "host_copies":  # W replicated by the host, one DDR copy per core (seed 004)
+        wname = names["weight"]
+        for c in range(m.cores):
+            ddr[f"{wname}@core{c}"] = ddr[wname]
+        replicate = [(f"W for core {c}", nbytes(ddr[wname])) for c in range(m.cores)]
+        prepare = [lambda d, n=m.cores: [d[f"{wname}@core{c}"].__setitem__(Ellipsis, d[wname]) for c in range(n)]]
+        core_names = {params[1]: lambda c: f"{wname}@core{c}"}
+    low = Lowerer(m, func, ddr_names, ddr, config["kv"], bool(config["dbuf"]), nk > 1, functional, tamper,
+                  core_names)
     cols = min(config["cols"], sp.wo)
     per_image = -(-sp.ho // config["rows"]) * -(-sp.wo // cols)
     nitems = sp.n * per_image if config["split"] == "items" else sp.n
-    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
+    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
 
     def share(c: int) -> tuple[int, int]:
         return c * nitems // m.cores, (c + 1) * nitems // m.cores
@@ -241,8 +316,8 @@ def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
 
     prog = assemble(m, functional=functional, cores=m.cores, core_ops=lambda c: low.core_ops(c, m.cores, per_image),
                     group_key=key, pre=pre, post=post, host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
-                    inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, flops=op.flops(wl),
-                    cores_used=sum(1 for c in range(m.cores) if share(c)[1] > share(c)[0]))
+                    inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, prepare=prepare,
+                    flops=op.flops(wl), cores_used=sum(1 for c in range(m.cores) if share(c)[1] > share(c)[0]))
     kbp = config["kv"] * m.lanes
     nk = -(-sp.k // kbp)
     prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)

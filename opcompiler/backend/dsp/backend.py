@@ -6,7 +6,6 @@ from typing import Sequence
 import numpy as np
 
 from ...config import ConfigSpec
-from ...errors import OpcFailure
 from ...workload import Workload
 from ..base import Backend, Kernel, RunResult
 from .engine import Timing, replay, report, timing
@@ -43,13 +42,6 @@ class DspSimBackend(Backend):
         res = self._result(kernel, t, [out])
         res.metrics["functional_counters"] = counters.as_dict()
         res.metrics["functional_cycles"] = ft.cycles
-        if hasattr(tmpl, "tir_check"):
-            tiles = tmpl.tir_check(kernel.workload, self.target, kernel.config)
-            if tiles is not None:
-                if not tiles["match"]:
-                    raise OpcFailure(f"the DSP program's tiles {tiles['program']} differ from the TVM schedule's "
-                                     f"{tiles['tir']} for config {kernel.config}")
-                res.metrics["tir_tiles"] = tiles["tir"]
         return res
 
     def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:

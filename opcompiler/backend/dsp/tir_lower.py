@@ -30,7 +30,7 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from .core import mk_out
+from .core import EPI_REGS, mk_ew, mk_out, mk_ws
 from .machine import DspMachine
 from .program import F32, Allocator, Op, View, dma_op
 
@@ -48,9 +48,13 @@ class Lowerer:
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
                  kv: int, dbuf: bool, gsm_reread: bool,
-                 functional: bool, tamper: Callable[[str, View], View] | None = None):
+                 functional: bool, tamper: Callable[[str, View], View] | None = None,
+                 core_names: Mapping[str, Callable[[int], str]] | None = None):
+        """`core_names`: parameters each core reads from its own DDR copy (param -> core -> name)."""
         self.m, self.func, self.kv, self.dbuf, self.fn = m, func, kv, dbuf, functional
         self.tamper, self.gsm_reread = tamper, gsm_reread
+        self.core_names = dict(core_names or {})
+        self.core = 0
         self.nbuf = 2 if dbuf else 1
         self.space: dict[int, tuple] = {}  # buffer -> (level, base offsets per slot | DDR name)
         self.shapes: dict[int, tuple[int, ...]] = {}
@@ -65,6 +69,7 @@ class Lowerer:
         self._cache: dict[int, Any] = {}  # per nest: compiled pieces
         self.interned: dict[tuple, Op] = {}
         self._sigs: dict[int, list] = {}  # stage loop -> its shape terms, compiled
+        self._costs: dict[tuple, Any] = {}  # micro-kernel costs by shape
         self._stages: dict[tuple, tuple] = {}  # timing: (stage, slot, shape, zero state) -> ops
         self._checked: set[tuple] = set()
         self._allocate()
@@ -119,6 +124,8 @@ class Lowerer:
             if alloc is None:
                 raise OpcFailure(f"tir lowering: buffer {b.name} in scope {scope!r} has no place on the DSP")
             n = self.nbuf if in_stage else 1
+            if scope == "local.GSM" and in_stage:  # a staging tile in GSM: each core has its own
+                n *= self.m.cores
             offs = tuple(alloc.alloc(f"{b.name}[{i}]", size) for i in range(n))
             self.space[bk] = (scope.split(".")[1], offs, in_stage)
 
@@ -129,7 +136,7 @@ class Lowerer:
         if sp[0] == "SM":
             return f"sm{slot}"
         if sp[0] == "GSM":
-            return "gsm_w"
+            return f"gsmo{slot}" if sp[2] else "gsm_w"
         return f"amo{slot}" if sp[2] else "w"
 
     def _base(self, bk: int, slot: int) -> tuple[tuple, int]:
@@ -138,11 +145,16 @@ class Lowerer:
             return ("DDR", sp[1]), 0
         if len(sp) < 3:
             raise OpcFailure(f"tir lowering: {self.names.get(bk)} is not in SM or AM: {sp}")
+        if sp[0] == "GSM" and sp[2]:
+            return (sp[0],), sp[1][self.core * self.nbuf + slot]
         return (sp[0],), sp[1][slot if sp[2] else 0]
 
     # ---- walking ------------------------------------------------------------------------
     def core_ops(self, core: int, cores: int, per_image: int) -> list:
         self.core, self.cores, self.per_image = core, cores, per_image
+        for p in self.func.params:  # this core's own copies (w_path=host_copies)
+            if p.name in self.core_names:
+                self.space[_key(p)] = ("DDR", self.core_names[p.name](core), False)
         self.ops: list = []
         self.pending: list[tuple[list, list, list]] = []
         self.zeroed: dict[tuple, np.ndarray] = {}
@@ -204,6 +216,10 @@ class Lowerer:
                 return None
             if ann.get("opc.dsp.op") == "mk":
                 return self._mk(st, E, stage)
+            if ann.get("opc.dsp.op") == "mk_ws":
+                return self._mk_ws(st, E, stage)
+            if ann.get("opc.dsp.op") == "mk_ew":
+                return self._mk_ew(st, E, stage)
             rng = range(lo, lo + ext)
             if "opc.dsp.cores" in ann:
                 rng = range(lo + self.core * ext // self.cores, lo + (self.core + 1) * ext // self.cores)
@@ -376,11 +392,12 @@ class Lowerer:
             dv = self._view(k, dspace, dbase, fdst, E, ext, full(b))
             if self.tamper is not None:
                 dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
-            # GSM reads are ordered by the barriers, not by the tag
-            op = dma_op(self.m, sv, dv, (stag,) if stag and sspace[0] != "GSM" else (), (dtag,), self.fn,
+            # reads of the shared weights in GSM are ordered by the barriers, not by the tag
+            shared = sspace[0] == "GSM" and not self._sp(bsrc)[2]
+            op = dma_op(self.m, sv, dv, (stag,) if stag and not shared else (), (dtag,), self.fn,
                         f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             self._emit(self._intern(op), stage, where)
-            if sspace[0] == "GSM" and self.gsm_reread:  # W_g is rewritten for the next block only
+            if shared and self.gsm_reread:  # W_g is rewritten for the next block only
                 self._emit(Op("barrier", "sync", label="W_g read"), stage, where)  # after every core read it
 
     def _view(self, nest: int, space: tuple, base: int, fflat: Callable, E: dict, ext: list, box) -> View:
@@ -466,6 +483,76 @@ class Lowerer:
             if npix not in info["costs"]:
                 info["costs"][npix] = mk_out(self.m, npix, self.kv, info["steps"], info["epi"])
             stage[1].append((info["costs"][npix], (st.body, E2) if self.fn else None))
+
+    def _valid_pixels(self, st, E: dict) -> np.ndarray:
+        """The pixel loop directly under `st` (or `st` itself): which of its values the first
+        block's predicate keeps (other inner loops at 0)."""
+        k = ("pix", _key(st))
+        if k not in self._cache:
+            pix, body, pred = st, st.body, None
+            if "opc.dsp.op" in st.annotations and st.annotations["opc.dsp.op"] == "mk_ws":
+                pix = body
+                body = pix.body
+            while pred is None:
+                name = type(body).__name__
+                if name == "SBlockRealize":
+                    pred = body.predicate
+                elif name == "For":
+                    body = body.body
+                elif name == "SeqStmt":
+                    body = body.seq[0]
+                else:
+                    raise OpcFailure(f"tir lowering: no block under the pixel loop, found {name}")
+            self._cache[k] = (pix, self.comp.fn(pred))
+        pix, fpred = self._cache[k]
+        pe = self._ev(pix.extent, E)
+        g = {**E, _key(pix.loop_var): np.arange(pe)}
+        return _full(fpred(_Zero(g), None), (pe,)).astype(bool)
+
+    def _mk_ws(self, st, E: dict, stage: list | None) -> None:
+        """Each iteration (an input channel) is one weight-stationary call over the tile."""
+        ann = st.annotations
+        cols, r, s = int(ann["opc.dsp.ws_cols"]), int(ann["opc.dsp.ws_r"]), int(ann["opc.dsp.ws_s"])
+        lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
+        valid = self._valid_pixels(st, E)
+        npix = int(np.count_nonzero(valid))
+        if npix == 0:
+            return
+        wo = min(int(np.count_nonzero(valid[:cols])), npix)
+        for i in range(lo, lo + ext):
+            key = ("ws", npix, wo, i > lo)
+            if key not in self._costs:
+                self._costs[key] = mk_ws(self.m, npix, self.kv, r, s, wo, i > lo)
+            E2 = {**E, _key(st.loop_var): i}
+            stage[1].append((self._costs[key], (st.body, E2) if self.fn else None))
+
+    def _mk_ew(self, st, E: dict, stage: list | None) -> None:
+        """The whole nest is one element-wise call over the tile's pixels (the epilogue)."""
+        k = ("ew", _key(st))
+        if k not in self._cache:
+            names: list[str] = []
+
+            def scan(x) -> None:
+                name = type(x).__name__
+                if name == "For":
+                    scan(x.body)
+                elif name == "SBlockRealize":
+                    names.append(x.block.name_hint)
+                    scan(x.block.body)
+                elif name == "SeqStmt":
+                    for y in x.seq:
+                        scan(y)
+            scan(st)
+            self._cache[k] = tuple(EPI_BLOCKS[n] for n in names if n in EPI_BLOCKS)
+        epi = self._cache[k]
+        npix = int(np.count_nonzero(self._valid_pixels(st, E)))
+        if npix == 0:
+            return
+        key = ("ew", npix, epi)
+        if key not in self._costs:
+            fm = sum(e in ("bias", "bn") for e in epi)
+            self._costs[key] = mk_ew(self.m, npix * self.kv, 1, fm, int("relu" in epi), sum(EPI_REGS[e] for e in epi))
+        stage[1].append((self._costs[key], (st, E) if self.fn else None))
 
     def _pred_at(self, info, g: dict):
         """The reduction block's predicate with the inner loops other than the pixel loop at 0."""
