@@ -11,6 +11,13 @@ stride 0 (fp16) or as two half-row instructions (fp32): fp32 moves twice the byt
 half the lanes per repeat (seed 000 §6.3.2, Table 6). The NCHW <-> NC1HWC0 change is
 host-side preprocessing (activations live in NC1HWC0 between Ascend kernels). concat copies
 each input's contiguous channel block per image through UB (MTE2 -> UB -> MTE3, no vector work).
+
+Flat chains (relu, add, add_relu without broadcast, ew_chain without per-channel steps) take the
+TVM route: `elemwise_tir.flat_schedule` schedules the op's own TE compute (UB tiles, cache_read /
+cache_write, stages computed at the tile loop, emit_insn pragmas, the knobs as split factor and
+loop annotations) and the backend's `emit_insn` lowering turns the scheduled module into each
+core's program. Per-channel chains, concat, pad, transpose and slice are still emitted directly
+(TIK style) below.
 """
 from __future__ import annotations
 
@@ -147,6 +154,8 @@ class AscendElemwise(AscendTemplate):
             return self._apply_transpose(wl, target, cfg, m)
         if kind == "slice":
             return self._apply_slice(wl, target, cfg, m)
+        if kind == "flat":
+            return self._apply_flat_tir(wl, target, cfg, m)
         steps = [] if kind == "concat" else _steps(wl)
         dt = wl.dtype
         n, c, h, w = _shape(wl)
@@ -154,12 +163,7 @@ class AscendElemwise(AscendTemplate):
         tile = cfg["ub_tile"]
         n_full, n_chan = _n_full(wl), _n_chan(wl)
         c1, hw = ceil_div(c, C0), h * w
-        if kind == "flat":
-            total = n * c * h * w
-            units = [(0, s, min(tile, total - s)) for s in range(0, total, tile)]
-            gm_shape = (total,)
-            out_shape_gm = gm_shape
-        elif kind == "channel":
+        if kind == "channel":
             rows_per_tile = max(1, tile // C0)
             units = [(p, r, min(rows_per_tile, hw - r)) for p in range(n * c1) for r in range(0, hw, rows_per_tile)]
             gm_shape = (n * c1, hw, C0)
@@ -193,11 +197,6 @@ class AscendElemwise(AscendTemplate):
                     off = (0 if plane == 0 else c * hw) + s0
                     kb.data_move(ub[0], (slice(0, cnt),), xs[plane], (b, slice(s0, s0 + cnt)))
                     kb.data_move(y, (b, slice(off, off + cnt)), ub[0], (slice(0, cnt),))
-                elif kind == "flat":
-                    for i in range(1 + n_full):
-                        kb.data_move(ub[i], (slice(0, cnt),), xs[i], (slice(start, start + cnt),))
-                    emit_steps(kb, steps, ub[0], ub[1:], params, cnt, 0, 0)
-                    kb.data_move(y, (slice(start, start + cnt),), ub[0], (slice(0, cnt),))
                 else:
                     for i in range(1 + n_full):
                         kb.data_move(ub[i], (slice(0, cnt * C0),), xs[i], (plane, slice(start, start + cnt)))
@@ -216,20 +215,14 @@ class AscendElemwise(AscendTemplate):
             for name, _ in steps:  # operands come in step order
                 for what in STEP_OPERANDS[name]:
                     (fulls if what == "full" else chans).append(next(rest))
-            if kind == "flat":
-                return {f"x{i}": np.ascontiguousarray(a).reshape(-1) for i, a in enumerate([inputs[0], *fulls])}
             gm = {f"x{i}": to_5hd(a, layout, C0).reshape(gm_shape) for i, a in enumerate([inputs[0], *fulls])}
             for i, a in enumerate(chans):
                 gm[f"p{i}"] = per_channel(a.reshape(-1), c1, C0)
             return gm
 
-        out_shape = (n, c, h, w) if layout == "NCHW" else (n, h, w, c)
-
         def unpack(y: np.ndarray) -> np.ndarray:
             if kind == "concat":
                 return y.reshape(n, c + wl["c1"], h, w)
-            if kind == "flat":
-                return y.reshape(out_shape)
             return from_5hd(y.reshape(n, c1, hw, C0), c, h, w, layout)
 
         return Plan(active_cores=active, make_program=program, pack=pack, out_name="y", out_shape=out_shape_gm,
@@ -237,8 +230,33 @@ class AscendElemwise(AscendTemplate):
                     info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H*W, 16)" if kind == "channel" else "flat"},
                           "steps": ";".join(nm for nm, _ in steps) if steps else kind,
                           "layout_change": ("NCHW/NHWC <-> NC1HWC0 on the host" if kind == "channel"
-                                            else "none (streams the tensor in its own layout)"),
+                                            else "none"),
                           "channel_padding_waste": round(1 - c / (c1 * C0), 4) if kind == "channel" else 0.0})
+
+    def _apply_flat_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+        """Flat chains through TVM: `elemwise_tir.flat_schedule` schedules the op's TE compute
+        (UB tiles, cache_read / cache_write, stages computed at the tile loop, emit_insn pragmas),
+        the backend's `emit_insn` lowering turns it into each core's program."""
+        from opcompiler.backend.ascend import emit_insn
+
+        from .elemwise_tir import flat_schedule
+
+        vk = emit_insn.lower(flat_schedule(wl, cfg))
+        n, c, h, w = _shape(wl)
+        out_shape = (n, c, h, w) if wl.layout == "NCHW" else (n, h, w, c)
+        names = vk.inputs
+
+        def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+            return {nm: np.ascontiguousarray(a).reshape(-1) for nm, a in zip(names, inputs)}
+
+        return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core), pack=pack,
+                    out_name=vk.output, out_shape=vk.gm[vk.output][0], out_dtype=wl.dtype,
+                    unpack=lambda y: y.reshape(out_shape), flops=get_op(wl.op).flops(wl), unit="vector",
+                    info={"gm_layouts": {"x": "flat"}, "steps": ";".join(nm for nm, _ in _steps(wl)),
+                          "layout_change": "none (streams the tensor in its own layout)",
+                          "channel_padding_waste": 0.0,
+                          "lowering": "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)",
+                          "tir_nests": len(vk.nests)})
 
     def _apply_transpose(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
         """A transpose as block moves: the trailing input axes the permutation leaves in place form

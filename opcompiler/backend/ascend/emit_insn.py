@@ -1,0 +1,532 @@
+"""Lower a scheduled vector kernel (TIR) to the AI Core program, the TBE `emit_insn` way.
+
+The template hands over an `s_tir.Schedule` module in which
+
+    * one loop carries `opc.ascend.block_dim` (its iterations are shared over that many cores,
+      first shares larger) and `opc.ascend.double_buffer` (0/1: ping-pong UB buffers between
+      consecutive iterations); everything the kernel does happens inside it;
+    * every loop nest inside it carries `pragma_emit_insn`: "dma_copy" (a copy between a GM
+      buffer and a `local.UB` buffer: one MTE2 / MTE3 move) or "vector_auto" (the instruction
+      is recognised from the statement's expression, as TBE's vector_auto does);
+    * buffers that live on chip have scope `local.UB`.
+
+`lower` runs the s_tir lowering (compact buffers to the tile, flatten) and walks the loop
+nests: for every nest it evaluates the predicate and the index of every buffer access for all
+iterations of the tile loop at once (numpy, not per scalar), so each iteration's element count
+and offsets are known; an access that is not one contiguous run per iteration is refused.
+A vector nest's expression is decomposed into vector instructions (`max(x, 0)` = vrelu,
+`x + y` = vadd, `x * s` = vmuls, `1 / x` = vrec, `exp` / `log`, casts = vconv, ...), with
+UB temporaries for inner nodes. UB buffers are then assigned to physical UB buffers by
+liveness: a stage's result reuses the buffer of an operand that dies there (elementwise, so
+in place is safe), which is how the TIK-style kernels reuse one tile buffer per operand. The
+result (`VectorKernel`) is cached by the module's structural hash; `program(core)` emits that
+core's instructions through `KernelBuilder`, where capacity and alignment are enforced.
+
+Anything the lowering cannot map raises a one-line `OpcFailure` naming the nest.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+import numpy as np
+
+from ...errors import OpcFailure
+from .builder import KernelBuilder, Program, split_even
+from .isa import VOp
+from .machine import Machine
+
+CORES = "opc.ascend.block_dim"
+SLOTS = "opc.ascend.double_buffer"
+PRAGMA = "pragma_emit_insn"
+UB_SCOPE = "local.UB"
+
+_CACHE: dict[int, "VectorKernel"] = {}
+_CACHE_MAX = 256
+Call: Any = None  # tvm.ir.expr.Call / TensorLoad, bound when tvm is imported
+TensorLoad: Any = None
+
+
+@dataclass
+class _Access:
+    buf: str  # logical buffer name (GM parameter or UB buffer or temporary)
+    offset: np.ndarray | None  # per tile-loop iteration: first element's offset (None: temporary, 0)
+
+
+@dataclass
+class _Op:
+    kind: str  # "dma" or "vec"
+    nest: int
+    dst: _Access
+    srcs: list[_Access]
+    op: str = ""  # vector op
+    scalar: float = 0.0
+
+
+@dataclass(eq=False)
+class VectorKernel:
+    """What one scheduled module lowers to: GM tensors, the tile loop, the per-iteration ops
+    on logical buffers, their physical UB buffers, and per-nest element counts."""
+
+    gm: dict[str, tuple[tuple[int, ...], str]]  # name -> (shape, dtype), in parameter order
+    inputs: tuple[str, ...]
+    output: str
+    iterations: int
+    cores: int
+    slots: int
+    nests: list[str]
+    counts: np.ndarray  # (nests, iterations) elements per iteration
+    ops: list[_Op]
+    phys: list[tuple[str, int, str]]  # physical UB buffers: (name, elements, dtype)
+    where: dict[str, int]  # logical UB buffer -> physical index
+    info: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def active_cores(self) -> int:
+        return max(1, min(self.cores, self.iterations))
+
+    def program(self, m: Machine, core: int) -> Program:
+        active = self.active_cores
+        kb = KernelBuilder(m, core, active)
+        gm = {name: kb.gm(name, shape, dt) for name, (shape, dt) in self.gm.items()}
+        slots = [[kb.alloc("UB", f"{name}_{s}", (n,), dt) for name, n, dt in self.phys] for s in range(self.slots)]
+        lo, hi = split_even(self.iterations, active, core)
+        for j, it in enumerate(range(lo, hi)):
+            ub = slots[j % self.slots]
+
+            def buf(a: _Access):
+                return gm[a.buf] if a.buf in gm else ub[self.where[a.buf]]
+
+            def off(a: _Access) -> int:
+                return 0 if a.offset is None else int(a.offset[it])
+
+            for o in self.ops:
+                cnt = int(self.counts[o.nest, it])
+                if cnt == 0:
+                    continue
+                if o.kind == "dma":
+                    s, d = o.srcs[0], o.dst
+                    kb.data_move(buf(d), (slice(off(d), off(d) + cnt),), buf(s), (slice(off(s), off(s) + cnt),))
+                else:
+                    kb.vec(o.op, VOp(buf(o.dst), off(o.dst)), tuple(VOp(buf(s), off(s)) for s in o.srcs), cnt,
+                           scalar=o.scalar)
+            kb.loop()
+        return kb.finish(gm_inputs=self.inputs, lowering="emit_insn")
+
+
+# -- the lowering pipeline --------------------------------------------------------------------
+
+def lower_module(mod):
+    """The s_tir lowering up to flattened buffers: blocks become loops, UB buffers are compacted
+    to what one tile iteration touches and allocated inside the tile loop."""
+    import tvm
+    import tvm.s_tir.transform as st
+    import tvm.tirx.transform as tt
+
+    seq = tvm.transform.Sequential([st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
+                                    st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerOpaqueBlock(),
+                                    tt.FlattenBuffer(), tt.StmtSimplify()])
+    return seq(mod)
+
+
+def lower(mod) -> VectorKernel:
+    """The `VectorKernel` of a scheduled module (cached by structural hash)."""
+    import tvm_ffi
+
+    key = int(tvm_ffi.structural_hash(mod))
+    hit = _CACHE.get(key)
+    if hit is not None:
+        return hit
+    vk = _Lowering(lower_module(mod)).run()
+    if len(_CACHE) >= _CACHE_MAX:
+        _CACHE.pop(next(iter(_CACHE)))
+    _CACHE[key] = vk
+    return vk
+
+
+class _Ctx:
+    """One nest's iteration space: the tile loop x the nest's loops. Element counts and each
+    access's first offset per tile iteration, for all iterations at once: in closed form when
+    the nest is one loop with an affine predicate and affine indices (the common case), else by
+    evaluating the expressions over the whole (iterations x elements) grid with numpy."""
+
+    def __init__(self, low: "_Lowering", loops: list, pred, name: str):
+        self.low, self.loops, self.pred, self.name = low, loops, pred, name
+        self.ext = [int(lp.extent) for lp in loops]
+        self.n_el = int(np.prod(self.ext)) if self.ext else 1
+        self.U = low.iters
+        self.tile = hash(low.tile_var)
+        self.inner = hash(loops[0].loop_var) if len(loops) == 1 else None
+        self._grid = None
+        self._counts = self._closed_counts() if len(loops) <= 1 else None
+
+    def _closed_counts(self) -> np.ndarray | None:
+        T, u = self.low.T, np.arange(self.U, dtype=np.int64)
+        if self.pred is None:
+            return np.full(self.U, self.n_el, np.int64)
+        p = self.pred
+        if isinstance(p, (T.GT, T.GE)):  # a > b  is  b < a
+            a, b, strict = p.b, p.a, isinstance(p, T.GT)
+        elif isinstance(p, (T.LT, T.LE)):
+            a, b, strict = p.a, p.b, isinstance(p, T.LT)
+        else:
+            return None
+        la, lb = self.low._lin(a, self.tile, self.inner), self.low._lin(b, self.tile, self.inner)
+        if la is None or lb is None:
+            return None
+        cu, ce, c = la[0] - lb[0], la[1] - lb[1], la[2] - lb[2]  # cu*u + ce*e + c < 0 (or <= 0)
+        if ce <= 0:
+            return None
+        rhs = -c - cu * u  # e < rhs / ce  (or <=)
+        n = -(-rhs // ce) if strict else rhs // ce + 1
+        return np.clip(n, 0, self.n_el)
+
+    def grid(self):
+        """(env, mask, rank, first) over the full (iterations x elements) grid."""
+        if self._grid is None:
+            env = {self.tile: np.arange(self.U, dtype=np.int64).reshape(-1, 1)}
+            inner = np.indices(self.ext, dtype=np.int64).reshape(len(self.ext), -1) if self.ext else \
+                np.zeros((0, 1), np.int64)
+            for k, lp in enumerate(self.loops):
+                env[hash(lp.loop_var)] = inner[k].reshape(1, -1)
+            mask = np.ones((self.U, self.n_el), bool) if self.pred is None else \
+                np.broadcast_to(self.low._eval(self.pred, env, self.name), (self.U, self.n_el))
+            self._grid = (env, mask, np.cumsum(mask, axis=1) - 1, np.argmax(mask, axis=1))
+        return self._grid
+
+    def counts(self) -> np.ndarray:
+        if self._counts is None:
+            self._counts = self.grid()[1].sum(axis=1)
+        return self._counts
+
+    def run_start(self, index, bname: str) -> np.ndarray:
+        """Per iteration, the offset of the first element an access touches; the elements must be
+        one contiguous ascending run."""
+        if self._grid is None and self._counts is not None:
+            lin = self.low._lin(index, self.tile, self.inner)
+            if lin is not None and (lin[1] == 1 or self.n_el == 1):
+                return lin[0] * np.arange(self.U, dtype=np.int64) + lin[2]
+        env, mask, rank, first = self.grid()
+        idx = np.broadcast_to(self.low._eval(index, env, self.name), mask.shape)
+        base = idx[np.arange(idx.shape[0]), first]
+        if not np.array_equal(idx[mask], (base[:, None] + rank)[mask]):
+            raise OpcFailure(f"emit_insn: {self.name}: {bname} is not read/written as one contiguous run "
+                             f"per iteration")
+        return base.astype(np.int64)
+
+
+def _dtype(e) -> str:
+    return str(getattr(e.ty, "dtype", e.ty))
+
+
+def _seq(stmt) -> list:
+    from tvm import tirx
+    if isinstance(stmt, tirx.SeqStmt):
+        out = []
+        for s in stmt.seq:
+            out += _seq(s)
+        return out
+    return [stmt]
+
+
+class _Lowering:
+    def __init__(self, mod):
+        from tvm import tirx
+        from tvm.ir.expr import Call as _Call, TensorLoad as _TensorLoad
+        global Call, TensorLoad
+        Call, TensorLoad = _Call, _TensorLoad
+        self.T = tirx
+        self.f = mod["main"]
+        self.gm: dict[str, tuple[tuple[int, ...], str]] = {}
+        self.gm_data: dict[int, str] = {}  # hash of a buffer (parameter or its declared alias) -> GM name
+        for b in self.f.params:
+            if len(b.shape) != 1:
+                raise OpcFailure(f"emit_insn: GM tensor {b.name} has shape {list(b.shape)}; the vector lowering "
+                                 f"streams flat tensors (transform_layout them to one axis)")
+            self.gm[b.name] = (tuple(int(s) for s in b.shape), str(b.dtype))
+            self.gm_data[hash(b)] = b.name
+        self.ub: dict[Any, tuple[str, int, str]] = {}  # hash of a UB buffer -> (name, elements, dtype)
+        self.ops: list[_Op] = []
+        self.nests: list[str] = []
+        self.counts: list[np.ndarray] = []
+        self.tmp = 0
+
+    def _alias(self, buf) -> bool:
+        """A declared buffer over a parameter's data (what FlattenBuffer leaves): the parameter."""
+        d = buf.data
+        if isinstance(d, Call) and d.op.name == "tirx.buffer_data" and d.args[0].name in self.gm:
+            self.gm_data[hash(buf)] = d.args[0].name
+            return True
+        return False
+
+    # -- structure ---------------------------------------------------------------------------
+
+    def run(self) -> VectorKernel:
+        T = self.T
+        tile = None
+        for s in _seq(self.f.body):
+            if isinstance(s, T.For) and CORES in s.annotations:
+                if tile is not None:
+                    raise OpcFailure("emit_insn: two loops carry opc.ascend.block_dim")
+                tile = s
+            elif isinstance(s, T.DeclBuffer):
+                if self._alias(s.buffer):
+                    continue
+                raise OpcFailure(f"emit_insn: buffer {s.buffer.name} declared outside the tile loop")
+            else:
+                raise OpcFailure(f"emit_insn: statement outside the tile loop: {type(s).__name__}")
+        if tile is None:
+            raise OpcFailure("emit_insn: no loop carries opc.ascend.block_dim (the tile loop)")
+        if int(tile.min) != 0:
+            raise OpcFailure(f"emit_insn: tile loop {tile.loop_var.name} does not start at 0")
+        self.iters = int(tile.extent)
+        self.tile_var = tile.loop_var
+        for s in _seq(tile.body):
+            if isinstance(s, T.AllocBuffer):
+                b = s.buffer
+                if b.scope() != UB_SCOPE:
+                    raise OpcFailure(f"emit_insn: buffer {b.name} is in scope {b.scope()!r}, not {UB_SCOPE}")
+                taken = {v[0] for v in self.ub.values()} | set(self.gm)
+                name, k = b.name, 1
+                while name in taken:  # two stages may share a tensor name (vmuls twice in a chain)
+                    name, k = f"{b.name}#{k}", k + 1
+                self.ub[hash(b)] = (name, int(np.prod([int(x) for x in b.shape])), str(b.dtype))
+            elif isinstance(s, T.DeclBuffer) and self._alias(s.buffer):
+                continue
+            elif isinstance(s, T.AttrStmt) and s.attr_key == PRAGMA:
+                self._nest(str(s.value.value if hasattr(s.value, "value") else s.value), s.body)
+            elif isinstance(s, T.For):
+                raise OpcFailure(f"emit_insn: nest over {s.loop_var.name} has no {PRAGMA} annotation")
+            else:
+                raise OpcFailure(f"emit_insn: cannot map {type(s).__name__} inside the tile loop")
+        phys, where = self._assign()
+        params = list(self.gm)
+        return VectorKernel(gm=self.gm, inputs=tuple(params[:-1]), output=params[-1], iterations=self.iters,
+                            cores=int(tile.annotations[CORES]), slots=2 if int(tile.annotations.get(SLOTS, 0)) else 1,
+                            nests=self.nests, counts=np.array(self.counts, dtype=np.int64).reshape(len(self.nests), -1),
+                            ops=self.ops, phys=phys, where=where)
+
+    def _nest(self, pragma: str, stmt) -> None:
+        T = self.T
+        loops = []
+        while isinstance(stmt, T.For):
+            if int(stmt.min) != 0:
+                raise OpcFailure(f"emit_insn: loop {stmt.loop_var.name} does not start at 0")
+            loops.append(stmt)
+            stmt = stmt.body
+        name = f"nest {len(self.nests)} ({'x'.join(str(int(lp.extent)) for lp in loops) or 'scalar'} over "
+        pred = None
+        if isinstance(stmt, T.IfThenElse):
+            if stmt.else_case is not None:
+                raise OpcFailure(f"emit_insn: {name}...) has an else branch")
+            pred, stmt = stmt.condition, stmt.then_case
+        if not isinstance(stmt, T.BufferStore):
+            raise OpcFailure(f"emit_insn: {name}...) does not end in one buffer store ({type(stmt).__name__})")
+        name += f"{stmt.buffer.name}, {pragma})"
+        ctx = _Ctx(self, loops, pred, name)
+        counts = ctx.counts()
+        self.nests.append(name)
+        self.counts.append(counts)
+        nest = len(self.nests) - 1
+        dst = self._access(stmt.buffer, stmt.indices, ctx)
+        val = stmt.value
+        if pragma == "dma_copy":
+            if not isinstance(val, TensorLoad):
+                raise OpcFailure(f"emit_insn: {name} is not a copy")
+            src = self._access(val.source, val.indices, ctx)
+            if (src.buf in self.gm) == (dst.buf in self.gm):
+                raise OpcFailure(f"emit_insn: {name} copies {src.buf} -> {dst.buf}; dma_copy moves between GM and UB")
+            if str(val.source.dtype) != str(stmt.buffer.dtype):
+                raise OpcFailure(f"emit_insn: {name} changes dtype in a DMA")
+            self.ops.append(_Op("dma", nest, dst, [src]))
+        elif pragma == "vector_auto":
+            if dst.buf in self.gm:
+                raise OpcFailure(f"emit_insn: {name} computes into GM buffer {dst.buf}; vector ops write UB")
+            self._vec(val, dst, nest, ctx)
+        else:
+            raise OpcFailure(f"emit_insn: {name}: unknown {PRAGMA} {pragma!r} (dma_copy or vector_auto)")
+
+    def _access(self, buffer, indices, ctx: "_Ctx") -> _Access:
+        data = hash(buffer)
+        if data in self.gm_data:
+            bname = self.gm_data[data]
+        elif data in self.ub:
+            bname = self.ub[data][0]
+        else:
+            raise OpcFailure(f"emit_insn: {ctx.name} touches {buffer.name}, neither a GM parameter nor a UB buffer")
+        if len(indices) != 1:
+            raise OpcFailure(f"emit_insn: {ctx.name}: {buffer.name} is not flattened")
+        return _Access(bname, ctx.run_start(indices[0], buffer.name))
+
+    # -- expressions -------------------------------------------------------------------------
+
+    def _eval(self, e, env, name) -> np.ndarray:
+        T = self.T
+        if isinstance(e, T.Var):
+            if hash(e) not in env:
+                raise OpcFailure(f"emit_insn: {name}: index uses {e.name}, not a loop of the nest")
+            return env[hash(e)]
+        if isinstance(e, T.IntImm):
+            return np.int64(e.value)
+        if isinstance(e, T.Cast):
+            return self._eval(e.value, env, name)
+        bins = {T.Add: np.add, T.Sub: np.subtract, T.Mul: np.multiply, T.FloorDiv: np.floor_divide,
+                T.FloorMod: np.mod, T.Min: np.minimum, T.Max: np.maximum, T.LT: np.less, T.LE: np.less_equal,
+                T.GT: np.greater, T.GE: np.greater_equal, T.EQ: np.equal, T.NE: np.not_equal,
+                T.And: np.logical_and, T.Or: np.logical_or}
+        f = bins.get(type(e))
+        if f is not None:
+            return f(self._eval(e.a, env, name), self._eval(e.b, env, name))
+        if isinstance(e, T.Not):
+            return np.logical_not(self._eval(e.a, env, name))
+        if isinstance(e, Call) and e.op.name == "tirx.likely":
+            return self._eval(e.args[0], env, name)
+        raise OpcFailure(f"emit_insn: {name}: cannot evaluate index expression {type(e).__name__}")
+
+    def _const(self, e) -> float | None:
+        T = self.T
+        if isinstance(e, (T.FloatImm, T.IntImm)):
+            return float(e.value)
+        if isinstance(e, T.Cast) and isinstance(e.value, (T.FloatImm, T.IntImm)):
+            return float(e.value.value)
+        return None
+
+    def _temp(self, dtype: str, ctx: "_Ctx") -> _Access:
+        self.tmp += 1
+        tname = f"tmp{self.tmp}"
+        self.ub[("tmp", self.tmp)] = (tname, ctx.n_el, dtype)
+        return _Access(tname, None)
+
+    def _operand(self, e, nest, ctx) -> _Access:
+        """A tensor operand: a UB load, or an inner node computed into a temporary."""
+        T = self.T
+        if isinstance(e, TensorLoad):
+            a = self._access(e.source, e.indices, ctx)
+            if a.buf in self.gm:
+                raise OpcFailure(f"emit_insn: {ctx.name} reads GM buffer {a.buf} in a vector op (cache_read it "
+                                 f"into {UB_SCOPE})")
+            return a
+        t = self._temp(_dtype(e), ctx)
+        self._vec(e, t, nest, ctx)
+        return t
+
+    def _vec(self, e, dst: _Access, nest: int, ctx) -> None:
+        T = self.T
+        name = ctx.name
+        c = self._const(e)
+        if c is not None:
+            self.ops.append(_Op("vec", nest, dst, [], op="dup", scalar=c))
+            return
+        if isinstance(e, TensorLoad):
+            self.ops.append(_Op("vec", nest, dst, [self._operand(e, nest, ctx)], op="copy"))
+            return
+        if isinstance(e, T.Cast):
+            self.ops.append(_Op("vec", nest, dst, [self._operand(e.value, nest, ctx)], op="conv"))
+            return
+        if isinstance(e, Call):
+            unary = {"tirx.exp": "exp", "tirx.log": "ln", "tirx.sqrt": "sqrt", "tirx.fabs": "abs"}
+            op = unary.get(e.op.name)
+            if op is None:
+                raise OpcFailure(f"emit_insn: {name}: no vector instruction for {e.op.name}")
+            self.ops.append(_Op("vec", nest, dst, [self._operand(e.args[0], nest, ctx)], op=op))
+            return
+        kinds = {T.Add: ("add", "adds"), T.Sub: ("sub", None), T.Mul: ("mul", "muls"), T.Div: ("div", None),
+                 T.Max: ("max", "maxs"), T.Min: ("min", "mins")}
+        if type(e) not in kinds:
+            raise OpcFailure(f"emit_insn: {name}: no vector instruction for {type(e).__name__}")
+        vv, vs = kinds[type(e)]
+        ca, cb = self._const(e.a), self._const(e.b)
+        if ca is not None and cb is not None:
+            raise OpcFailure(f"emit_insn: {name}: constant expression not folded")
+        if isinstance(e, T.Div):
+            if ca == 1.0:
+                self.ops.append(_Op("vec", nest, dst, [self._operand(e.b, nest, ctx)], op="rec"))
+                return
+            if cb is not None and cb != 0:
+                self.ops.append(_Op("vec", nest, dst, [self._operand(e.a, nest, ctx)], op="muls", scalar=1.0 / cb))
+                return
+            if ca is not None:
+                raise OpcFailure(f"emit_insn: {name}: no vector instruction for {ca} / x")
+        if isinstance(e, T.Sub):
+            if cb is not None:
+                self.ops.append(_Op("vec", nest, dst, [self._operand(e.a, nest, ctx)], op="adds", scalar=-cb))
+                return
+            if ca is not None:  # c - x = (x * -1) + c
+                t = self._temp(_dtype(e), ctx)
+                self.ops.append(_Op("vec", nest, t, [self._operand(e.b, nest, ctx)], op="muls", scalar=-1.0))
+                self.ops.append(_Op("vec", nest, dst, [t], op="adds", scalar=ca))
+                return
+        if ca is not None or cb is not None:
+            k, x = (ca, e.b) if ca is not None else (cb, e.a)
+            if isinstance(e, T.Max) and k == 0.0:
+                self.ops.append(_Op("vec", nest, dst, [self._operand(x, nest, ctx)], op="relu"))
+            else:
+                self.ops.append(_Op("vec", nest, dst, [self._operand(x, nest, ctx)], op=vs, scalar=k))
+            return
+        a = self._operand(e.a, nest, ctx)
+        b = self._operand(e.b, nest, ctx)
+        self.ops.append(_Op("vec", nest, dst, [a, b], op=vv))
+
+    def _lin(self, e, tile: int, inner: int | None) -> tuple[int, int, int] | None:
+        """(coefficient of the tile loop, of the nest's loop, constant) of an affine index, or None."""
+        T = self.T
+        if isinstance(e, T.Var):
+            h = hash(e)
+            return (1, 0, 0) if h == tile else (0, 1, 0) if h == inner else None
+        if isinstance(e, T.IntImm):
+            return 0, 0, int(e.value)
+        if isinstance(e, T.Cast):
+            return self._lin(e.value, tile, inner)
+        if isinstance(e, (T.Add, T.Sub, T.Mul)):
+            a, b = self._lin(e.a, tile, inner), self._lin(e.b, tile, inner)
+            if a is None or b is None:
+                return None
+            if isinstance(e, T.Add):
+                return a[0] + b[0], a[1] + b[1], a[2] + b[2]
+            if isinstance(e, T.Sub):
+                return a[0] - b[0], a[1] - b[1], a[2] - b[2]
+            if a[:2] == (0, 0):
+                return a[2] * b[0], a[2] * b[1], a[2] * b[2]
+            if b[:2] == (0, 0):
+                return b[2] * a[0], b[2] * a[1], b[2] * a[2]
+        return None
+
+    # -- UB assignment -----------------------------------------------------------------------
+
+    def _assign(self) -> tuple[list[tuple[str, int, str]], dict[str, int]]:
+        """Logical UB buffers -> physical ones by liveness within one tile iteration; a result
+        takes the buffer of an operand that dies at it (in place) when sizes and dtypes agree."""
+        info = {name: (n, dt) for name, n, dt in self.ub.values()}
+        last: dict[str, int] = {}
+        for i, o in enumerate(self.ops):
+            for a in [*o.srcs, o.dst]:
+                if a.buf in info:
+                    last[a.buf] = i
+        phys: list[tuple[str, int, str]] = []
+        where: dict[str, int] = {}
+        free: list[int] = []
+        for i, o in enumerate(self.ops):
+            for s in o.srcs:
+                if s.buf in info and s.buf not in where:
+                    raise OpcFailure(f"emit_insn: {self.nests[o.nest]} reads {s.buf} before anything writes it")
+            dying = [where[s.buf] for s in o.srcs if s.buf in info and last[s.buf] == i]
+            d = o.dst.buf
+            if d in info and d not in where:
+                n, dt = info[d]
+                pick = next((p for p in dying + free if phys[p][1] == n and phys[p][2] == dt), None)
+                if pick is None:
+                    phys.append((d, n, dt))
+                    pick = len(phys) - 1
+                where[d] = pick
+                if pick in free:
+                    free.remove(pick)
+                if pick in dying:
+                    dying.remove(pick)
+            free += [p for p in dict.fromkeys(dying) if p not in free and p not in
+                     [where[b] for b, li in last.items() if li > i and b in where]]
+            if d in info and last.get(d) == i:  # written and never read
+                free.append(where[d])
+        return phys, where
+
+
+__all__ = ["VectorKernel", "lower", "lower_module", "CORES", "SLOTS", "PRAGMA", "UB_SCOPE"]
