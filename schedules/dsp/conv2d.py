@@ -123,6 +123,8 @@ class DirectTemplate(Template):
         }
 
 
+_DEFAULTS: dict[tuple, dict[str, Any]] = {}  # (workload, target) -> default config
+
 
 @register_template
 class DspDirectConv2d(DirectTemplate):
@@ -172,6 +174,16 @@ class DspDirectConv2d(DirectTemplate):
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
         if wl.p["groups"] != 1:
             return self.grouped.default(wl, target)
+        # every config resolution starts from the default, and finding it builds a program:
+        # once per workload and target description
+        key = (wl.op, tuple(sorted(wl.params)), wl.dtype, getattr(target, "digest", target.name))
+        if key not in _DEFAULTS:
+            if len(_DEFAULTS) >= 256:
+                _DEFAULTS.clear()
+            _DEFAULTS[key] = self._default(wl, target)
+        return dict(_DEFAULTS[key])
+
+    def _default(self, wl: Workload, target: Target) -> dict[str, Any]:
         sp = self.spec(wl, target)
         knobs = {k.name: k.values for k in self.space(wl, target)}
         kvs = sorted((v for v in knobs["kv"] if v <= 2), reverse=True)
