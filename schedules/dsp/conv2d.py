@@ -6,7 +6,7 @@ from typing import Any, Mapping
 
 
 from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import Allocator, Program
+from opcompiler.backend.dsp.program import Program
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw, conv_out_shape
@@ -14,13 +14,11 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import Relayout, assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import Relayout
 from .common import require_fp32
 from .direct import (
     ConvSpec,
     DirectConfig,
-    _items,
-    _Lowering,
     check,
     footprint,
     in_cols,
@@ -46,56 +44,12 @@ class DirectTemplate(Template):
         raise NotImplementedError
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
-        """Lower the schedule to the cluster program (timing-only ops unless `functional`)."""
-        if config.get("lowering") == "tir":  # the program lowered from TVM's scheduled TIR
-            from .tir_sched import build_program
-            return build_program(self, wl, target, config, functional)
-        m = machine(target)
-        sp = self.spec(wl, target)
-        cf = DirectConfig.of(config)
+        """The program the DSP backend lowers from this config's TVM schedule (`tir_sched.py`)."""
+        from .tir_sched import build_program
         why = self.check(wl, target, config)
         if why is not None and "host_copies" in why:
             raise OpcError(why, arg="--config", value=dict(config))
-        op = get_op(wl.op)
-        in_specs = op.inputs(wl)
-        names, ddr, pre, post, out_shape = self.tensors(wl, sp)
-        wname = names["weight"]
-        items = _items(sp, cf, m.cores)
-        gsm = Allocator("GSM", m.cap("GSM"), 64)
-        kbp = cf.kv * m.lanes
-        gsm_w = gsm.alloc("weights W_g", sp.taps * sp.c * kbp) if cf.w_path == "gsm" else 0
-        gsm_out = [gsm.alloc(f"output O_g core {c}", (1 + cf.dbuf) * cf.rows * min(cf.cols, sp.wo) * kbp)
-                   if cf.out_path == "gsm" else 0 for c in range(m.cores)]
-        low = _Lowering(m, sp, cf, names, functional)
-        replicate, prepare = [], []
-        if cf.w_path == "host_copies":
-            wb = nbytes(ddr[wname])
-            for c in range(m.cores):
-                ddr[f"{wname}@core{c}"] = ddr[wname]
-            replicate = [(f"W for core {c}", wb) for c in range(m.cores)]  # one host memcpy per core
-            prepare = [lambda d, n=m.cores: [d[f"{wname}@core{c}"].__setitem__(Ellipsis, d[wname]) for c in range(n)]]
-        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
-
-        def key(c: int):
-            # the ops of an item depend (for timing) on its rows only, not on which image it is;
-            rows_w = sp.taps * sp.c
-            # items run in (image, row block) order: the first item's rows and the count fix the rest
-            first = items[c][0][1:] if items[c] else None
-            return (first, len(items[c]), (c + 1) * rows_w // m.cores - c * rows_w // m.cores)
-
-        def core_ops(c: int):
-            if not items[c] and cf.w_path != "gsm":
-                return []
-            return low.core_ops(c, items[c], gsm_w, gsm_out[c])
-
-        prog = assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=key, pre=pre, post=post,
-                        host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs],
-                        output="out", out_shape=out_shape, prepare=prepare, flops=op.flops(wl),
-                        cores_used=sum(1 for it in items if it))
-        nk = -(-sp.k // kbp)
-        prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)
-                     if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4)}
-        return prog
+        return build_program(self, wl, target, config, functional)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
@@ -242,11 +196,7 @@ class DspDirectConv2d(DirectTemplate):
         """The program lowered by the DSP backend from this config's TVM schedule (`tir_sched.py`)."""
         if wl.p["groups"] != 1:
             return self.grouped.apply(wl, target, config, functional)
-        from .tir_sched import build_program
-        why = self.check(wl, target, config)
-        if why is not None and "host_copies" in why:
-            raise OpcError(why, arg="--config", value=dict(config))
-        return build_program(self, wl, target, config, functional)
+        return super().apply(wl, target, config, functional)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         if wl.p["groups"] != 1:

@@ -1,5 +1,7 @@
-"""Lowering of the VPE-vectorized direct convolution (seed 004 Algorithm 3, generalized) and of
-the fully connected layer (Algorithm 2, as a 1x1 convolution over rows) to a DSP program.
+"""The VPE-vectorized direct convolution (seed 004 Algorithm 3, generalized) and the fully
+connected layer (Algorithm 2, as a 1x1 convolution over rows): geometry, config, capacity check,
+pass cost. The program itself is lowered from the TVM schedule (`tir_sched.py`, by
+`opcompiler/backend/dsp/tir_lower.py`); the reduction-split FC (`ksplit.py`) still uses `_Lowering`.
 
 Data stay NHWC / HWIO in DDR (the MiniGo layout); output channels K sit on the 32 vector
 lanes (kv vectors per block; K = 2 or 1 leaves lanes idle), input scalars are loaded from SM
@@ -24,7 +26,7 @@ import numpy as np
 from opcompiler.backend.dsp.core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws
 from opcompiler.backend.dsp.core import sum_costs as _sum
 from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, View, dma_op, stage_order
+from opcompiler.backend.dsp.program import F32, View
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -112,21 +114,6 @@ def check(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> str | None:
     return None
 
 
-def _items(sp: ConvSpec, cf: DirectConfig, cores: int) -> list[list[tuple[int, ...]]]:
-    """(image, first output row, rows, first output column, columns) per core, consecutive in
-    (image, row block, column block) order."""
-    cols = min(cf.cols, sp.wo)
-    pat = [(o, min(cf.rows, sp.ho - o), q, min(cols, sp.wo - q)) for o in range(0, sp.ho, cf.rows)
-           for q in range(0, sp.wo, cols)]
-    if cf.split == "batch":
-        per = [range(c * sp.n // cores, (c + 1) * sp.n // cores) for c in range(cores)]
-        return [[(n, *t) for n in imgs for t in pat] for imgs in per]
-    allb = [(n, *t) for n in range(sp.n) for t in pat]
-    return [allb[c * len(allb) // cores:(c + 1) * len(allb) // cores] for c in range(cores)]
-
-
-
-
 def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: int | None = None
               ) -> tuple[MkCost, int]:
     """The VPU pass over one tile of `npix` output pixels in rows of `width`: (summed cost, calls)."""
@@ -152,7 +139,9 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: i
 
 
 class _Lowering:
-    """Builds one core's op list. Views address the flat memories in fp32 elements."""
+    """The VPU pass of the fully connected layer's reduction split (`ksplit.py`, the one part of the
+    FC layer still emitted directly): its cost model's inputs and its functional execution.
+    (The convolution and the row-split FC layer are lowered from TVM's TIR: `tir_sched.py`.)"""
 
     def __init__(self, m: DspMachine, sp: ConvSpec, cf: DirectConfig, names: dict[str, str], functional: bool):
         self.m, self.sp, self.cf, self.names, self.fn = m, sp, cf, names, functional
@@ -162,131 +151,6 @@ class _Lowering:
         # timing mode: a stage's ops depend on addresses only through values the timing ignores,
         # so stages of the same kind share their (read-only) Op objects
         self.stage_cache: dict[tuple, tuple] = {}
-
-    def core_ops(self, core: int, items: list[tuple[int, int, int]], gsm_w: int, gsm_out: int) -> list[Op]:
-        m, sp, cf, kbp = self.m, self.sp, self.cf, self.kbp
-        am, smem = Allocator("AM", m.cap("AM"), 128), Allocator("SM", m.cap("SM"), 8)
-        w_am = am.alloc("weights W_a", sp.taps * sp.c * kbp)
-        par_am = {e: am.alloc(f"{e} vectors", EPI_REGS[e] * kbp) for e in sp.epi if EPI_REGS[e]}
-        cols = min(cf.cols, sp.wo)
-        out_am = [am.alloc(f"output tile O_a[{b}]", cf.rows * cols * kbp) for b in range(self.nbuf)]
-        in_sm = [smem.alloc(f"input tile I_s[{b}]", in_rows(sp, cf.rows) * in_cols(sp, cols) * sp.c)
-                 for b in range(self.nbuf)]
-        ops: list[Op] = []
-        nk = -(-sp.k // kbp)
-        halo_done: set[int] = set()
-        wname = self.names["weight"]
-        if cf.w_path == "host_copies":
-            wname = f"{wname}@core{core}"
-        for kb in range(nk):
-            k0 = kb * kbp
-            ke = min(kbp, sp.k - k0)
-            # weights of this block of output channels -> AM (via GSM when w_path == "gsm")
-            wsrc = View(("DDR", wname), k0, (sp.taps * sp.c, ke), (sp.k, 1))
-            wdst = View(("AM",), w_am, (sp.taps * sp.c, ke), (kbp, 1))
-            if cf.w_path == "gsm":
-                # every core brings its slice of W_g from DDR (parallel DMA), then all read it whole
-                rows_w = sp.taps * sp.c
-                a, b = core * rows_w // m.cores, (core + 1) * rows_w // m.cores
-                if b > a:
-                    ops.append(dma_op(m, View(("DDR", wname), a * sp.k + k0, (b - a, ke), (sp.k, 1)),
-                                      View(("GSM",), gsm_w + a * kbp, (b - a, ke), (kbp, 1)), (), ("gsm_w",), self.fn,
-                                      "W slice DDR->GSM"))
-                gview = View(("GSM",), gsm_w, (rows_w, ke), (kbp, 1))
-                ops.append(Op("barrier", "sync", label="W in GSM"))
-                ops.append(dma_op(m, gview, wdst, (), ("w",), self.fn, "W GSM->AM"))
-                if nk > 1:  # W_g is overwritten with the next block only after every core read it
-                    ops.append(Op("barrier", "sync", label="W_g read"))
-            else:
-                ops.append(dma_op(m, wsrc, wdst, (), ("w",), self.fn, "W DDR->AM"))
-            for e, off in par_am.items():
-                for j, pname in enumerate(self.names[e].split(",")):
-                    ops.append(dma_op(m, View(("DDR", pname), k0, (ke,), (1,)),
-                                      View(("AM",), off + j * kbp, (ke,), (1,)), (), ("w",), self.fn, f"{e} -> AM"))
-            stage = [self._stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
-                     for i, it in enumerate(items)]
-            # software-pipelined issue order: with two buffers the next tile's DMA-in is issued
-            # before this tile's VPU pass, so the DMA engine fetches while the VPU computes
-            per_image = -(-sp.ho // cf.rows) * -(-sp.wo // min(cf.cols, sp.wo))
-            ops += stage_order(stage, bool(cf.dbuf), self.fn, per_image)
-        return ops
-
-    def _stage(self, i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done):
-        if self.fn:
-            return self._build_stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
-        sp = self.sp
-        _, oh0, nr, ow0, nc = it
-        slot = i % self.nbuf
-        ih0, iw0 = oh0 * sp.stride - sp.pad, ow0 * sp.stride - sp.pad
-        key = (slot, slot in halo_done, nr, nc, max(0, -ih0), max(0, ih0 + in_rows(sp, nr) - sp.h),
-               max(0, -iw0), max(0, iw0 + in_cols(sp, nc) - sp.w), ke)
-        if key not in self.stage_cache:
-            self.stage_cache[key] = self._build_stage(i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done)
-        halo_done.add(slot)
-        return self.stage_cache[key]
-
-    def _build_stage(self, i, it, k0, ke, in_sm, out_am, w_am, par_am, gsm_out, halo_done):
-        m, sp, cf, kbp, fn = self.m, self.sp, self.cf, self.kbp, self.fn
-        n, oh0, nr, ow0, nc = it
-        slot = i % self.nbuf
-        icw = in_cols(sp, min(cf.cols, sp.wo))  # SM tile row width (allocated for full tiles)
-        ir, ic = in_rows(sp, nr), in_cols(sp, nc)
-        ih0, iw0 = oh0 * sp.stride - sp.pad, ow0 * sp.stride - sp.pad
-        lo, hi = max(0, ih0), min(sp.h, ih0 + ir)
-        clo, chi = max(0, iw0), min(sp.w, iw0 + ic)
-        sm_tag, am_tag = f"sm{slot}", f"amo{slot}"
-        base = in_sm[slot]
-        ins: list[Op] = []
-        zero_views = []
-
-        def region(r0: int, nrows: int, c0: int, ncols: int) -> View:
-            return View(("SM",), base + (r0 * icw + c0) * sp.c, (nrows, ncols, sp.c), (icw * sp.c, sp.c, 1))
-
-        # padding: tile rows / columns outside the image are zeros; with a single column tile the
-        # side columns of a buffer are never overwritten, so they are zeroed once per buffer
-        one_col_tile = min(cf.cols, sp.wo) >= sp.wo
-        if not (one_col_tile and slot in halo_done):
-            if one_col_tile:
-                halo_done.add(slot)
-            rows_all = in_rows(sp, cf.rows) if one_col_tile else hi - lo
-            r_first = 0 if one_col_tile else lo - ih0
-            if clo - iw0 > 0 and rows_all > 0:
-                zero_views.append(region(r_first, rows_all, 0, clo - iw0))
-            if iw0 + ic - chi > 0 and rows_all > 0:
-                zero_views.append(region(r_first, rows_all, chi - iw0, iw0 + ic - chi))
-        if lo - ih0 > 0:
-            zero_views.append(region(0, lo - ih0, 0, ic))
-        if ih0 + ir - hi > 0:
-            zero_views.append(region(hi - ih0, ih0 + ir - hi, 0, ic))
-        if zero_views:
-            nz = sum(v.size for v in zero_views)
-            # zeroing SM is scalar stores at the SM port width
-            cyc = -(-nz * F32 // (m.sld_per_cycle * 8))
-            f = (lambda mem, vs=tuple(zero_views): [mem.view(v).fill(0.0) for v in vs]) if fn else None
-            ins.append(Op("fill", "vpu", cycles=cyc, writes=(sm_tag,), fn=f, label="zero padding"))
-        if hi > lo and chi > clo:
-            src = View(("DDR", self.names["data"]), ((n * sp.h + lo) * sp.w + clo) * sp.c, (hi - lo, (chi - clo) * sp.c),
-                       (sp.w * sp.c, 1))
-            dst = View(("SM",), base + ((lo - ih0) * icw + (clo - iw0)) * sp.c, (hi - lo, (chi - clo) * sp.c),
-                       (icw * sp.c, 1))
-            ins.append(dma_op(m, src, dst, (), (sm_tag,), fn, "I DDR->SM"))
-        npix = nr * nc
-        if (npix, nc) not in self.pass_cache:
-            self.pass_cache[(npix, nc)] = pass_cost(m, sp, cf, npix, nc)
-        cost, calls = self.pass_cache[(npix, nc)]
-        f = self._compute_fn(base, w_am, par_am, out_am[slot], nr, nc, icw) if fn else None
-        comp = [Op("vpu", "vpu", cycles=cost.cycles, reads=(sm_tag, "w"), writes=(am_tag,), cost=cost, nruns=calls,
-                   fn=f, label=f"VPU pass {cf.order} {npix} px")]
-        o_src = View(("AM",), out_am[slot], (nr, nc, ke), (nc * kbp, kbp, 1))
-        o_dst = View(("DDR", self.names["out"]), ((n * sp.ho + oh0) * sp.wo + ow0) * sp.k + k0, (nr, nc, ke),
-                     (sp.wo * sp.k, sp.k, 1))
-        if cf.out_path == "gsm":
-            g = View(("GSM",), gsm_out + slot * cf.rows * min(cf.cols, sp.wo) * kbp, (nr, nc, ke), (nc * ke, ke, 1))
-            outs = [dma_op(m, o_src, g, (am_tag,), (f"gsmo{slot}",), fn, "O AM->GSM"),
-                    dma_op(m, g, o_dst, (f"gsmo{slot}",), ("out",), fn, "O GSM->DDR")]
-        else:
-            outs = [dma_op(m, o_src, o_dst, (am_tag,), ("out",), fn, "O AM->DDR")]
-        return ins, comp, outs
 
     def _compute_fn(self, sm_off: int, w_off: int, par_am: dict[str, int], out_off: int, nr: int, nc: int,
                     icw: int):

@@ -94,8 +94,6 @@ class GemmGeo:
 
 
 def check_gemm(m: DspMachine, g: GemmGeo, cfg: Mapping[str, Any]) -> str | None:
-    if cfg.get("lowering", "direct") != "direct":
-        return "algo=gemm is emitted directly (lowering=direct)"
     if cfg["split"] != "items" or cfg["out_path"] != "ddr":
         return "algo=gemm deals C blocks to the cores and stores C from AM: use split=items, out_path=ddr"
     if g.w_path not in ("gsm", "ddr"):

@@ -47,7 +47,7 @@ class DspFullyConnected(DirectTemplate):
     name = "dsp.fully_connected"
     op_families = ("matmul",)
     target_family = "dsp"
-    version = 2  # 2: algo=gemm and its knobs kc, mb, nb (the shipped version-1 records no longer match)
+    version = 3  # 2: algo=gemm and its knobs kc, mb, nb; 3: no `lowering` knob (algo=fc split=items is lowered from TIR)
 
     def spec(self, wl: Workload, target: Target) -> ConvSpec:
         require_fp32(wl, target)
@@ -71,9 +71,6 @@ class DspFullyConnected(DirectTemplate):
             Knob("w_path", ("gsm", "ddr", "host_copies"), "how weights reach each core's AM"),
             Knob("out_path", ("ddr", "gsm"), "AM -> DDR, or through GSM"),
             Knob("split", ("items", "k"), "row blocks across the cores, or the reduction (partials reduced in GSM)"),
-            Knob("lowering", ("direct", "tir"), "emit the program from the knobs (direct) or lower TVM's scheduled "
-                 "TIR into it (tir: split=items, w_path=ddr|gsm, out_path=ddr)",
-                 tunable=False),
             Knob("algo", ("fc", "gemm"), "fc: Algorithm 2 (whole reduction in registers); gemm: blocked for "
                  "GSM/SM/AM (C blocks in AM, B blocks via GSM or DDR, A stages of `rows` rows in SM)"),
             Knob("kc", _upto(KC, sp.c), "gemm: reduction steps per K block"),
@@ -99,7 +96,7 @@ class DspFullyConnected(DirectTemplate):
             vals = [v for v in knobs[name] if v % step == 0] or list(knobs[name])
             return max([v for v in vals if v <= want] or [min(vals)])
         cfg = {"pw": pick("pw", 6), "kv": pick("kv", 3), "rows": 1, "cols": 1, "order": "out", "dbuf": 1,
-               "w_path": "gsm", "out_path": "ddr", "split": "items", "lowering": "direct", "algo": "gemm",
+               "w_path": "gsm", "out_path": "ddr", "split": "items", "algo": "gemm",
                "kc": pick("kc", 128), "mb": pick("mb", 256), "nb": pick("nb", 384)}
         mbs = [v for v in (256, 192, 128, 96, 64, 32) if v in knobs["mb"]] or [cfg["mb"]]
         nbs = [v for v in (384, 256, 192, 128, 96) if v in knobs["nb"]] or [cfg["nb"]]
@@ -136,7 +133,7 @@ class DspFullyConnected(DirectTemplate):
                 for pw in (6, 4, 2, 1):
                     cfg = self._fill(wl, target, {
                         "pw": min(pw, max(knobs["pw"])), "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 1,
-                        "w_path": "gsm", "out_path": "ddr", "split": "items", "lowering": "direct"})
+                        "w_path": "gsm", "out_path": "ddr", "split": "items"})
                     if self.check(wl, target, cfg) is None:
                         return cfg
         return cfg
@@ -153,8 +150,7 @@ class DspFullyConnected(DirectTemplate):
         for kv in sorted(knobs["kv"], reverse=True):
             for rows in rows_ok:
                 cfg = self._fill(wl, target, {"pw": 1, "kv": kv, "rows": rows, "cols": 1, "order": "out", "dbuf": 0,
-                                              "w_path": "ddr", "out_path": "ddr", "split": "items",
-                                              "lowering": "direct"})
+                                              "w_path": "ddr", "out_path": "ddr", "split": "items"})
                 if check(m, sp, DirectConfig.of(cfg)) is None:
                     return cfg
         return cfg
@@ -167,8 +163,6 @@ class DspFullyConnected(DirectTemplate):
         if cf.w_path == "host_copies" and wl.p.get("trans_b"):
             return "w_path=host_copies replicates B as stored; use gsm or ddr with trans_b=1"
         m = machine(target)
-        if config.get("lowering") == "tir" and cf.split == "k":
-            return "lowering=tir covers split=items"
         if cf.split != "k":
             return check(m, sp, cf)
         if cf.w_path != "ddr" or cf.out_path != "ddr" or cf.order != "out":

@@ -198,7 +198,9 @@ def _weights(sch, red, ko, config, epi: list[str]) -> None:
         for i in range(1, len(sch.get(blk_rv).reads)):
             c = sch.cache_read(blk_rv, i, "local.AM")
             sch.compute_at(c, ko)
-            sch.annotate(sch.get_loops(c)[1], "opc.dsp.op", "dma")
+            lps = sch.get_loops(c)
+            # one output feature (K = 1): TVM leaves no loop of the vector's copy; give it a unit one
+            sch.annotate(lps[1] if len(lps) > 1 else sch.add_unit_loop(c), "opc.dsp.op", "dma")
 
 
 def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):

@@ -151,7 +151,7 @@ def test_small_shapes_keep_the_fully_connected_default() -> None:
         assert TM.default(wl, TGT)["algo"] == "fc"
     wl = workload("matmul_bias_relu", preset="minigo.fc1", batch=96, dtype="float32")
     k = BE.build(wl, {"pw": 6, "kv": 4, "rows": 8, "w_path": "gsm"})
-    assert k.config["algo"] == "fc" and k.template_version == 2
+    assert k.config["algo"] == "fc" and k.template_version == 3
 
 
 def test_gemm_configs_that_cannot_run_say_why() -> None:
@@ -164,7 +164,7 @@ def test_gemm_configs_that_cannot_run_say_why() -> None:
         BE.build(wl, dict(G, pw=12, kv=6))
     with pytest.raises(OpcError, match="split=items"):
         BE.build(wl, dict(G, split="k"))
-    with pytest.raises(OpcError, match="lowering=direct"):
+    with pytest.raises(OpcError, match="unknown knob 'lowering'"):  # retired in template v3
         BE.build(wl, dict(G, lowering="tir"))
     with pytest.raises(OpcError, match="register blocks"):
         BE.build(wl, dict(G, pw=4, rows=6))
