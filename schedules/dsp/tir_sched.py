@@ -41,18 +41,32 @@ def nhwc_workload(wl: Workload) -> Workload:
     return workload(wl.op, p, dtype=wl.dtype)
 
 
+_PRIMS: dict[tuple, Any] = {}  # workload -> its TE compute as a PrimFunc (the same for every config)
+
+
+def prim_func(wl: Workload):
+    """The op's TE compute as an (unscheduled, immutable) PrimFunc, built once per workload."""
+    from tvm import te
+
+    key = (wl.op, tuple(sorted(wl.params)), wl.dtype)
+    if key not in _PRIMS:
+        if len(_PRIMS) >= 256:
+            _PRIMS.clear()
+        ins, out = get_op(wl.op).compute(wl)
+        _PRIMS[key] = te.create_prim_func(list(ins) + [out])
+    return _PRIMS[key]
+
+
 def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     """The scheduled, annotated s_tir.Schedule of one direct-convolution config."""
     import tvm
-    from tvm import te
 
     if get_op(wl.op).family == "matmul":
         return fc_schedule(wl, target, config)
     if config["order"] == "ws":
         return ws_schedule(wl, target, config)
     base = nhwc_workload(wl)
-    ins, out = get_op(base.op).compute(base)
-    sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
+    sch = tvm.s_tir.Schedule(prim_func(base))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     epi = [b for b in names if b in EPI_BLOCKS]
     conv = sch.get_sblock("conv2d")
@@ -113,11 +127,9 @@ def ws_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     every pixel of the tile accumulates into its partial sums in the AM output tile), then one
     element-wise call applying the epilogue (`mk_ew`). Staging as `conv_schedule`."""
     import tvm
-    from tvm import te
 
     base = nhwc_workload(wl)
-    ins, out = get_op(base.op).compute(base)
-    sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
+    sch = tvm.s_tir.Schedule(prim_func(base))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     epi = [b for b in names if b in EPI_BLOCKS]
     conv = sch.get_sblock("conv2d")
@@ -208,14 +220,12 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     blocks of A (items across the cores) staged in local.SM, B's output-feature blocks in
     local.AM, register blocks of pw rows accumulating over K, the output tile in local.AM."""
     import tvm
-    from tvm import te
 
     if config.get("split") == "k":
         raise OpcError("lowering=tir covers split=items of the fully connected layer", arg="--config",
                        value=dict(config), expected="split=items")
     base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n")}, dtype=wl.dtype)
-    ins, out = get_op(base.op).compute(base)
-    sch = tvm.s_tir.Schedule(te.create_prim_func(list(ins) + [out]))
+    sch = tvm.s_tir.Schedule(prim_func(base))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     epi = [b for b in names if b in EPI_BLOCKS]
     mm = sch.get_sblock("matmul")
