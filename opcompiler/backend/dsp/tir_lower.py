@@ -223,26 +223,18 @@ class Lowerer:
             rng = range(lo, lo + ext)
             if "opc.dsp.cores" in ann:
                 rng = range(lo + self.core * ext // self.cores, lo + (self.core + 1) * ext // self.cores)
+            if "opc.dsp.stage" in ann and not self.fn:
+                return self._stages_timed(st, E, rng)
             for i in rng:
                 E2 = {**E, _key(st.loop_var): i}
                 if "opc.dsp.stage" in ann:
                     slot = len(self.pending) % self.nbuf
                     E2["slot"] = slot
-                    memo = None
-                    if not self.fn:  # timing: a stage equal in shape to one already lowered reuses its ops
-                        memo = (_key(st), slot, self._stage_sig(st, E2), self._zeroed_sig())
-                        hit = self._stages.get(memo)
-                        if hit is not None:
-                            self.pending.append(hit[0])
-                            self.zeroed = {k: v.copy() for k, v in hit[1].items()}
-                            continue
                     stg: list = [[], [], []]
                     self._walk(st.body, E2, stg)
                     if stg[1]:  # the VPU ops of a stage: one pass of all its micro-kernel calls
                         stg[1] = [self._merge_vpu(stg[1], slot)]
                     self.pending.append(tuple(stg))
-                    if memo is not None:
-                        self._stages[memo] = (tuple(stg), {k: v.copy() for k, v in self.zeroed.items()})
                 else:
                     self._walk(st.body, E2, stage)
         elif name == "IfThenElse":
@@ -254,7 +246,36 @@ class Lowerer:
             raise OpcFailure(f"tir lowering: unexpected {name} outside an annotated nest")
 
     # ---- timing mode: stages keyed by their shape -------------------------------------------
-    def _stage_sig(self, st, E: dict) -> tuple:
+    def _stages_timed(self, st, E: dict, rng: range) -> None:
+        """The stage loop in timing mode: a stage equal in shape (and zero-fill state) to one
+        already lowered reuses its ops. The shape terms are evaluated for all iterations at once."""
+        if not len(rng):
+            return
+        g = {**E, _key(st.loop_var): np.arange(rng.start, rng.stop)}
+        cols = [np.broadcast_to(np.asarray(f(g, None)), (len(rng),)) for f in self._stage_terms(st)]
+        sigs = list(zip(*[c.tolist() for c in cols])) if cols else [()] * len(rng)
+        zsig = self._zeroed_sig()
+        k = _key(st)
+        for i, sig in zip(rng, sigs):
+            slot = len(self.pending) % self.nbuf
+            memo = (k, slot, sig, zsig)
+            hit = self._stages.get(memo)
+            if hit is not None:
+                self.pending.append(hit[0])
+                if hit[2] != zsig:
+                    self.zeroed = {z: v.copy() for z, v in hit[1].items()}
+                    zsig = hit[2]
+                continue
+            E2 = {**E, _key(st.loop_var): i, "slot": slot}
+            stg: list = [[], [], []]
+            self._walk(st.body, E2, stg)
+            if stg[1]:  # the VPU ops of a stage: one pass of all its micro-kernel calls
+                stg[1] = [self._merge_vpu(stg[1], slot)]
+            self.pending.append(tuple(stg))
+            zsig = self._zeroed_sig()
+            self._stages[memo] = (tuple(stg), {z: v.copy() for z, v in self.zeroed.items()}, zsig)
+
+    def _stage_terms(self, st) -> list:
         """What a stage's timing ops can depend on: the values, at this iteration, of every
         outer-variable subterm of the expressions that shape its nests (loop bounds, block
         predicates, conditions, padding tests, the `min` of a tail). Address-only terms (the
@@ -288,7 +309,7 @@ class Lowerer:
             for e in shaping:
                 _outer_terms(e, inner, terms)
             self._sigs[k] = [self.comp.fn(e) for e in terms.values()]
-        return tuple(int(np.asarray(f(E, None))) for f in self._sigs[k])
+        return self._sigs[k]
 
     def _zeroed_sig(self) -> tuple:
         return tuple(sorted((k, v.shape, v.tobytes()) for k, v in self.zeroed.items()))
