@@ -1,18 +1,17 @@
-"""dsp-sim template for element-wise ops: a chain of steps in one kernel, as VPU instructions.
+"""dsp-sim template for element-wise ops: a chain of steps in one kernel, on the VPU.
 
 relu, add, add_relu, bias_add, batch_norm and bn_relu are fixed chains (`chain_of`); ew_chain
-spells its chain out.
+spells its chain out (steps: `opcompiler.ops.catalogue._chain_apply`: relu, sigmoid, clip:LO:HI,
+affine:A:B, pow:P (x > 0), add / mul with a full-shape operand, bias / scale / bn with
+per-channel operands).
 
-Steps (the ew_chain vocabulary, `opcompiler.ops.catalogue._chain_apply`): relu, sigmoid,
-clip:LO:HI, affine:A:B, pow:P (x > 0), add / mul with a full-shape operand, bias / scale / bn with per-channel
-operands. Each step is a few vector instructions on a register holding 32 elements of x
-(`emit_steps`): relu is a vector max, clip a min and a max, affine and bn one FMA, sigmoid
-1 / (1 + exp(-x)) and pow exp(P ln x) through the VPU's exp, log and reciprocal sequences
-(`vector.emit_exp`, `emit_log`, `emit_rcp`); full-shape operands are vector loads of their own AM tiles.
-
-The tensor is cut into stages of about `tile` elements, split over the cores, DMAed DDR -> AM
-(x and each full-shape operand), computed in place and DMAed back. How elements map to lanes
-depends on where per-channel operands vary:
+The kernel is a TVM schedule of the op's own TE compute (`chain_tir.py`), lowered by the DSP
+backend (`opcompiler.backend.dsp.tir_vector`): the stored expression becomes vector instructions
+recognised from its nodes (max -> vmax, a*b+c -> vfma, exp / log / 1/x -> the VPU's math-library
+sequences, ...). The knobs: the tensor is cut into stages of about `tile` elements, split over
+`cores` cores (or whole images per core, `split=batch`), DMAed DDR -> AM (x and each full-shape
+operand; `dbuf`: two buffers alternate), computed in place and DMAed back. How elements map to
+lanes depends on where per-channel operands vary (`_Geo`):
 
 * no per-channel step: the flat tensor, 32 consecutive elements per vector;
 * NCHW with per-channel steps: whole planes (or chunks of one plane when a plane exceeds the
@@ -25,20 +24,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp import vector as vx
 from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dma_op
-from opcompiler.backend.dsp.vector import Mem, Nest, VI, VKernel
+from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import _CHAIN_EXTRA, _chain_steps
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+from .chain_tir import build_program
 from .common import require_fp32
-from .stream import cdiv, cores_knob, group_key, share, stream, vpu_op
+from .stream import cdiv, cores_knob, group_key, share
 
 TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 # the family's single-step ops as chains over the same inputs (x, then each step's operands)
@@ -58,43 +54,6 @@ def chain_of(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
         raise OpcError(f"no dsp element-wise chain for {wl.op}", arg="op", value=wl.op,
                        expected="ew_chain, " + ", ".join(FIXED_CHAINS) + " or add_relu")
     return [(name, ()) for name in text.split(";")]
-
-
-def emit_steps(steps: list[tuple[str, tuple[float, ...]]], fulls: list[Mem], chans: list[Mem], chan_load: str,
-               x: str = "x") -> list[VI]:
-    """The vector instructions of a step chain applied to register x. `fulls`: the full-shape
-    operands' vectors, `chans`: the per-channel operands (loaded with `chan_load`: sld or vld)."""
-    out: list[VI] = []
-    fi = ci = 0
-    for name, args in steps:
-        if name == "relu":
-            out.append(VI("vmax", x, (x, 0.0)))
-        elif name == "sigmoid":  # 1 / (1 + exp(-x))
-            out.append(VI("vmul", "t", (x, -1.0)))
-            out += vx.emit_exp("t", "e", "r", "n")
-            out.append(VI("vadd", "e", ("e", 1.0)))
-            out += vx.emit_rcp("e", x, "t")
-        elif name == "clip":
-            out += [VI("vmin", x, (x, args[1])), VI("vmax", x, (x, args[0]))]
-        elif name == "affine":
-            out.append(VI("vfma", x, (x, args[0], args[1])))
-        elif name == "pow":  # x ** P = exp(P ln x), x > 0
-            out += vx.emit_log(x, "t", "n")
-            out.append(VI("vmul", "t", ("t", args[0])))
-            out += vx.emit_exp("t", x, "r", "n")
-        elif name in ("add", "mul"):
-            out += [VI("vld", f"f{fi % 2}", (fulls[fi],)), VI("vadd" if name == "add" else "vmul", x, (x, f"f{fi % 2}"))]
-            fi += 1
-        elif name in ("bias", "scale"):
-            out += [VI(chan_load, "p", (chans[ci],)), VI("vadd" if name == "bias" else "vmul", x, (x, "p"))]
-            ci += 1
-        elif name == "bn":
-            out += [VI(chan_load, "ps", (chans[ci],)), VI(chan_load, "pb", (chans[ci + 1],)),
-                    VI("vfma", x, (x, "ps", "pb"))]
-            ci += 2
-        else:
-            raise OpcError(f"no VPU lowering for element-wise step {name}", arg="chain", value=name)
-    return out
 
 
 class _Geo:
@@ -179,7 +138,7 @@ class DspChain(Template):
     name = "dsp.ew_chain"
     op_families = ("elemwise",)
     target_family = "dsp"
-    version = 1
+    version = 2  # v2: lowered from the TVM schedule (chain_tir.py)
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         require_fp32(wl, target)
@@ -236,91 +195,16 @@ class DspChain(Template):
                 "lane_use": (g.hw / g.pitch) if g.mode == "plane" and g.pitch else
                 (g.c / g.pitch if g.mode == "pixel" else 1.0)}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
+              tamper=None, vtamper=None) -> Program:
+        """The program lowered from the TVM schedule of the op's compute (`chain_tir.py`);
+        `tamper` / `vtamper` (tests only) rewrite a DMA view / a vector kernel."""
         require_fp32(wl, target)
         why = self.check(wl, target, config)
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
         m = machine(target)
-        op = get_op(wl.op)
         g = _Geo(m, wl, config)
-        specs = op.inputs(wl)
-        names = [nm for nm, _, _ in specs]
-        kinds = ["x"] + [k for name, _ in g.steps for k in _CHAIN_EXTRA[name]]
-        fulls = [nm for nm, k in zip(names, kinds) if k == "full"]
-        chans = [nm for nm, k in zip(names, kinds) if k == "chan"]
-        shares = g.shares(int(config.get("cores", m.cores)), m.cores)
-        cache: dict = {}
-
-        def core_ops(core: int) -> list[Op]:
-            items = shares[core]
-            if not items:
-                return []
-            am = Allocator("AM", m.cap("AM"), 128)
-            bufs = [[am.alloc(f"{nm} tile[{b}]", g.buf + g.L) for nm in ["x"] + fulls] for b in range(g.nbuf)]
-            ops: list[Op] = []
-            par: list[int] = []
-            for j, nm in enumerate(chans):
-                if g.mode == "plane":
-                    off, lv = j * g.c, "SM"
-                else:
-                    off, lv = am.alloc(f"{nm} vectors", g.pitch), "AM"
-                par.append(off)
-                ops.append(dma_op(m, View(("DDR", nm), 0, (g.c,), (1,)), View((lv,), off, (g.c,), (1,)), (),
-                                  ("const",), functional, f"{nm} DDR->{lv}"))
-
-            def stage(it, slot, first):
-                return self._stage(m, g, it, slot, [names[0]] + fulls, bufs[slot], par, functional)
-
-            return ops + stream(items, g.nbuf, functional, stage, g.key, cache)
-
-        out_shape = tuple(int(v) for v in op.output_spec(wl)[0])
-        ddr = {nm: s for nm, s, _ in specs}
-        ddr["out"] = out_shape
-        hpre, hpost = host_ops(m, [(nm, nbytes(s)) for nm, s, _ in specs], [("out", nbytes(out_shape))], [])
-        return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops,
-                        group_key=lambda c: group_key(shares[c], g.key), pre=[], post=[], host_pre=hpre,
-                        host_post=hpost, ddr_tensors=ddr, inputs=names, output="out", out_shape=out_shape,
-                        flops=op.flops(wl), cores_used=sum(1 for s in shares if s),
-                        info={"layout_change": "none", "lanes": g.mode})
-
-    def _views(self, g: _Geo, it: tuple, base: int) -> tuple[tuple, View, int]:
-        """(DDR offset, shape, strides), the AM view, and (outer dims) for one item."""
-        L = g.L
-        if g.mode == "flat":
-            e0, ne = it
-            return (e0, (ne,), (1,)), View(("AM",), base, (ne,), (1,)), (cdiv(ne, L),)
-        if g.mode == "plane":
-            b, c0, nc, s0, ns = it
-            pitch = g.pitch or g.chunk
-            return (((b * g.c + c0) * g.hw + s0), (nc, ns), (g.hw, 1)), View(("AM",), base, (nc, ns), (pitch, 1)), \
-                (nc, cdiv(ns, L))
-        p0, np_ = it
-        return (p0 * g.c, (np_, g.c), (g.c, 1)), View(("AM",), base, (np_, g.c), (g.pitch, 1)), (np_, cdiv(g.c, L))
-
-    def _stage(self, m, g: _Geo, it, slot, tensors, bufs, par, fn):
-        L = g.L
-        tag = f"in{slot}"
-        ins: list[Op] = []
-        for nm, base in zip(tensors, bufs):
-            (off, shape, strides), amv, outer = self._views(g, it, base)
-            ins.append(dma_op(m, View(("DDR", nm), off, shape, strides), amv, (), (tag,), fn, f"{nm} DDR->AM"))
-        (off, shape, strides), amv, outer = self._views(g, it, bufs[0])
-        if g.mode == "flat":
-            steps, chan_load = (L,), "sld"
-            chans = []
-        elif g.mode == "plane":
-            steps, chan_load = (g.pitch or g.chunk, L), "sld"
-            c0 = it[1]
-            chans = [Mem("SM", p + c0, (1, 0), 0) for p in par]
-        else:
-            steps, chan_load = (g.pitch, L), "vld"
-            chans = [Mem("AM", p, (0, L), 1) for p in par]
-        fulls = [Mem("AM", b, steps) for b in bufs[1:]]
-        body = [VI("vld", "x", (Mem("AM", bufs[0], steps),))]
-        body += emit_steps(g.steps, fulls, chans, chan_load)
-        body.append(VI("vst", Mem("AM", bufs[0], steps), ("x",)))
-        kern = VKernel((Nest(outer=outer, post=tuple(body)),), "ew_chain")
-        comp = [vpu_op(m, kern, (tag, "const"), (tag,), fn, f"chain {amv.size} elements")]
-        outs = [dma_op(m, amv, View(("DDR", "out"), off, shape, strides), (tag,), ("out",), fn, "y AM->DDR")]
-        return ins, comp, outs
+        shares = g.shares(int(config.get("cores", m.cores)), m.cores)  # cores with equal item keys time alike
+        return build_program(wl, target, config, functional, g, lambda c: group_key(shares[c], g.key), tamper,
+                             vtamper)

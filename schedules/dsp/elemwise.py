@@ -1,9 +1,10 @@
 """dsp-sim template for the element-wise family: one registered template that dispatches by op.
 
 relu, add, add_relu, bias_add, batch_norm and the fused bn_relu of seed 004 §2.1.3 are fixed step
-chains, and ew_chain spells its chain out: both run as VPU instruction streams (`chain.py`: the
-tensor cut into stages of pixels / planes, split across the cores, DMAed DDR -> AM, executed
-vector instruction by vector instruction, DMAed back). concat (DMA only, `concat.py`), explicit
+chains, and ew_chain spells its chain out: both are TVM schedules of the op's compute (`chain.py`,
+`chain_tir.py`: the tensor cut into stages of pixels / planes, split across the cores, DMAed
+DDR -> AM, computed in AM, DMAed back) lowered by the DSP backend to vector instructions
+(`opcompiler.backend.dsp.tir_vector`). concat (DMA only, `concat.py`), explicit
 padding (`pad.py`), slice and transpose (strided DMA, `slice.py`, `transpose.py`) have their own.
 """
 from __future__ import annotations
@@ -44,7 +45,10 @@ class DspElemwise(Template):
     name = "dsp.elemwise"
     op_families = ("elemwise",)
     target_family = "dsp"
-    version = 2  # v2: single-step ops execute VPU instructions (the chain lowering)
+    # v2: single-step ops execute VPU instructions (the chain lowering); v3: chains are lowered from
+    # their TVM schedule (identical programs, except a per-channel multiply feeding a per-channel
+    # add, e.g. ew_chain scale;bias, is one FMA)
+    version = 3
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         return _of(wl).space(wl, target)

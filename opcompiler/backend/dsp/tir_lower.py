@@ -220,6 +220,8 @@ class Lowerer:
                 return self._mk_ws(st, E, stage)
             if ann.get("opc.dsp.op") == "mk_ew":
                 return self._mk_ew(st, E, stage)
+            if ann.get("opc.dsp.op") == "vec":  # a vector nest: tir_vector.VecLowerer lowers it
+                return self._vec(st, E, stage)
             rng = range(lo, lo + ext)
             if "opc.dsp.cores" in ann:
                 rng = range(lo + self.core * ext // self.cores, lo + (self.core + 1) * ext // self.cores)
@@ -546,6 +548,9 @@ class Lowerer:
                 self._costs[key] = mk_ws(self.m, npix, self.kv, r, s, wo, i > lo)
             E2 = {**E, _key(st.loop_var): i}
             stage[1].append((self._costs[key], (st.body, E2) if self.fn else None))
+
+    def _vec(self, st, E: dict, stage: list | None) -> None:
+        raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name}: lowered by tir_vector.VecLowerer")
 
     def _mk_ew(self, st, E: dict, stage: list | None) -> None:
         """The whole nest is one element-wise call over the tile's pixels (the epilogue)."""
