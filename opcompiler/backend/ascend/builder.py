@@ -193,6 +193,28 @@ class KernelBuilder:
             repeat -= rep
             dst, srcs = advance(dst, rep), tuple(advance(s, rep) for s in srcs)
 
+    def vec_items(self, op: str, dst: VOp, srcs: tuple[VOp, ...], items: int, item_elems: int,
+                  strides: tuple[int, ...], scalar: float = 0.0) -> None:
+        """`items` runs of `item_elems` contiguous elements (a whole number of 32 B blocks), the
+        runs of operand k `strides[k]` elements apart (`strides[0]` is the destination's), e.g.
+        pixels of 16 channels read with a window stride: each repeat takes one block of 8 runs
+        (block stride = the run stride in blocks), and a run of b blocks takes b instructions,
+        each on every b-th block; 8 runs per repeat, a masked repeat for the last items % 8."""
+        ops = (dst, *srcs)
+        width = max(o.buf.itemsize for o in ops)
+        if any(o.buf.itemsize != width for o in ops):
+            raise OpcFailure(f"vec_items {op}: operands of different widths")
+        epb = 32 // width
+        if item_elems % epb or any(s % epb for s in strides):
+            raise OpcFailure(f"vec_items {op}: runs of {item_elems} elements {strides} apart are not whole blocks")
+        full, tail = divmod(items, 8)
+        for part in range(item_elems // epb):
+            for reps, i0, mask in ((full, 0, 8 * epb), (1 if tail else 0, full * 8, tail * epb)):
+                if reps == 0:
+                    continue
+                vo = [VOp(o.buf, o.offset + i0 * s + part * epb, s // epb, 8 * s // epb) for o, s in zip(ops, strides)]
+                self.vec_raw(op, vo[0], tuple(vo[1:]), reps, mask, scalar=scalar)
+
     def loop(self, iterations: int = 1) -> None:
         """Scalar cost of loop control for one iteration (counter, addresses, branch)."""
         ins = Scalar(n=self.m.loop_cycles * iterations)

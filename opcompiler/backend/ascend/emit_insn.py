@@ -51,6 +51,9 @@ TensorLoad: Any = None
 class _Access:
     buf: str  # logical buffer name (GM parameter or UB buffer or temporary)
     offset: np.ndarray | None  # per tile-loop iteration: first element's offset (None: temporary, 0)
+    stride: int = 0  # shaped nests: elements between consecutive runs (0: one contiguous run)
+    box: tuple[np.ndarray, np.ndarray] | None = None  # DMA of a shaped buffer: per iteration, starts, sizes
+    contig: bool = True  # shaped nests: one contiguous run per iteration
 
 
 @dataclass
@@ -61,6 +64,8 @@ class _Op:
     srcs: list[_Access]
     op: str = ""  # vector op
     scalar: float = 0.0
+    cnt: np.ndarray | None = None  # per iteration elements, when not the nest's count (shaped nests)
+    run: int = 0  # shaped nests: elements per run when operands are strided runs (vec_items)
 
 
 @dataclass(eq=False)
@@ -80,6 +85,7 @@ class VectorKernel:
     phys: list[tuple[str, int, str]]  # physical UB buffers: (name, elements, dtype)
     where: dict[str, int]  # logical UB buffer -> physical index
     info: dict[str, Any] = field(default_factory=dict)
+    phys_shapes: list[tuple[int, ...]] | None = None  # shaped kernels: each physical buffer's shape
 
     @property
     def active_cores(self) -> int:
@@ -89,7 +95,9 @@ class VectorKernel:
         active = self.active_cores
         kb = KernelBuilder(m, core, active)
         gm = {name: kb.gm(name, shape, dt) for name, (shape, dt) in self.gm.items()}
-        slots = [[kb.alloc("UB", f"{name}_{s}", (n,), dt) for name, n, dt in self.phys] for s in range(self.slots)]
+        shapes = self.phys_shapes or [(n,) for _, n, _ in self.phys]
+        slots = [[kb.alloc("UB", f"{name}_{s}", shp, dt) for (name, n, dt), shp in zip(self.phys, shapes)]
+                 for s in range(self.slots)]
         lo, hi = split_even(self.iterations, active, core)
         for j, it in enumerate(range(lo, hi)):
             ub = slots[j % self.slots]
@@ -101,10 +109,18 @@ class VectorKernel:
                 return 0 if a.offset is None else int(a.offset[it])
 
             for o in self.ops:
-                cnt = int(self.counts[o.nest, it])
+                cnt = int(self.counts[o.nest, it] if o.cnt is None else o.cnt[it])
                 if cnt == 0:
                     continue
-                if o.kind == "dma":
+                if o.kind == "dma" and o.dst.box is not None:
+                    s, d = o.srcs[0], o.dst
+                    kb.data_move(buf(d), tuple(slice(int(a), int(a + z)) for a, z in zip(d.box[0][it], d.box[1][it])),
+                                 buf(s), tuple(slice(int(a), int(a + z)) for a, z in zip(s.box[0][it], s.box[1][it])))
+                elif o.run:
+                    kb.vec_items(o.op, VOp(buf(o.dst), off(o.dst)), tuple(VOp(buf(s), off(s)) for s in o.srcs),
+                                 cnt // o.run, o.run, tuple(a.stride or o.run for a in (o.dst, *o.srcs)),
+                                 scalar=o.scalar)
+                elif o.kind == "dma":
                     s, d = o.srcs[0], o.dst
                     kb.data_move(buf(d), (slice(off(d), off(d) + cnt),), buf(s), (slice(off(s), off(s) + cnt),))
                 else:
@@ -116,16 +132,17 @@ class VectorKernel:
 
 # -- the lowering pipeline --------------------------------------------------------------------
 
-def lower_module(mod):
+def lower_module(mod, flatten: bool = True):
     """The s_tir lowering up to flattened buffers: blocks become loops, UB buffers are compacted
-    to what one tile iteration touches and allocated inside the tile loop."""
+    to what one tile iteration touches and allocated inside the tile loop (`flatten=False`:
+    buffers keep their shapes, for kernels whose GM tensors are not flat)."""
     import tvm
     import tvm.s_tir.transform as st
     import tvm.tirx.transform as tt
 
     seq = tvm.transform.Sequential([st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(),
                                     st.ConvertBlocksToOpaque(), st.CompactBufferAllocation(), st.LowerOpaqueBlock(),
-                                    tt.FlattenBuffer(), tt.StmtSimplify()])
+                                    *([tt.FlattenBuffer()] if flatten else []), tt.StmtSimplify()])
     return seq(mod)
 
 
@@ -137,7 +154,8 @@ def lower(mod) -> VectorKernel:
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    vk = _Lowering(lower_module(mod)).run()
+    shaped = any(len(b.shape) != 1 for b in mod["main"].params)
+    vk = _ShapedLowering(lower_module(mod, flatten=False)).run() if shaped else _Lowering(lower_module(mod)).run()
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = vk
@@ -250,6 +268,7 @@ class _Lowering:
         self.nests: list[str] = []
         self.counts: list[np.ndarray] = []
         self.tmp = 0
+        self.shapes: dict[str, tuple[int, ...]] = {}  # shaped kernels: logical UB buffer -> shape
 
     def _alias(self, buf) -> bool:
         """A declared buffer over a parameter's data (what FlattenBuffer leaves): the parameter."""
@@ -513,7 +532,9 @@ class _Lowering:
             d = o.dst.buf
             if d in info and d not in where:
                 n, dt = info[d]
-                pick = next((p for p in dying + free if phys[p][1] == n and phys[p][2] == dt), None)
+                shp = self.shapes.get(d)
+                pick = next((p for p in dying + free if phys[p][1] == n and phys[p][2] == dt
+                             and self.shapes.get(phys[p][0]) == shp), None)
                 if pick is None:
                     phys.append((d, n, dt))
                     pick = len(phys) - 1
@@ -527,6 +548,298 @@ class _Lowering:
             if d in info and last.get(d) == i:  # written and never read
                 free.append(where[d])
         return phys, where
+
+
+class _SCtx:
+    """One nest of a shaped kernel: the tile loop (axis 0) x the nest's loops, the instruction
+    loops around the nest bound to constants. Indices are evaluated with numpy broadcasting over
+    (iterations, *extents), so each access is known for every tile iteration at once."""
+
+    def __init__(self, low: "_ShapedLowering", loops: list, pred, name: str, outer: dict):
+        self.low, self.name = low, name
+        self.ext = [int(lp.extent) for lp in loops]
+        self.U = low.iters
+        self.shape = (self.U, *self.ext)
+        nd = len(self.shape)
+        self.env = dict(outer)
+        self.env[hash(low.tile_var)] = np.arange(self.U, dtype=np.int64).reshape((self.U,) + (1,) * (nd - 1))
+        for k, lp in enumerate(loops):
+            sh = [1] * nd
+            sh[k + 1] = self.ext[k]
+            self.env[hash(lp.loop_var)] = np.arange(self.ext[k], dtype=np.int64).reshape(sh)
+        self.n_el = int(np.prod(self.ext)) if self.ext else 1
+        self.run = self.ext[-1] if self.ext else 1  # elements per run: the innermost loop
+        self.mask = np.ones(self.shape, bool) if pred is None else self.eval(pred).astype(bool)
+        self.counts = self.mask.reshape(self.U, -1).sum(axis=1)
+
+    def eval(self, e) -> np.ndarray:
+        return np.broadcast_to(self.low._eval(e, self.env, self.name), self.shape)
+
+    def coords(self, buffer, indices, bname: str, mask: np.ndarray | None = None) -> list[np.ndarray]:
+        shape = self.low.shape_of(buffer)
+        if len(indices) != len(shape):
+            raise OpcFailure(f"emit_insn: {self.name}: {bname} indexed with {len(indices)} indices, shape {shape}")
+        out = []
+        for d, (ix, n) in enumerate(zip(indices, shape)):
+            v = self.eval(ix)
+            if ((v < 0) | (v >= n))[self.mask if mask is None else mask].any():
+                raise OpcFailure(f"emit_insn: {self.name}: {bname} axis {d} indexed outside 0..{n - 1}")
+            out.append(v)
+        return out
+
+    def flat(self, buffer, indices, bname: str, mask: np.ndarray | None = None) -> np.ndarray:
+        off = np.zeros(self.shape, np.int64)
+        for v, n in zip(self.coords(buffer, indices, bname, mask), self.low.shape_of(buffer)):
+            off = off * n + v
+        m = self.mask if mask is None else mask
+        if m.any():
+            self.low.reach[bname] = max(self.low.reach.get(bname, 0), int(off[m].max()) + 1)
+        return off.reshape(self.U, -1)
+
+    def operand(self, bname: str, buffer, indices) -> _Access:
+        """A vector operand: one contiguous run per iteration, or runs of the innermost loop's
+        extent at a constant stride (the active runs a prefix of the nest's)."""
+        off = self.flat(buffer, indices, bname)
+        m = self.mask.reshape(self.U, -1)
+        first = np.argmax(m, axis=1)
+        base = off[np.arange(self.U), first]
+        contig = bool(np.array_equal(off[m], (base[:, None] + np.cumsum(m, axis=1) - 1)[m]))
+        E, items = self.run, self.n_el // max(self.run, 1)
+        o3, m3 = off.reshape(self.U, items, E), m.reshape(self.U, items, E)
+        stride = 0
+        act = m3.any(axis=2)
+        if (np.array_equal(o3 - o3[:, :, :1], np.broadcast_to(np.arange(E), o3.shape))
+                and np.array_equal(act, m3.all(axis=2))
+                and np.array_equal(act, np.arange(items)[None, :] < act.sum(axis=1)[:, None])):
+            o0 = o3[:, :, 0]
+            sig = int(o0[0, 1] - o0[0, 0]) if items > 1 else E
+            if np.array_equal((o0 - o0[:, :1])[act], np.broadcast_to(sig * np.arange(items), o0.shape)[act]):
+                stride, base = sig, o0[:, 0]
+        if not contig and stride <= 0:
+            raise OpcFailure(f"emit_insn: {self.name}: {bname} is neither one contiguous run nor evenly strided runs "
+                             f"of the innermost loop per iteration")
+        return _Access(bname, base.astype(np.int64), stride=stride, contig=contig)
+
+    def box(self, bname: str, buffer, indices, mask: np.ndarray) -> _Access:
+        """A DMA side: per iteration the box (start, size per axis) the masked elements fill, in
+        the nest's order (so both sides of a copy pair up in C order)."""
+        cs = self.coords(buffer, indices, bname, mask)
+        m = mask.reshape(self.U, -1)
+        cnt = m.sum(axis=1)
+        big = np.iinfo(np.int64).max
+        lo = np.stack([np.where(m, c.reshape(self.U, -1), big).min(axis=1) for c in cs], axis=1)
+        hi = np.stack([np.where(m, c.reshape(self.U, -1), -1).max(axis=1) for c in cs], axis=1)
+        size = np.where(cnt[:, None] > 0, hi - lo + 1, 0)
+        lo = np.where(cnt[:, None] > 0, lo, 0)
+        off = self.flat(buffer, indices, bname, mask)
+        run = np.maximum.accumulate(np.where(m, off, -1), axis=1)
+        prev = np.concatenate([np.full((self.U, 1), -1), run[:, :-1]], axis=1)
+        if not np.array_equal(np.prod(size, axis=1), cnt) or (m & (off <= prev)).any():
+            raise OpcFailure(f"emit_insn: {self.name}: {bname} is not one box per iteration in C order")
+        return _Access(bname, None, box=(lo, size))
+
+
+class _ShapedLowering(_Lowering):
+    """The lowering for kernels whose tensors keep their shapes (NC1HWC0 planes, rows): DMAs
+    move boxes (bursts counted from the shapes, as TIK's data_move), vector nests are one
+    contiguous run or strided runs (pixels read with a window stride: `vec_items`), loops
+    between the tile loop and a pragma'd nest are instruction loops (one instruction group per
+    iteration), a dma_copy of `if_then_else(in_image, x[...], fill)` is a vector_dup of the fill
+    over the nest then a DMA of the box where the condition holds (padding), and a reduction's
+    init (vector_dup of the identity) folds into its first update (a copy)."""
+
+    def __init__(self, mod):
+        from tvm import tirx
+        from tvm.ir.expr import Call as _Call, TensorLoad as _TensorLoad
+        global Call, TensorLoad
+        Call, TensorLoad = _Call, _TensorLoad
+        self.T = tirx
+        self.f = mod["main"]
+        self.gm = {}
+        self.gm_data = {}
+        self.gm_shape: dict[int, tuple[int, ...]] = {}
+        for b in self.f.params:
+            self.gm[b.name] = (tuple(int(x) for x in b.shape), str(b.dtype))
+            self.gm_data[hash(b)] = b.name
+        self.ub = {}
+        self.ops = []
+        self.nests = []
+        self.counts = []
+        self.tmp = 0
+        self.shapes = {}
+        self.ub_shape: dict[int, tuple[int, ...]] = {}
+        self.reach: dict[str, int] = {}  # buffer -> 1 + the largest flat offset any nest touches
+
+    def shape_of(self, buffer) -> tuple[int, ...]:
+        h = hash(buffer)
+        if h in self.gm_data:
+            return self.gm[self.gm_data[h]][0]
+        return self.ub_shape[h]
+
+    def run(self) -> VectorKernel:
+        T = self.T
+        tile = None
+        for st in _seq(self.f.body):
+            if isinstance(st, T.For) and CORES in st.annotations and tile is None:
+                tile = st
+            else:
+                raise OpcFailure(f"emit_insn: statement outside the tile loop: {type(st).__name__}")
+        if tile is None:
+            raise OpcFailure("emit_insn: no loop carries opc.ascend.block_dim (the tile loop)")
+        self.iters = int(tile.extent)
+        self.tile_var = tile.loop_var
+        self._body(tile.body, {})
+        self._fit()
+        self._fold_inits()
+        phys, where = self._assign()
+        params = list(self.gm)
+        return VectorKernel(gm=self.gm, inputs=tuple(params[:-1]), output=params[-1], iterations=self.iters,
+                            cores=int(tile.annotations[CORES]), slots=2 if int(tile.annotations.get(SLOTS, 0)) else 1,
+                            nests=self.nests, counts=np.array(self.counts, dtype=np.int64).reshape(len(self.nests), -1),
+                            ops=self.ops, phys=phys, where=where,
+                            phys_shapes=[self.shapes.get(name, (n,)) for name, n, _ in phys])
+
+    def _body(self, stmt, outer: dict) -> None:
+        T = self.T
+        for st in _seq(stmt):
+            if isinstance(st, T.AllocBuffer):
+                b = st.buffer
+                if b.scope() != UB_SCOPE:
+                    raise OpcFailure(f"emit_insn: buffer {b.name} is in scope {b.scope()!r}, not {UB_SCOPE}")
+                taken = {v[0] for v in self.ub.values()} | set(self.gm)
+                name, k = b.name, 1
+                while name in taken:
+                    name, k = f"{b.name}#{k}", k + 1
+                shape = tuple(int(x) for x in b.shape)
+                self.ub[hash(b)] = (name, int(np.prod(shape)), str(b.dtype))
+                self.ub_shape[hash(b)] = shape
+                self.shapes[name] = shape
+            elif isinstance(st, T.AttrStmt) and st.attr_key == PRAGMA:
+                self._snest(str(st.value.value if hasattr(st.value, "value") else st.value), st.body, outer)
+            elif isinstance(st, T.For):  # an instruction loop: one instruction group per iteration
+                if int(st.min) != 0:
+                    raise OpcFailure(f"emit_insn: loop {st.loop_var.name} does not start at 0")
+                for v in range(int(st.extent)):
+                    self._body(st.body, {**outer, hash(st.loop_var): np.int64(v)})
+            else:
+                raise OpcFailure(f"emit_insn: cannot map {type(st).__name__} inside the tile loop")
+
+    def _snest(self, pragma: str, stmt, outer: dict) -> None:
+        T = self.T
+        loops = []
+        while isinstance(stmt, T.For):
+            if int(stmt.min) != 0:
+                raise OpcFailure(f"emit_insn: loop {stmt.loop_var.name} does not start at 0")
+            loops.append(stmt)
+            stmt = stmt.body
+        name = f"nest {len(self.nests)} ({'x'.join(str(int(lp.extent)) for lp in loops) or 'scalar'} over "
+        pred = None
+        if isinstance(stmt, T.IfThenElse):
+            if stmt.else_case is not None:
+                raise OpcFailure(f"emit_insn: {name}...) has an else branch")
+            pred, stmt = stmt.condition, stmt.then_case
+        if not isinstance(stmt, T.BufferStore):
+            raise OpcFailure(f"emit_insn: {name}...) does not end in one buffer store ({type(stmt).__name__})")
+        name += f"{stmt.buffer.name}, {pragma})"
+        ctx = _SCtx(self, loops, pred, name, outer)
+        self.nests.append(name)
+        self.counts.append(ctx.counts)
+        nest = len(self.nests) - 1
+        dname = self._name(stmt.buffer, ctx)
+        val = stmt.value
+        if pragma == "dma_copy":
+            fill = None
+            if isinstance(val, Call) and val.op.name in ("tirx.if_then_else", "prim.if_then_else"):
+                cond, val, fill = val.args[0], val.args[1], self._const(val.args[2])
+                if fill is None:
+                    raise OpcFailure(f"emit_insn: {name}: a padded copy fills with a constant")
+            if not isinstance(val, TensorLoad):
+                raise OpcFailure(f"emit_insn: {name} is not a copy")
+            sname = self._name(val.source, ctx)
+            if (sname in self.gm) == (dname in self.gm):
+                raise OpcFailure(f"emit_insn: {name} copies {sname} -> {dname}; dma_copy moves between GM and UB")
+            if str(val.source.dtype) != str(stmt.buffer.dtype):
+                raise OpcFailure(f"emit_insn: {name} changes dtype in a DMA")
+            mask = ctx.mask
+            if fill is not None:
+                if dname in self.gm:
+                    raise OpcFailure(f"emit_insn: {name}: a padded copy writes UB")
+                inside = ctx.eval(cond).astype(bool)
+                outside = (ctx.mask & ~inside).reshape(ctx.U, -1).any(axis=1)
+                self.ops.append(_Op("vec", nest, ctx.operand(dname, stmt.buffer, stmt.indices), [], op="dup",
+                                    scalar=fill, cnt=np.where(outside, ctx.counts, 0)))
+                mask = ctx.mask & inside
+            self.ops.append(_Op("dma", nest, ctx.box(dname, stmt.buffer, stmt.indices, mask),
+                                [ctx.box(sname, val.source, val.indices, mask)],
+                                cnt=mask.reshape(ctx.U, -1).sum(axis=1)))
+        elif pragma == "vector_auto":
+            if dname in self.gm:
+                raise OpcFailure(f"emit_insn: {name} computes into GM buffer {dname}; vector ops write UB")
+            first = len(self.ops)
+            self._vec(val, ctx.operand(dname, stmt.buffer, stmt.indices), nest, ctx)
+            for o in self.ops[first:]:
+                accs = [a for a in (o.dst, *o.srcs) if a.offset is not None]
+                if all(a.contig for a in accs):
+                    continue
+                if any(a.stride <= 0 for a in accs):
+                    raise OpcFailure(f"emit_insn: {name}: operands of {o.op} mix a run with strided runs")
+                o.run = ctx.run
+        else:
+            raise OpcFailure(f"emit_insn: {name}: unknown {PRAGMA} {pragma!r} (dma_copy or vector_auto)")
+
+    def _name(self, buffer, ctx) -> str:
+        h = hash(buffer)
+        if h in self.gm_data:
+            return self.gm_data[h]
+        if h in self.ub:
+            return self.ub[h][0]
+        raise OpcFailure(f"emit_insn: {ctx.name} touches {buffer.name}, neither a GM parameter nor a UB buffer")
+
+    def _access(self, buffer, indices, ctx) -> _Access:
+        return ctx.operand(self._name(buffer, ctx), buffer, indices)
+
+    def _fit(self) -> None:
+        """UB buffers at the extent the nests reach: compaction keeps the region's bound, which a
+        predicate clipping it to the tensor can leave loose; the outermost axis longer than one
+        is cut to what is touched (the layout of every element stays as it is)."""
+        for h, (name, n, dt) in list(self.ub.items()):
+            shape = self.shapes.get(name)
+            if shape is None or name not in self.reach:
+                continue
+            k = next((i for i, x in enumerate(shape) if x > 1), None)
+            if k is None:
+                continue
+            inner = int(np.prod(shape[k + 1:]))
+            shape = (*shape[:k], min(shape[k], -(-self.reach[name] // inner)), *shape[k + 1:])
+            self.shapes[name] = shape
+            self.ub[h] = (name, int(np.prod(shape)), dt)
+
+    def _fold_inits(self) -> None:
+        """A reduction's init (vector_dup of the combiner's identity) followed by its first update
+        on the same region (`acc = acc (max|+) x`) becomes one copy `acc = x`."""
+        out, i = [], 0
+        while i < len(self.ops):
+            o = self.ops[i]
+            n = self.ops[i + 1] if i + 1 < len(self.ops) else None
+            if (o.kind == "vec" and o.op == "dup" and o.cnt is None and n is not None and n.kind == "vec"
+                    and n.op in ("max", "add") and len(n.srcs) == 2 and n.cnt is None
+                    and o.dst.buf == n.dst.buf == n.srcs[0].buf and n.srcs[1].buf != o.dst.buf
+                    and np.array_equal(o.dst.offset, n.dst.offset) and np.array_equal(o.dst.offset, n.srcs[0].offset)
+                    and np.array_equal(self.counts[o.nest], self.counts[n.nest])
+                    and o.scalar == self._identity(n.op, self.ub_dtype(o.dst.buf))):
+                out.append(_Op("vec", n.nest, n.dst, [n.srcs[1]], op="copy", run=n.run))
+                i += 2
+                continue
+            out.append(o)
+            i += 1
+        self.ops = out
+
+    def ub_dtype(self, name: str) -> str:
+        return next(dt for nm, _, dt in self.ub.values() if nm == name)
+
+    @staticmethod
+    def _identity(op: str, dtype: str) -> float:
+        return 0.0 if op == "add" else float(np.finfo(dtype).min)
 
 
 __all__ = ["VectorKernel", "lower", "lower_module", "CORES", "SLOTS", "PRAGMA", "UB_SCOPE"]
