@@ -90,6 +90,11 @@ def _grid(loops: list[tuple[Any, int]], E: dict) -> dict:
     return g
 
 
+def _pad_dims(x: np.ndarray, nd: int) -> np.ndarray:
+    """Leading unit axes up to `nd` (grid expressions broadcast from the right)."""
+    return x.reshape((1,) * (nd - x.ndim) + x.shape) if x.ndim < nd else x
+
+
 def _full(x, shape) -> np.ndarray:
     return np.broadcast_to(np.asarray(x), shape)
 
@@ -188,12 +193,19 @@ class _Exec:
             self.run(st, E2, loops)
 
     def _store(self, st, E, loops, _) -> None:
+        """One statement over the grid of its enclosing loops. Indices and masks are evaluated on
+        broadcastable grids (an axis only where they vary); a reduction sums along the loops its
+        store index does not mention (a product of two terms contracted with einsum), else
+        np.add.at."""
         low, c = self.low, self.low.comp
         shape = tuple(e for _, e in loops)
+        nd = len(shape)
         g = _grid(loops, {k: v for k, v in E.items() if k != "_masks"})
-        mask = np.ones(shape, bool)
+        mask = np.ones((1,) * nd, bool)
         for m in E.get("_masks", ()):
-            mask &= _full(low._fn(m)(g, None), shape).astype(bool)
+            mk = np.asarray(low._fn(m)(g, None))
+            mask = mask & (mk if mk.dtype == bool else mk.astype(bool))
+        mask = _pad_dims(mask, nd)
 
         def load(bk: int, flat):
             arr, base = self._arr(bk)
@@ -205,14 +217,61 @@ class _Exec:
             red = (type(val).__name__ == "Add" and type(val.a).__name__ in ("BufferLoad", "TensorLoad")
                    and _bkey(val.a) == _bkey(st))
             expr = val.b if red else val
-            low._cache[k] = (red, c.fn(expr), c.flat_fn(_bkey(st), st.indices))
-        red, fval, fidx = low._cache[k]
-        arr, base = self._arr(_bkey(st))
-        idx = base + self._index(_bkey(st), _full(fidx(g, None), shape), g, loops)
+            factors = None
+            if red:
+                e = expr
+                while type(e).__name__ == "Cast":
+                    e = e.value
+                if type(e).__name__ == "Mul":
+                    factors = (c.fn(e.a), c.fn(e.b))
+            low._cache[k] = (red, c.fn(expr), c.flat_fn(_bkey(st), st.indices), factors)
+        red, fval, fidx, factors = low._cache[k]
+        bk = _bkey(st)
+        arr, base = self._arr(bk)
+        idx = _pad_dims(np.asarray(base + self._index(bk, np.asarray(fidx(g, None)), g, loops)), nd)
         with np.errstate(invalid="ignore"):
-            v = _full(fval(g, load), shape).astype(np.float32)
-            if red:  # a reduction: sum the update over the iterations that share an index
-                sel = idx[mask]
-                np.add.at(arr, sel, v[mask])
+            if not red:
+                # axes along which neither the index nor the value varies write the same element
+                # with the same value: once, where the mask holds anywhere along them
+                v = _pad_dims(np.asarray(fval(g, load), dtype=np.float32), nd)
+                same = tuple(i for i in range(nd) if idx.shape[i] == 1 and v.shape[i] == 1 and shape[i] > 1)
+                m = mask.any(axis=same, keepdims=True) if same and mask.size > 1 else mask
+                tshape = tuple(1 if i in same else e for i, e in enumerate(shape))
+                m = np.broadcast_to(m, tshape)
+                arr[np.broadcast_to(idx, tshape)[m]] = np.broadcast_to(v, tshape)[m]
+                return
+            # reduction axes: where the store index does not vary (loops of more than one
+            # iteration); over the rest the index must address distinct elements
+            raxes = tuple(i for i in range(nd) if idx.shape[i] == 1 and shape[i] > 1)
+            rk = ("distinct", k, shape)
+            if rk not in low._cache:
+                i0 = np.broadcast_to(idx, tuple(1 if i in raxes else e for i, e in enumerate(shape)))
+                low._cache[rk] = bool(raxes) and np.unique(i0).size == i0.size
+            if not low._cache[rk] or any(mask.shape[i] != 1 for i in raxes):
+                v = np.asarray(_full(fval(g, load), shape), dtype=np.float32)
+                m = np.broadcast_to(mask, shape)
+                np.add.at(arr, np.broadcast_to(idx, shape)[m], v[m])
+                return
+            sp_shape = tuple(e for i, e in enumerate(shape) if i not in raxes)
+            if factors is not None:
+                a = _pad_dims(np.asarray(factors[0](g, load), np.float32), nd)
+                b = _pad_dims(np.asarray(factors[1](g, load), np.float32), nd)
+                ax_a = [i for i in range(nd) if a.shape[i] != 1]
+                ax_b = [i for i in range(nd) if b.shape[i] != 1]
+                out = [i for i in range(nd) if i not in raxes and (i in ax_a or i in ax_b)]
+                vs = np.einsum(a.reshape([a.shape[i] for i in ax_a]), ax_a,
+                               b.reshape([b.shape[i] for i in ax_b]), ax_b, out)
+                # a reduction axis neither term varies along adds the same product once per iteration
+                rep = int(np.prod([shape[i] for i in raxes if i not in ax_a and i not in ax_b]))
+                if rep > 1:
+                    vs = vs * np.float32(rep)
+                vs = vs.reshape([shape[i] if i in out else 1 for i in range(nd) if i not in raxes])
             else:
-                arr[idx[mask]] = v[mask]
+                vs = np.asarray(_full(fval(g, load), shape), dtype=np.float32).sum(axis=raxes, dtype=np.float32)
+            vs = np.broadcast_to(vs, sp_shape)
+            i0 = np.broadcast_to(np.squeeze(idx, axis=raxes), sp_shape)
+            m0 = np.broadcast_to(np.squeeze(mask, axis=raxes), sp_shape)
+            if m0.all():
+                arr[i0] += vs
+            else:
+                arr[i0[m0]] += vs[m0]

@@ -496,6 +496,7 @@ class Lowerer:
         lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
         pix = info["pix"]
         pe = int(pix.extent)
+        whole = (st, E) if self.fn else None  # functional: the calls run as one grid over this loop
         for i in range(lo, lo + ext):
             E2 = {**E, _key(st.loop_var): i}
             # pixels of this register block: pixel-loop values whose reduction predicate holds
@@ -505,7 +506,8 @@ class Lowerer:
                 continue
             if npix not in info["costs"]:
                 info["costs"][npix] = mk_out(self.m, npix, self.kv, info["steps"], info["epi"])
-            stage[1].append((info["costs"][npix], (st.body, E2) if self.fn else None))
+            stage[1].append((info["costs"][npix], whole))
+            whole = None
 
     def _valid_pixels(self, st, E: dict) -> np.ndarray:
         """The pixel loop directly under `st` (or `st` itself): which of its values the first
@@ -542,12 +544,13 @@ class Lowerer:
         if npix == 0:
             return
         wo = min(int(np.count_nonzero(valid[:cols])), npix)
+        whole = (st, E) if self.fn else None  # functional: the channel passes run as one grid
         for i in range(lo, lo + ext):
             key = ("ws", npix, wo, i > lo)
             if key not in self._costs:
                 self._costs[key] = mk_ws(self.m, npix, self.kv, r, s, wo, i > lo)
-            E2 = {**E, _key(st.loop_var): i}
-            stage[1].append((self._costs[key], (st.body, E2) if self.fn else None))
+            stage[1].append((self._costs[key], whole))
+            whole = None
 
     def _vec(self, st, E: dict, stage: list | None) -> None:
         raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name}: lowered by tir_vector.VecLowerer")
@@ -588,12 +591,13 @@ class Lowerer:
         cost = _sum([(c, 1) for c, _ in calls])
         f = None
         if self.fn:
-            bodies = [b for _, b in calls]
+            bodies = [b for _, b in calls if b is not None]
+            n = len(calls)
 
-            def f(mem, bodies=bodies, slot=slot) -> int:
+            def f(mem, bodies=bodies, slot=slot, n=n) -> int:
                 for body, E in bodies:
                     _Exec(self, mem, slot).run(body, E)
-                return len(bodies)
+                return n
         op = Op("vpu", "vpu", cycles=cost.cycles, reads=(f"sm{slot}", "w"), writes=(f"amo{slot}",), cost=cost,
                 nruns=len(calls), fn=f, label=f"VPU pass out {len(calls)} blocks")
         return self._intern(op)
