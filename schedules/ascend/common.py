@@ -243,3 +243,19 @@ def epilogue_group(m: Machine, nt1: int, mt_rows: int, acc_isz: int, out_isz: in
     """How many n1 blocks one epilogue pass moves through UB (as many as half of UB allows)."""
     per = slots * mt_rows * 16 * (acc_isz + out_isz)
     return max(1, min(nt1, ub_budget // max(per, 1)))
+
+
+def tir_epilogue_at(sch, l0c, epi: Sequence, tile, nt: int, g16: int) -> None:
+    """TIR schedules: the L0C -> UB copy `l0c` and the epilogue blocks `epi` (producers first)
+    at the output tile's loop `tile`. When the epilogue passes through UB in groups of `g16` <
+    `nt` output channels (what `epilogue_group` lets fit), the copy's channel loop is split and
+    put outermost, and the epilogue blocks follow each group."""
+    sch.reverse_compute_at(l0c, tile)
+    at = tile
+    if g16 < nt:
+        loops = sch.get_loops(l0c)
+        ng, _ = sch.split(loops[-1], [None, g16])
+        sch.reorder(ng, loops[-2])
+        at = ng
+    for blk in epi:
+        sch.reverse_compute_at(blk, at)

@@ -14,6 +14,11 @@ zero-padded, so 3 or 13 input channels pay for a whole C0 block), weights FRACTA
 (C1*R*S, K1, 16, C0), output NC1HWC0 with H*W flattened; per-channel parameters (K1, 16).
 Grouped convolution runs each (image, group) pair as its own GEMM over that group's channels
 (each group padded to C0: depthwise convolution pays 16x on the cube, as on the chip).
+
+`lowering="tir"` builds the same kernel as a TVM implicit-GEMM s_tir schedule (`conv2d_tir.py`)
+lowered by the backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`); a config
+without `lowering` takes that route wherever it covers the config (groups 1: fp16, and int8
+conv2d / conv2d_bias_relu). The direct emitter remains for grouped / depthwise convolution.
 """
 from __future__ import annotations
 
@@ -30,7 +35,7 @@ from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
 from .common import (AscendTemplate, CubeTiles, EpStep, core_values, cube_k_step, epilogue,
-                     epilogue_group, from_5hd, l0_chunks, machine, to_5hd, tile_values)
+                     epilogue_group, from_5hd, l0_chunks, machine, over_capacity, to_5hd, tile_values)
 from .conv_geometry import ConvGeometry as _Geo
 
 ACC = {"float16": "float32", "int8": "int32"}
@@ -55,7 +60,7 @@ class AscendConv2d(AscendTemplate):
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over"),
             Knob("w_resident", (0, 1), "keep the n tile's whole weight slice in L1, loaded once per n tile"),
             Knob("lowering", ("tik", "tir"), "emit the program directly (tik) or lower a TVM implicit-GEMM "
-                 "schedule whose blocks become the instructions (tir; fp16, groups 1, NCHW)"),
+                 "schedule whose blocks become the instructions (tir; groups 1)"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -99,7 +104,7 @@ class AscendConv2d(AscendTemplate):
 
     def config(self, wl: Workload, target: Target, config: Mapping | None) -> dict:
         """As the base class; a partial `{"lowering": "tir", ...}` gets the first preferred tiles
-        that the TIR path fits (it keeps whole tiles in L0, so the TIK default may not fit)."""
+        that the TIR path fits. A config without `lowering` takes the route `lowering()` picks."""
         if config and config.get("lowering") == "tir" and not {"m_tile", "k_tile", "n_tile"} <= set(config):
             prefs = self.preferred(wl, target)
             for pref in prefs + [{**c, "double_buffer": 0} for c in prefs]:
@@ -108,8 +113,19 @@ class AscendConv2d(AscendTemplate):
                     return super().config(wl, target, cand)
         return super().config(wl, target, config)
 
+    def lowering(self, wl: Workload, target: Target, cfg: Mapping) -> str:
+        """The route of a config: its `lowering` knob, or when absent the TVM schedule (tir)
+        wherever it covers the config and the direct emitter (tik) elsewhere."""
+        if cfg.get("lowering"):
+            return cfg["lowering"]
+        from .conv2d_tir import tir_buffers, unsupported
+
+        if unsupported(wl) is None and over_capacity(target, tir_buffers(wl, target, cfg)) is None:
+            return "tir"
+        return "tik"
+
     def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
-        if config.get("lowering") == "tir":
+        if self.lowering(wl, target, config) == "tir":
             from .conv2d_tir import unsupported
 
             why = unsupported(wl)
@@ -119,10 +135,10 @@ class AscendConv2d(AscendTemplate):
 
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         g = _Geo(wl, target)
-        if cfg.get("lowering") == "tir":  # what conv2d_tir.tir_plan allocates
+        if self.lowering(wl, target, cfg) == "tir":  # what the TIR lowering allocates
             from .conv2d_tir import tir_buffers
 
-            return tir_buffers(wl, g.max_rows(cfg["m_tile"]), cfg)
+            return tir_buffers(wl, target, cfg)
         isz = np.dtype(wl.dtype).itemsize
         frac = 16 * g.k0 * isz
         t = self._tiles(g, wl, target, cfg)
@@ -142,7 +158,7 @@ class AscendConv2d(AscendTemplate):
         return out + self._ub(wl, target, t, g)[0]
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
-        if cfg.get("lowering") == "tir":
+        if self.lowering(wl, target, cfg) == "tir":
             from .conv2d_tir import tir_plan, unsupported
 
             why = unsupported(wl)

@@ -10,6 +10,11 @@ GM layouts (host-side preprocessing): A as zZ fractals (M1, K1, 16, K0) or, with
 `a_layout="ND"`, row-major (zero-padded to the fractal) and converted ND -> zZ by Load2D on
 the way to L0A (counted); B as FRACTAL_Z (K1, N1, 16, K0), C as NZ (N1, M1*16, 16). `double_buffer`
 gives every on-chip stage two slots (ping-pong) so MTE2, MTE1, M, V and MTE3 overlap.
+
+`lowering="tir"` builds the same kernel as a TVM s_tir schedule (`matmul_tir.py`) lowered by the
+backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`); it takes every config the
+direct emitter takes (fp16 and int8). A config dict without `lowering` takes the TIR route;
+`preferred()` still names "tik", so a resolved default config keeps the direct emitter.
 """
 from __future__ import annotations
 
@@ -25,7 +30,7 @@ from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
 from .common import (AscendTemplate, CubeTiles, EpStep, core_values, cube_dtype, epilogue, epilogue_group,
-                     l0_chunks, machine, pad_to, tile_values)
+                     l0_chunks, machine, over_capacity, pad_to, tile_values)
 
 ACC = {"float16": "float32", "int8": "int32"}
 OUT = {"float16": "float16", "int8": "int32"}
@@ -54,7 +59,7 @@ class AscendMatmul(AscendTemplate):
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the output tiles are split over"),
             Knob("a_layout", ("zZ", "ND"), "A in GM as zZ fractals (host-side) or ND, converted by Load2D on chip"),
             Knob("lowering", ("tik", "tir"), "emit the program directly (tik) or lower a TVM schedule whose "
-                 "tensorized blocks are the instructions (tir: fp16, tiles dividing the shape)"),
+                 "tensorized blocks are the instructions (tir)"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -80,25 +85,32 @@ class AscendMatmul(AscendTemplate):
         one = t.nt1 * t.mt1 * 16 * 16 * 4
         return 2 if t.slots == 2 and 2 * one <= machine(target).level("L0C").capacity else 1
 
+    def lowering(self, wl: Workload, target: Target, cfg: Mapping) -> str:
+        """The route of a config: its `lowering` knob, or when absent the TVM schedule (tir)
+        wherever it covers the config and the direct emitter (tik) elsewhere."""
+        if cfg.get("lowering"):
+            return cfg["lowering"]
+        from .matmul_tir import tir_buffers, unsupported
+
+        if unsupported(wl) is None and over_capacity(target, tir_buffers(wl, target, cfg)) is None:
+            return "tir"
+        return "tik"
+
     def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
-        if config.get("lowering") == "tir":
-            m0, k0, n0 = cube_dtype(wl, target)
-            if wl.dtype != "float16":
-                return "lowering=tir covers fp16 matmul, matmul_bias and matmul_bias_relu only"
-            for knob, dim in (("m_tile", "m"), ("k_tile", "k"), ("n_tile", "n")):
-                if ceil_div(wl[dim], 16) * 16 % config[knob]:
-                    return f"lowering=tir needs {knob}={config[knob]} to divide {dim} padded to 16"
+        if self.lowering(wl, target, config) == "tir":
+            from .matmul_tir import unsupported
+
+            why = unsupported(wl)
+            if why is not None:
+                return why
         return super().check(wl, target, config)
 
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         m0, k0, n0 = cube_dtype(wl, target)
-        if cfg.get("lowering") == "tir":
-            mt, kt, nt, sl = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"], 2 if cfg["double_buffer"] else 1
-            return ([("L1", f"A_L1_{s}", mt * kt * 2) for s in range(sl)]
-                    + [("L1", f"B_L1_{s}", kt * nt * 2) for s in range(sl)]
-                    + [("L0A", f"A_L0A_{s}", mt * kt * 2) for s in range(sl)]
-                    + [("L0B", f"B_L0B_{s}", kt * nt * 2) for s in range(sl)]
-                    + [("L0C", "C_L0C", mt * nt * 4), ("UB", "C_UB", mt * nt * 4), ("UB", "C_UB16", mt * nt * 2)])
+        if self.lowering(wl, target, cfg) == "tir":  # what the TIR lowering allocates
+            from .matmul_tir import tir_buffers
+
+            return tir_buffers(wl, target, cfg)
         isz = np.dtype(wl.dtype).itemsize
         frac = m0 * k0 * isz
         t = self._tiles(wl, target, cfg)
@@ -133,12 +145,12 @@ class AscendMatmul(AscendTemplate):
         return bufs, g
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
-        if cfg["lowering"] == "tir":
-            why = self.check(wl, target, cfg)
-            if why is not None and "lowering=tir" in why:
-                raise OpcError(why, arg="--config", value=dict(cfg),
-                               expected="lowering=tik, or tiles dividing the shape")
-            from .matmul_tir import tir_plan
+        if self.lowering(wl, target, cfg) == "tir":
+            from .matmul_tir import tir_plan, unsupported
+
+            why = unsupported(wl)
+            if why is not None:
+                raise OpcError(why, arg="--config", value=dict(cfg), expected="lowering=tik")
             return tir_plan(wl, target, cfg)
         m = machine(target)
         M1, K1, N1, m0, k0, n0 = _dims(wl, target)

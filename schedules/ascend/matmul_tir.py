@@ -1,373 +1,205 @@
-"""Matmul lowered through TVM: an `s_tir.Schedule` over the catalogue's TE compute, buffers
-placed in the target's scopes, every inner block tensorized into an AI Core instruction.
+"""Matmul lowered through TVM: an `s_tir.Schedule` over the catalogue's TE compute, padded to the
+tiles (pad_einsum), buffers placed in the target's scopes, every inner block an AI Core
+instruction.
 
-    matmul (fp32 reduce)  -> computed in local.L0C (cache_write), copied to local.UB
-    A, B                  -> cache_read into local.L1, then into local.L0A / local.L0B
+    loops                 n tile, m tile (the output tile), k step, L0 chunk of k, L0 chunk of n
+    A, B                  the padding copies (or cache_read) -> local.L1 at the k step (MTE2 DMA),
+                          cache_read -> local.L0A at the k chunk, local.L0B at the n chunk (Load2D)
+    matmul (fp32 reduce)  -> local.L0C (cache_write; tensorized MMAD per chunk), copied to local.UB
+    reduction init        -> decompose_reduction, tensorized: the tile's first MMADs overwrite L0C
     matmul_bias, matmul_out (cast), vrelu
                           -> reverse_compute_at the output tile, in UB; the last block writes GM
-    reduction init        -> decompose_reduction: the first MMAD of a tile overwrites L0C
 
-Each tensorized block is a `T.call_packed("opc.ascend.tir.<instr>", ...)` carrying the GM
-offsets and strides TVM computed. `tvm.compile(..., "llvm")` builds the loop nest; running it
-once records the instruction trace, grouped by output tile; each core's program is its share
-of the groups, emitted through `KernelBuilder` and run by the same simulator as the TIK-style
-templates (ND -> fractal conversion by Load2D, NZ -> ND on the way from L0C to UB).
-This path is `lowering="tir"` of the matmul template (matmul, matmul_bias, matmul_bias_relu in
-fp16, tiles dividing the 16-padded shape); the TIK-style path stays the default.
+MMAD and the reduction init go through `sch.tensorize`; the DMA, Load2D, L0C -> UB and epilogue
+blocks carry the padding / unpadding predicates of partial tiles, which TVM's structural
+matcher cannot take, so each is substituted by the same `opc.ascend.tir.event` call with the
+GEMM coordinates TVM computed for it. This module only builds the schedule and packs the GM
+inputs (A zZ fractals or ND, B FRACTAL_Z, C NZ, as the direct template); the backend's one TIR
+lowering (`opcompiler.backend.ascend.tir_lower`) registers the intrinsics, compiles and traces
+the module, and turns the trace into each core's program.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
-from opcompiler.backend.ascend.isa import VOp
+from opcompiler.backend.ascend import tir_lower as tl
+from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div
 from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
-from .common import machine, pad_to
+from .common import (
+    epilogue_group,
+    l0_chunks,
+    machine,
+    over_capacity,
+    pad_to,
+    tir_epilogue_at,
+)
 
-_REGISTERED: set[str] = set()
-_TRACE: list[list[tuple]] = []  # groups of events, filled while the compiled kernel runs
-_TRACES: dict[tuple, list[list[tuple]]] = {}  # (op, padded shape, tiles) -> trace: compile once per process
-
-
-def _callbacks() -> None:
-    import tvm
-
-    if "callbacks" in _REGISTERED:
-        return
-
-    def event(*args: Any) -> int:
-        ev = tuple(a if isinstance(a, str) else int(a) for a in args)
-        if ev[0] == "init":
-            _TRACE.append([])  # a new output tile starts with its reduction init
-        _TRACE[-1].append(ev)
-        return 0
-
-    tvm.register_global_func("opc.ascend.tir.event", event, override=True)
-    _REGISTERED.add("callbacks")
+TIR_OPS = ("matmul", "matmul_bias", "matmul_bias_relu")
+EPI_TAGS = {"matmul_bias": "bias", "matmul_out": "cast", "vrelu": "relu", "matmul_pad": "out"}
 
 
-def _intrinsics(mt: int, kt: int, nt: int) -> dict[str, str]:
-    """Register (once per tile shape) the tensor intrinsics of this schedule; returns their names."""
-    from tvm.s_tir import TensorIntrin
-    from tvm.script import tirx as T
-
-    key = f"{mt}x{kt}x{nt}"
-    names = {k: f"opc_ascend_{k}_{key}" for k in ("dma_a", "dma_b", "ld_a", "ld_b", "mmad", "init", "l0c", "out",
-                                                  "bias", "cast", "relu_out")}
-    if key in _REGISTERED:
-        return names
-
-    def copy(rows: int, cols: int, dtype: str, src_scope: str, dst_scope: str, tag: str, with_offset: bool):
-        @T.prim_func(s_tir=True)
-        def desc(a: T.handle, b: T.handle) -> None:
-            S = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=src_scope)
-            D = T.match_buffer(b, (rows, cols), dtype, offset_factor=1, scope=dst_scope)
-            with T.sblock("root"):
-                T.reads(S[0:rows, 0:cols])
-                T.writes(D[0:rows, 0:cols])
-                for i, j in T.grid(rows, cols):
-                    with T.sblock("copy"):
-                        vi, vj = T.axis.remap("SS", [i, j])
-                        D[vi, vj] = S[vi, vj]
-
-        @T.prim_func(s_tir=True)
-        def impl(a: T.handle, b: T.handle) -> None:
-            s0 = T.int32()
-            S = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=src_scope, strides=[s0, 1])
-            D = T.match_buffer(b, (rows, cols), dtype, offset_factor=1, scope=dst_scope)
-            with T.sblock("root"):
-                T.reads(S[0:rows, 0:cols])
-                T.writes(D[0:rows, 0:cols])
-                T.evaluate(T.call_packed("opc.ascend.tir.event", tag, S.elem_offset if with_offset else 0, s0))
-
-        return desc, impl
-
-    @T.prim_func(s_tir=True)
-    def mm_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (mt, kt), "float16", offset_factor=1, scope="local.L0A")
-        B = T.match_buffer(b, (kt, nt), "float16", offset_factor=1, scope="local.L0B")
-        C = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.L0C")
-        with T.sblock("root"):
-            T.reads(C[0:mt, 0:nt], A[0:mt, 0:kt], B[0:kt, 0:nt])
-            T.writes(C[0:mt, 0:nt])
-            for i, j, k in T.grid(mt, nt, kt):
-                with T.sblock("update"):
-                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
-                    C[vi, vj] = C[vi, vj] + T.Cast("float32", A[vi, vk]) * T.Cast("float32", B[vk, vj])
-
-    @T.prim_func(s_tir=True)
-    def mm_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        A = T.match_buffer(a, (mt, kt), "float16", offset_factor=1, scope="local.L0A")
-        B = T.match_buffer(b, (kt, nt), "float16", offset_factor=1, scope="local.L0B")
-        C = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.L0C")
-        with T.sblock("root"):
-            T.reads(C[0:mt, 0:nt], A[0:mt, 0:kt], B[0:kt, 0:nt])
-            T.writes(C[0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "mmad", 0, 0))
-
-    @T.prim_func(s_tir=True)
-    def init_desc(c: T.handle) -> None:
-        C = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.L0C")
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:mt, 0:nt])
-            for i, j in T.grid(mt, nt):
-                with T.sblock("init"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    C[vi, vj] = T.float32(0)
-
-    @T.prim_func(s_tir=True)
-    def init_impl(c: T.handle) -> None:
-        C = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.L0C")
-        with T.sblock("root"):
-            T.reads()
-            T.writes(C[0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "init", 0, 0))
-
-    @T.prim_func(s_tir=True)
-    def out_desc(a: T.handle, b: T.handle) -> None:
-        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt])
-            T.writes(D[0:mt, 0:nt])
-            for i, j in T.grid(mt, nt):
-                with T.sblock("cast"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    D[vi, vj] = T.Cast("float16", S[vi, vj])
-
-    @T.prim_func(s_tir=True)
-    def out_impl(a: T.handle, b: T.handle) -> None:
-        s0 = T.int32()
-        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1, strides=[s0, 1])
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt])
-            T.writes(D[0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "out", D.elem_offset, s0))
-
-    @T.prim_func(s_tir=True)
-    def bias_desc(a: T.handle, b: T.handle, c: T.handle) -> None:
-        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        V = T.match_buffer(b, (nt,), "float16", offset_factor=1)
-        D = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt], V[0:nt])
-            T.writes(D[0:mt, 0:nt])
-            for i, j in T.grid(mt, nt):
-                with T.sblock("bias"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    D[vi, vj] = S[vi, vj] + T.Cast("float32", V[vj])
-
-    @T.prim_func(s_tir=True)
-    def bias_impl(a: T.handle, b: T.handle, c: T.handle) -> None:
-        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        V = T.match_buffer(b, (nt,), "float16", offset_factor=1)
-        D = T.match_buffer(c, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt], V[0:nt])
-            T.writes(D[0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "bias", V.elem_offset, 0))
-
-    @T.prim_func(s_tir=True)
-    def cast_desc(a: T.handle, b: T.handle) -> None:
-        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1, scope="local.UB")
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt])
-            T.writes(D[0:mt, 0:nt])
-            for i, j in T.grid(mt, nt):
-                with T.sblock("cast"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    D[vi, vj] = T.Cast("float16", S[vi, vj])
-
-    @T.prim_func(s_tir=True)
-    def cast_impl(a: T.handle, b: T.handle) -> None:
-        S = T.match_buffer(a, (mt, nt), "float32", offset_factor=1, scope="local.UB")
-        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1, scope="local.UB")
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt])
-            T.writes(D[0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "cast", 0, 0))
-
-    @T.prim_func(s_tir=True)
-    def relu_desc(a: T.handle, b: T.handle) -> None:
-        S = T.match_buffer(a, (mt, nt), "float16", offset_factor=1, scope="local.UB")
-        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1)
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt])
-            T.writes(D[0:mt, 0:nt])
-            for i, j in T.grid(mt, nt):
-                with T.sblock("relu"):
-                    vi, vj = T.axis.remap("SS", [i, j])
-                    D[vi, vj] = T.max(S[vi, vj], T.float16(0))
-
-    @T.prim_func(s_tir=True)
-    def relu_impl(a: T.handle, b: T.handle) -> None:
-        s0 = T.int32()
-        S = T.match_buffer(a, (mt, nt), "float16", offset_factor=1, scope="local.UB")
-        D = T.match_buffer(b, (mt, nt), "float16", offset_factor=1, strides=[s0, 1])
-        with T.sblock("root"):
-            T.reads(S[0:mt, 0:nt])
-            T.writes(D[0:mt, 0:nt])
-            T.evaluate(T.call_packed("opc.ascend.tir.event", "relu_out", D.elem_offset, s0))
-
-    reg = {
-        "bias": (bias_desc, bias_impl), "cast": (cast_desc, cast_impl), "relu_out": (relu_desc, relu_impl),
-        "dma_a": copy(mt, kt, "float16", "global", "local.L1", "dma_a", True),
-        "dma_b": copy(kt, nt, "float16", "global", "local.L1", "dma_b", True),
-        "ld_a": copy(mt, kt, "float16", "local.L1", "local.L0A", "ld_a", False),
-        "ld_b": copy(kt, nt, "float16", "local.L1", "local.L0B", "ld_b", False),
-        "l0c": copy(mt, nt, "float32", "local.L0C", "local.UB", "l0c", False),
-        "mmad": (mm_desc, mm_impl), "init": (init_desc, init_impl), "out": (out_desc, out_impl),
-    }
-    for k, (desc, impl) in reg.items():
-        TensorIntrin.register(names[k], desc, impl, override=True)
-    _REGISTERED.add(key)
-    return names
+DTYPES = {"float16": (16, "float32", 2), "int8": (32, "int32", 1)}  # K0, accumulator, element bytes
 
 
-def trace(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int) -> list[list[tuple]]:
-    """Schedule, tensorize, compile and run the padded matmul once; the instruction trace."""
+def unsupported(wl: Workload) -> str | None:
+    if wl.op not in TIR_OPS or wl.dtype not in DTYPES:
+        return f"lowering=tir covers fp16 / int8 {', '.join(TIR_OPS)} only"
+    return None
+
+
+def chunks(wl: Workload, target: Target, cfg: Mapping) -> tuple[int, int] | None:
+    """(k, n) elements of one L0 chunk of the tile (the direct template's rule), or None."""
+    k0 = DTYPES[wl.dtype][0]
+    ch = l0_chunks(machine(target), wl.dtype, cfg["m_tile"] // 16, cfg["k_tile"] // k0, cfg["n_tile"] // 16,
+                   2 if cfg["double_buffer"] else 1)
+    return None if ch is None else (ch[0] * k0, ch[1] * 16)
+
+
+def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
+    """(level, name, bytes) of what the TIR lowering allocates, for the template's capacity check."""
+    mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
+    k0, _, isz = DTYPES[wl.dtype]
+    cast = wl.dtype == "float16"
+    sl = 2 if cfg["double_buffer"] else 1
+    ch = chunks(wl, target, cfg)
+    if ch is None:
+        return [("L0A", "A_L0A", mt * k0 * isz * sl + machine(target).level("L0A").capacity)]
+    kc, nc = ch
+    bias = wl.op in ("matmul_bias", "matmul_bias_relu")
+    cs = tl.l0c_slots(machine(target), sl == 2, mt * nt * 4)
+    g16 = epilogue_channels(wl, target, cfg)
+    out = [b for s in range(sl) for b in (("L1", f"A_L1_{s}", mt * kt * isz), ("L1", f"B_L1_{s}", kt * nt * isz))]
+    out += [b for s in range(sl) for b in (("L0A", f"A_L0A_{s}", mt * kc * isz),
+                                           ("L0B", f"B_L0B_{s}", kc * nc * isz))]
+    out += [("L0C", f"C_L0C_{s}", mt * nt * 4) for s in range(cs)]
+    for s in range(sl):
+        out += [("UB", f"acc_UB_{s}", mt * g16 * 4)] + ([("UB", f"out_UB_{s}", mt * g16 * 2)] if cast else [])
+    if bias:
+        out += [("UB", "bias_UB", nt * (2 if cast else 4))] + ([("UB", "bias32_UB", nt * 4)] if cast else [])
+    return out
+
+
+F16, F32, L1, L0A, L0B, L0C, UB, GM = "float16", "float32", "local.L1", "local.L0A", "local.L0B", "local.L0C", \
+    "local.UB", "global"
+
+
+def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int, kc: int, nc: int, g16: int):
+    """The (16-padded) matmul's s_tir schedule; (module, argument specs)."""
     import tvm
     from tvm import te
+    from tvm.s_tir.schedule.analysis import has_block
 
-    _callbacks()
-    names = _intrinsics(mt, kt, nt)
     padded = Workload.make(wl.op, {**dict(wl.params), "m": mp, "k": kp, "n": np_, "trans_a": 0, "trans_b": 0},
                            wl.dtype)
     ins, out = get_op(wl.op).compute(padded)
     sch = tvm.s_tir.Schedule(te.create_prim_func([*ins, out]))
-    mm, cast = sch.get_sblock("matmul"), sch.get_sblock("matmul_out")
-    bias = sch.get_sblock("matmul_bias") if wl.op in ("matmul_bias", "matmul_bias_relu") else None
-    relu = sch.get_sblock(out.op.name) if wl.op == "matmul_bias_relu" else None
-    # the epilogue stays in UB until the last block writes GM
-    for blk in (mm, bias, cast if relu is not None else None):
-        if blk is not None:
-            sch.set_scope(blk, 0, "local.UB")
+    mm = sch.get_sblock("matmul")
+    epi = [(name, sch.get_sblock(name)) for name in ("matmul_bias", "matmul_out", out.op.name)
+           if name in EPI_TAGS and has_block(sch, name)]
+    epi = list(dict(epi).items())  # the output block may be matmul_out itself
+    sch.pad_einsum(mm, [mt, nt, kt])
+    if has_block(sch, "matmul_pad") and epi:  # the epilogue reads the padded GEMM result directly
+        sch.compute_inline(sch.get_sblock("matmul_pad"))
+    elif has_block(sch, "matmul_pad"):  # int8 matmul: the unpadding copy is the output block
+        epi = [("matmul_pad", sch.get_sblock("matmul_pad"))]
     i, j, k = sch.get_loops(mm)
     i0, i1 = sch.split(i, [None, mt])
-    j0, j1 = sch.split(j, [None, nt])
-    k0, k1 = sch.split(k, [None, kt])
-    sch.reorder(i0, j0, k0, i1, j1, k1)
-    l0c = sch.cache_write(mm, 0, "local.L0C")
-    sch.reverse_compute_at(l0c, j0)
-    for blk in (bias, cast, relu):  # producers first
-        if blk is not None:
-            sch.reverse_compute_at(blk, j0)
-    a1 = sch.cache_read(mm, 0, "local.L1")
-    b1 = sch.cache_read(mm, 1, "local.L1")
-    a0 = sch.cache_read(mm, 0, "local.L0A")
-    b0 = sch.cache_read(mm, 1, "local.L0B")
-    for blk in (a0, b0, a1, b1):  # consumers first: L0 loads, then the DMAs feeding them
-        sch.compute_at(blk, k0)
+    j0, j1, j2 = sch.split(j, [None, nt // nc, nc])
+    k0, k1, k2 = sch.split(k, [None, kt // kc, kc])
+    sch.reorder(j0, i0, k0, k1, j1, i1, j2, k2)  # n tiles outermost, as the direct template
+    l0c = sch.cache_write(mm, 0, L0C)  # the copy block is the L0C -> UB move
+    if epi:  # (an int8 matmul of a 16-aligned shape has none: the copy writes GM, lowered L0C -> UB -> GM)
+        sch.set_scope(l0c, 0, UB)
+    tir_epilogue_at(sch, l0c, [blk for _, blk in epi], i0, nt, g16)  # producers first
+    for _, blk in epi[:-1]:  # the last epilogue block writes GM
+        sch.set_scope(blk, 0, UB)
+    l1 = []
+    for idx, name in ((0, "tensor_a_pad"), (1, "tensor_b_pad")):
+        if has_block(sch, name):  # the padding copy is the GM -> L1 DMA
+            blk = sch.get_sblock(name)
+            sch.set_scope(blk, 0, L1)
+        else:
+            blk = sch.cache_read(mm, idx, L1)
+        l1.append(blk)
+    a0, b0 = sch.cache_read(mm, 0, L0A), sch.cache_read(mm, 1, L0B)
+    sch.compute_at(a0, k1)  # consumers first
+    sch.compute_at(b0, j1)
+    sch.compute_at(l1[0], k0)  # A's DMA first in the k step, then B's (as the direct template)
+    sch.compute_at(l1[1], k0)
     init = sch.decompose_reduction(mm, k0)
-    blocks = [(a1, "dma_a"), (b1, "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c"), (init, "init")]
-    blocks += [(bias, "bias")] if bias is not None else []
-    blocks += [(cast, "cast"), (relu, "relu_out")] if relu is not None else [(cast, "out")]
-    for blk, name in blocks:
-        sch.tensorize(sch.get_loops(blk)[-2], names[name])
-    sch.tensorize(i1, names["mmad"])
-    ex = tvm.compile(sch.mod, target="llvm")
-    args = [tvm.runtime.tensor(np.zeros([int(s) for s in t.shape], str(t.dtype))) for t in (*ins, out)]
-    _TRACE.clear()
-    ex(*args)
-    return [list(g) for g in _TRACE]
+    ij = sch.get_loops(init)[-3:]  # (n chunk, row, n in chunk): one (mt, nt) init of the whole tile
+    sch.reorder(ij[1], ij[0])
+    sch.fuse(ij[0], ij[2])
+    _, acc, _ = DTYPES[wl.dtype]
+    sch.tensorize(sch.get_loops(init)[-2], tl.intrin_init(mt, nt, acc))
+    sch.tensorize(sch.get_loops(mm)[-3], tl.intrin_mmad(mt, kc, nc, wl.dtype, acc))
+    for blk, tag in [(l1[0], "dma_a"), (l1[1], "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c")] + [
+            (blk, EPI_TAGS[name]) for name, blk in epi]:
+        tl.substitute(sch, blk, 2, tag)
+    return sch.mod, [([int(s) for s in t.shape], str(t.dtype)) for t in (*ins, out)]
+
+
+def trace(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int, kc: int, nc: int,
+          g16: int) -> list[tuple]:
+    """The recorded event stream of the scheduled matmul (compiled once per key)."""
+    key = ("ascend.matmul", wl.op, wl.dtype, mp, kp, np_, mt, kt, nt, kc, nc, g16)
+    return tl.trace(key, lambda: schedule(wl, mp, kp, np_, mt, kt, nt, kc, nc, g16))
+
+
+def epilogue_channels(wl: Workload, target: Target, cfg: Mapping) -> int:
+    """Output columns one epilogue pass holds in UB (the direct template's rule)."""
+    m = machine(target)
+    out_isz = 2 if wl.dtype == "float16" else 0  # int8: no cast buffer
+    return 16 * epilogue_group(m, cfg["n_tile"] // 16, cfg["m_tile"], 4, out_isz, 2 if cfg["double_buffer"] else 1,
+                               m.level("UB").capacity // 2)
 
 
 def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
-    """The matmul template's `lowering="tir"` path (see the module docstring)."""
+    """The matmul template's TIR route (see the module docstring)."""
     m = machine(target)
     M, K, N = wl["m"], wl["k"], wl["n"]
-    mp, kp, np_ = ceil_div(M, 16) * 16, ceil_div(K, 16) * 16, ceil_div(N, 16) * 16
+    k0, _, _ = DTYPES[wl.dtype]
+    out_dt = "float16" if wl.dtype == "float16" else "int32"
+    M1, K1, N1 = ceil_div(M, 16), ceil_div(K, k0), ceil_div(N, 16)
     mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
-    key = (wl.op, mp, kp, np_, mt, kt, nt)
-    if key not in _TRACES:
-        _TRACES[key] = trace(wl, mp, kp, np_, mt, kt, nt)
-    groups = _TRACES[key]
+    ch = chunks(wl, target, cfg)
+    if ch is None or over_capacity(target, tir_buffers(wl, target, cfg)) is not None:
+        dry = KernelBuilder(m)  # the builder's own CapacityError, before paying for TVM
+        for level, name, nbytes in tir_buffers(wl, target, cfg):
+            dry.alloc(level, name, (nbytes,), "int8")
     has_bias = wl.op in ("matmul_bias", "matmul_bias_relu")
-    active = min(cfg["block_dim"], len(groups))
-    slots = 2 if cfg["double_buffer"] else 1
-
-    def program(core: int):
-        kb = KernelBuilder(m, core, active)
-        A, B = kb.gm("A", (mp, kp), "float16"), kb.gm("B", (kp, np_), "float16")
-        C = kb.gm("C", (mp, np_), "float16")
-        a1 = [kb.alloc("L1", f"A_L1_{s}", (mt, kt), "float16") for s in range(slots)]
-        b1 = [kb.alloc("L1", f"B_L1_{s}", (kt, nt), "float16") for s in range(slots)]
-        a0 = [kb.alloc("L0A", f"A_L0A_{s}", (mt // 16, kt // 16, 16, 16), "float16") for s in range(slots)]
-        b0 = [kb.alloc("L0B", f"B_L0B_{s}", (kt // 16, nt // 16, 16, 16), "float16") for s in range(slots)]
-        c0 = kb.alloc("L0C", "C_L0C", (nt // 16, mt, 16), "float32")
-        ub = kb.alloc("UB", "C_UB", (mt, nt), "float32")
-        ub16 = kb.alloc("UB", "C_UB16", (mt, nt), "float16")
-        if has_bias:
-            bias_gm = kb.gm("bias", (np_,), "float16")
-            b16 = kb.alloc("UB", "bias_UB", (nt,), "float16")
-            b32 = kb.alloc("UB", "bias32_UB", (nt,), "float32")
-        lo, hi = split_even(len(groups), active, core)
-        n = {"dma_a": 0, "dma_b": 0, "ld_a": 0, "ld_b": 0}
-        for group in groups[lo:hi]:
-            first = False
-            for tag, off, stride in group:
-                if tag == "init":
-                    first = True
-                elif tag in ("dma_a", "dma_b"):
-                    buf, src = (a1, A) if tag == "dma_a" else (b1, B)
-                    r, c = divmod(off, stride)
-                    dst = buf[n[tag] % slots]
-                    kb.data_move(dst, (slice(None),), src, (slice(r, r + dst.shape[0]), slice(c, c + dst.shape[1])))
-                elif tag == "ld_a":
-                    kb.data_move(a0[n["ld_a"] % slots], (slice(None),), a1[n["dma_a"] % slots], (slice(None),),
-                                 transform="nd2zz")
-                elif tag == "ld_b":
-                    kb.data_move(b0[n["ld_b"] % slots], (slice(None),), b1[n["dma_b"] % slots], (slice(None),),
-                                 transform="nd2fz")
-                elif tag == "mmad":
-                    kb.mmad(c0, a0[n["ld_a"] % slots], b0[n["ld_b"] % slots], mt // 16, kt // 16, nt // 16,
-                            init=first)
-                    first = False
-                    for key in n:  # one k step done: the next one uses the other ping-pong slots
-                        n[key] += 1
-                    kb.loop()
-                elif tag == "l0c":
-                    kb.data_move(ub, (slice(None),), c0, (slice(None),), transform="nz2nd")
-                elif tag == "bias":  # bias row to UB, to fp32, added to every row of the tile
-                    kb.data_move(b16, (slice(None),), bias_gm, (slice(off, off + nt),))
-                    kb.vec("conv", VOp(b32), (VOp(b16),), nt)
-                    for row in range(mt):
-                        kb.vec("add", VOp(ub, row * nt), (VOp(ub, row * nt), VOp(b32)), nt)
-                elif tag == "cast":
-                    kb.vec("conv", VOp(ub16), (VOp(ub),), mt * nt)
-                elif tag in ("out", "relu_out"):
-                    r, c = divmod(off, stride)
-                    if tag == "out":
-                        kb.vec("conv", VOp(ub16), (VOp(ub),), mt * nt)
-                    else:
-                        kb.vec("relu", VOp(ub16), (VOp(ub16),), mt * nt)
-                    kb.data_move(C, (slice(r, r + mt), slice(c, c + nt)), ub16, (slice(None),))
-                    kb.loop()
-        return kb.finish(gm_inputs=("A", "B", "bias"))
-
+    nd = cfg.get("a_layout") == "ND"
+    g16 = epilogue_channels(wl, target, cfg)
+    low = tl.GemmLowering(m, trace(wl, M1 * 16, K1 * k0, N1 * 16, mt, kt, nt, *ch, g16),
+                          (M1 * 16, K1 * k0, N1 * 16), (mt, kt, nt), ch, 2 if cfg["double_buffer"] else 1, has_bias,
+                          nd, group=g16, dtype=wl.dtype)
+    active = min(cfg["block_dim"], len(low.groups))
     trans_a, trans_b = bool(wl.p.get("trans_a")), bool(wl.p.get("trans_b"))
 
     def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
         a = inputs[0].T if trans_a else inputs[0]
         b = inputs[1].T if trans_b else inputs[1]
-        gm = {"A": np.ascontiguousarray(pad_to(pad_to(a, 0, mp), 1, kp)),
-              "B": np.ascontiguousarray(pad_to(pad_to(b, 0, kp), 1, np_))}
+        a = pad_to(pad_to(a, 0, M1 * 16), 1, K1 * k0)
+        b = pad_to(pad_to(b, 0, K1 * k0), 1, N1 * 16)
+        gm = {"A": np.ascontiguousarray(a if nd else a.reshape(M1, 16, K1, k0).transpose(0, 2, 1, 3)),
+              "B": np.ascontiguousarray(b.reshape(K1, k0, N1, 16).transpose(0, 2, 3, 1))}
         if has_bias:
-            gm["bias"] = pad_to(inputs[2].astype("float16"), 0, np_)
+            gm["bias"] = pad_to(inputs[2].astype(out_dt), 0, N1 * 16).reshape(N1, 16)
         return gm
 
-    return Plan(active_cores=active, make_program=program, pack=pack, out_name="C", out_shape=(mp, np_),
-                out_dtype="float16", unpack=lambda c: np.ascontiguousarray(c[:M, :N]), flops=get_op(wl.op).flops(wl),
+    def unpack(c: np.ndarray) -> np.ndarray:
+        return np.ascontiguousarray(c.transpose(1, 0, 2).reshape(M1 * 16, N1 * 16)[:M, :N])
+
+    return Plan(active_cores=active, make_program=lambda core: low.program(core, active), pack=pack, out_name="C",
+                out_shape=(N1, M1 * 16, 16), out_dtype=out_dt, unpack=unpack, flops=get_op(wl.op).flops(wl),
                 unit="cube", info={"lowering": "TVM s_tir schedule, tensorized blocks -> AI Core instructions",
-                                   "tir_tiles": len(groups),
-                                   "gm_layouts": {"A": "ND (zero-padded to 16; Load2D converts to zZ)",
-                                                  "B": "ND (zero-padded; Load2D converts to FRACTAL_Z)",
-                                                  "C": "ND (L0C NZ -> ND on the way to UB)"}})
+                                   "tir_tiles": len(low.groups),
+                                   "gm_layouts": {"A": "ND zero-padded to 16 (converted to zZ by Load2D, counted)"
+                                                  if nd else "zZ fractals (M1,K1,16,K0)",
+                                                  "B": "FRACTAL_Z (K1,N1,16,K0)", "C": "NZ (N1,M,16)"},
+                                   "padding_waste": round(1 - (M * K * N) / (M1 * K1 * N1 * 256 * k0), 4)})

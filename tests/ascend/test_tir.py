@@ -5,10 +5,9 @@ from __future__ import annotations
 import pytest
 
 from opcompiler.api import run_op
-from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 
-TIR = {"lowering": "tir", "double_buffer": 1, "block_dim": 4}
+TIR = {"lowering": "tir", "double_buffer": 1, "block_dim": 4, "a_layout": "ND"}
 
 
 @pytest.mark.parametrize("op", ["matmul", "matmul_bias", "matmul_bias_relu"])
@@ -40,7 +39,26 @@ def test_tir_trace_is_the_schedules_loop_nest(backend):
     assert fun.cycles == backend.measure(kern).cycles
 
 
-def test_tir_rejects_tiles_that_do_not_divide():
-    with pytest.raises(OpcError, match="lowering=tir"):
-        run_op("matmul", "ascend-sim", shape="m=40,k=100,n=70", dtype="float16",
-               config={**TIR, "m_tile": 32, "k_tile": 16, "n_tile": 16})
+@pytest.mark.parametrize("a_layout", ["zZ", "ND"])
+@pytest.mark.parametrize("op,shape,tiles", [
+    ("matmul", "m=40,k=100,n=70", (32, 64, 32)),  # tiles that do not divide: pad_einsum, partial tiles clipped
+    ("matmul_bias", "m=96,k=722,n=362", (64, 1024, 32)),  # a 64x1024 A tile: L0 chunks of K
+    ("matmul_bias_relu", "m=1,k=2048,n=1000", (16, 2048, 32)),
+])
+def test_tir_partial_tiles_and_l0_chunks_match_numpy(op, shape, tiles, a_layout):
+    cfg = {**TIR, "m_tile": tiles[0], "k_tile": tiles[1], "n_tile": tiles[2], "a_layout": a_layout}
+    rep = run_op(op, "ascend-sim", shape=shape, dtype="float16", config=cfg)
+    assert rep["correct"], rep["max_abs_err"]
+
+
+@pytest.mark.parametrize("op,shape,tiles", [
+    ("matmul", "m=40,k=100,n=70", (16, 32, 16)),  # no epilogue: the unpadding copy is the output block
+    ("matmul", "m=32,k=64,n=32", (32, 64, 16)),  # 16-aligned: the L0C copy writes the output
+    ("matmul_bias_relu", "m=130,k=300,n=200", (64, 128, 64)),
+])
+def test_tir_int8_matmul_matches_numpy(op, shape, tiles):
+    """int8: 16x32 fractals (K0 = 32), int32 accumulation, bias and ReLU in int32, no cast."""
+    cfg = {**TIR, "m_tile": tiles[0], "k_tile": tiles[1], "n_tile": tiles[2]}
+    rep = run_op(op, "ascend-sim", shape=shape, dtype="int8", config=cfg)
+    assert rep["correct"], rep["max_abs_err"]
+    assert rep["lowering"].startswith("TVM s_tir")

@@ -73,11 +73,10 @@ def test_tir_cycles_match_the_default_path_for_the_same_tiles(backend, op, kw, t
 
 
 def test_a_corrupted_instruction_offset_gives_a_wrong_result(backend):
-    """The simulator runs the lowered program: point one weight DMA of the recorded trace at
-    the previous k step and the output is wrong; point a Load3D at another pixel tile and the
-    builder refuses it (its input rows are not in L1)."""
-    import opcompiler.schedules.ascend.conv2d_tir as ct
-
+    """The simulator runs the lowered program: point one img2col (Load3D) of the recorded trace
+    at the previous k step's taps and the output is wrong; point one at another pixel tile and
+    the builder refuses it (its input rows are not in L1)."""
+    import opcompiler.backend.ascend.tir_lower as tl
     from opcompiler.errors import OpcFailure
 
     wl = workload("conv2d", "n=1,c=16,h=8,w=8,k=16,r=3,s=3,pad=1", dtype="float16")
@@ -86,19 +85,31 @@ def test_a_corrupted_instruction_offset_gives_a_wrong_result(backend):
     ref = get_op("conv2d").reference(wl, inputs)
     good = backend.run(backend.build(wl, cfg), inputs)
     assert compare(good.outputs[0], ref)[0]
-    key = next(k for k in ct._TRACES if k[0] == "conv2d" and k[2:] == (16, 32, 16) and ("h", 8) in k[1])
-    orig = ct._TRACES[key]
-    w = next(n for n, ev in enumerate(orig) if ev[0] == "w_l1" and ev[1] == 32)
+    key = next(k for k in tl.TRACES if k[:3] == ("ascend.conv2d", "conv2d", "float16") and k[4:7] == (16, 32, 16)
+               and ("h", 8) in k[3] and ("k", 16) in k[3])
+    orig = tl.TRACES[key]
+    k1 = next(n for n, ev in enumerate(orig) if ev[0] == "load3d" and ev[3] == 32)
     a = next(n for n, ev in enumerate(orig) if ev[0] == "load3d" and ev[2] == 16)
     try:
-        ct._TRACES[key] = orig[:w] + [("w_l1", 0, orig[w][2])] + orig[w + 1:]
+        tl.TRACES[key] = orig[:k1] + [orig[k1][:3] + (0,)] + orig[k1 + 1:]
         bad = backend.run(backend.build(wl, cfg), inputs)
         assert not compare(bad.outputs[0], ref)[0]
-        ct._TRACES[key] = orig[:a] + [("load3d", orig[a][1], 48, orig[a][3])] + orig[a + 1:]
+        tl.TRACES[key] = orig[:a] + [("load3d", orig[a][1], 48, orig[a][3])] + orig[a + 1:]
         with pytest.raises(OpcFailure, match="load3d needs input rows"):
             backend.run(backend.build(wl, cfg), inputs)
     finally:
-        ct._TRACES[key] = orig
+        tl.TRACES[key] = orig
+
+
+@pytest.mark.parametrize("op,shape,tiles", [
+    ("conv2d", "n=2,c=40,h=9,w=9,k=48,r=3,s=3,pad=1,stride=2", (32, 128, 32)),  # C0 = 32: C=40 pads to 64
+    ("conv2d_bias_relu", "n=1,c=64,h=12,w=12,k=40,r=3,s=3,pad=1", (128, 256, 64)),
+])
+def test_tir_int8_conv_matches_numpy(op, shape, tiles):
+    """int8: NC1HWC0 with C0 = 32, 16x32 fractals, int32 accumulation, bias and ReLU in int32."""
+    rep = run_op(op, "ascend-sim", shape=shape, dtype="int8", config=_cfg(*tiles))
+    assert rep["correct"], rep["max_abs_err"]
+    assert rep["lowering"].startswith("TVM s_tir schedule (implicit GEMM)")
 
 
 def test_tir_conv_rejects_what_it_does_not_lower():
@@ -108,8 +119,9 @@ def test_tir_conv_rejects_what_it_does_not_lower():
 
 
 def test_check_agrees_with_what_the_tir_path_allocates(backend):
-    """check() is the tuner's filter: a TIR config it accepts builds; one it rejects (whole
-    256x128 A tile per ping-pong slot = 128 KiB > 64 KiB of L0A) fails allocation the same way."""
+    """check() is the tuner's filter: a TIR config it accepts builds; one it rejects (not one K
+    fractal of a 2048-pixel tile fits half of L0A: 64 KiB > 32 KiB per ping-pong slot) fails
+    allocation the same way."""
     from opcompiler.errors import CapacityError
     from opcompiler.target import load_target
     from opcompiler.template import get_template
@@ -117,18 +129,18 @@ def test_check_agrees_with_what_the_tir_path_allocates(backend):
     target = load_target("ascend-sim")
     tmpl = get_template("conv2d", "ascend")
     wl = workload("conv2d_bias_relu", preset="resnet50.res2_3x3", batch=1, dtype="float16")
-    ok = tmpl.config(wl, target, _cfg(128, 64, 64, block_dim=32))
+    ok = tmpl.config(wl, target, _cfg(256, 128, 64, block_dim=32))  # L0 chunks of 64 K per slot
     assert tmpl.check(wl, target, ok) is None
     assert backend.measure(backend.build(wl, ok)).cycles > 0
-    big = tmpl.config(wl, target, _cfg(256, 128, 64, block_dim=32))
+    big = tmpl.config(wl, target, _cfg(2048, 128, 64, block_dim=32))
     assert "L0A" in tmpl.check(wl, target, big)
     with pytest.raises(CapacityError, match="L0A"):
         backend.build(wl, big)
 
 
 def test_partial_tir_config_gets_tiles_that_fit():
-    """`--config '{"lowering": "tir"}'` alone: the TIK default (256/128, chunked in L0) would not
-    fit the TIR path's whole-tile L0A, so the first preferred tiles that pass check() are used."""
+    """`--config '{"lowering": "tir"}'` alone: the TIR path chunks its tiles in L0 like the
+    direct template, so the direct default's tiles fit it too."""
     from opcompiler.target import load_target
     from opcompiler.template import get_template
 
@@ -136,7 +148,6 @@ def test_partial_tir_config_gets_tiles_that_fit():
     tmpl = get_template("conv2d", "ascend")
     wl = workload("conv2d_bn_relu", preset="resnet50.res2_3x3", batch=1, dtype="float16")
     tik = tmpl.config(wl, target, None)
-    assert tmpl.check(wl, target, {**tik, "lowering": "tir"}) is not None
     cfg = tmpl.config(wl, target, {"lowering": "tir"})
     assert cfg["lowering"] == "tir" and tmpl.check(wl, target, cfg) is None
-    assert (cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]) == (256, 64, 64)
+    assert {k: v for k, v in cfg.items() if k != "lowering"} == {k: v for k, v in tik.items() if k != "lowering"}

@@ -1,0 +1,695 @@
+"""The Ascend backend's TIR lowering: a scheduled TVM module -> AI Core programs.
+
+Templates (`schedules/ascend/*_tir.py`) build an `s_tir.Schedule` over the op's TE compute, place
+its buffers in the target's scopes and turn every inner block into an instruction, by
+`tensorize` with the intrinsics this module registers or by `substitute`; this module imports
+nothing from `schedules/`. It owns:
+
+* the one instruction callback, `opc.ascend.tir.event`: every instruction block is a
+  `T.call_packed(EVENT, tag, ...)` carrying the offsets / block coordinates TVM computed;
+* the tensor intrinsics, parameterised by tile shape, scopes and dtypes (`intrin_mmad`,
+  `intrin_init`, `intrin_copy`). Each TVMScript description is parsed once per process with
+  symbolic extents and `specialize`d per tile shape (parsing costs about 50 ms a function,
+  specialising well under 1 ms);
+* `substitute`: a block whose padding predicates or img2col index arithmetic TVM's structural
+  matcher cannot tensorize is replaced by an opaque block calling the same event with the block
+  coordinates of the instruction's first element;
+* `trace`: `tvm.compile(mod, llvm -O0)` and one native run on zero inputs record the event
+  stream, cached per process under a key naming everything the schedule depends on (op, padded
+  shape, tiles, L0 chunks, weight residency, epilogue group), not what only the emission
+  decides (core count, ping-pong buffers);
+* the translation of the event stream into `KernelBuilder` instructions (`GemmLowering`,
+  `ConvLowering`): GM -> L1 DMAs, Load2D / Load3D into L0A / L0B, MMAD, L0C -> UB, the UB
+  epilogue and the UB -> GM write, each core taking an even share of the output tiles, with
+  ping-pong buffers when double buffering. Fractals that exist only as pad_einsum's padding
+  (past the 16-padded K / N, pixels past H*W) are not issued, per-channel parameters are loaded
+  once (conv: all channels; GEMM: per n tile, as the direct templates), and a feature-map DMA whose rows the same L1 buffer already holds is not
+  repeated. The simulator then runs that program.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Sequence
+from typing import Any
+
+import numpy as np
+
+from .builder import KernelBuilder, Program, split_even
+from .isa import ConvGeom, VOp
+from .machine import Machine
+
+EVENT = "opc.ascend.tir.event"
+_EVENTS: list[tuple] = []  # filled while a compiled kernel runs
+TRACES: dict[Hashable, list[tuple]] = {}  # trace key -> recorded events (compile once per process)
+_REGISTERED: set[Hashable] = set()
+_TEMPLATES: dict[Hashable, tuple[Any, Any]] = {}
+
+
+def _callbacks() -> None:
+    import tvm
+
+    if "callbacks" in _REGISTERED:
+        return
+
+    def event(*args: Any) -> int:
+        _EVENTS.append(tuple(a if isinstance(a, str) else int(a) for a in args))
+        return 0
+
+    tvm.register_global_func(EVENT, event, override=True)
+    _REGISTERED.add("callbacks")
+
+
+# -- tensor intrinsics --------------------------------------------------------------------------
+#
+# Each `_tpl_*` parses a (desc, impl) pair whose extents are the trailing int32 parameters;
+# `_register` specialises them to one tile shape and registers the pair under a name built from
+# everything that distinguishes it. `lead` adds a leading unit axis (the conv GEMM's image axis).
+
+
+def _tpl_copy(lead: bool, dtype: str, src: str, dst: str, tag: str, offset: str):
+    from tvm.script import tirx as T
+
+    if lead:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, rows: T.int32, cols: T.int32) -> None:
+            S = T.match_buffer(a, (1, rows, cols), dtype, offset_factor=1, scope=src)
+            D = T.match_buffer(b, (1, rows, cols), dtype, offset_factor=1, scope=dst)
+            with T.sblock("root"):
+                T.reads(S[0, 0:rows, 0:cols])
+                T.writes(D[0, 0:rows, 0:cols])
+                for i, j in T.grid(rows, cols):
+                    with T.sblock("copy"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        D[0, vi, vj] = S[0, vi, vj]
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, rows: T.int32, cols: T.int32) -> None:
+            s0, s1, d0, d1 = T.int32(), T.int32(), T.int32(), T.int32()
+            S = T.match_buffer(a, (1, rows, cols), dtype, offset_factor=1, scope=src, strides=[s0, s1, 1])
+            D = T.match_buffer(b, (1, rows, cols), dtype, offset_factor=1, scope=dst, strides=[d0, d1, 1])
+            with T.sblock("root"):
+                T.reads(S[0, 0:rows, 0:cols])
+                T.writes(D[0, 0:rows, 0:cols])
+                T.evaluate(T.call_packed(EVENT, tag, S.elem_offset if offset == "src" else
+                                         (D.elem_offset if offset == "dst" else 0),
+                                         s1 if offset == "src" else (d1 if offset == "dst" else 0)))
+        return desc, impl
+
+    @T.prim_func(s_tir=True)
+    def desc2(a: T.handle, b: T.handle, rows: T.int32, cols: T.int32) -> None:
+        S = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=src)
+        D = T.match_buffer(b, (rows, cols), dtype, offset_factor=1, scope=dst)
+        with T.sblock("root"):
+            T.reads(S[0:rows, 0:cols])
+            T.writes(D[0:rows, 0:cols])
+            for i, j in T.grid(rows, cols):
+                with T.sblock("copy"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    D[vi, vj] = S[vi, vj]
+
+    @T.prim_func(s_tir=True)
+    def impl2(a: T.handle, b: T.handle, rows: T.int32, cols: T.int32) -> None:
+        s0, d0 = T.int32(), T.int32()
+        S = T.match_buffer(a, (rows, cols), dtype, offset_factor=1, scope=src, strides=[s0, 1])
+        D = T.match_buffer(b, (rows, cols), dtype, offset_factor=1, scope=dst, strides=[d0, 1])
+        with T.sblock("root"):
+            T.reads(S[0:rows, 0:cols])
+            T.writes(D[0:rows, 0:cols])
+            T.evaluate(T.call_packed(EVENT, tag, S.elem_offset if offset == "src" else
+                                     (D.elem_offset if offset == "dst" else 0),
+                                     s0 if offset == "src" else (d0 if offset == "dst" else 0)))
+    return desc2, impl2
+
+
+def _tpl_mmad(lead: bool, in_dt: str, acc_dt: str):
+    from tvm.script import tirx as T
+
+    if lead:
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+            A = T.match_buffer(a, (1, mt, kt), in_dt, offset_factor=1, scope="local.L0A")
+            B = T.match_buffer(b, (kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+            C = T.match_buffer(c, (1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+            with T.sblock("root"):
+                T.reads(C[0, 0:mt, 0:nt], A[0, 0:mt, 0:kt], B[0:kt, 0:nt])
+                T.writes(C[0, 0:mt, 0:nt])
+                for i, j, k in T.grid(mt, nt, kt):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        C[0, vi, vj] = C[0, vi, vj] + T.Cast(acc_dt, A[0, vi, vk]) * T.Cast(acc_dt, B[vk, vj])
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+            sa, sb, sc0, sc1 = T.int32(), T.int32(), T.int32(), T.int32()
+            A = T.match_buffer(a, (1, mt, kt), in_dt, offset_factor=1, scope="local.L0A", strides=[sa, sb, 1])
+            B = T.match_buffer(b, (kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+            C = T.match_buffer(c, (1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C", strides=[sc0, sc1, 1])
+            with T.sblock("root"):
+                T.reads(C[0, 0:mt, 0:nt], A[0, 0:mt, 0:kt], B[0:kt, 0:nt])
+                T.writes(C[0, 0:mt, 0:nt])
+                T.evaluate(T.call_packed(EVENT, "mmad", C.elem_offset, sc1))
+        return desc, impl
+
+    @T.prim_func(s_tir=True)
+    def desc2(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+        A = T.match_buffer(a, (mt, kt), in_dt, offset_factor=1, scope="local.L0A")
+        B = T.match_buffer(b, (kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+        C = T.match_buffer(c, (mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+        with T.sblock("root"):
+            T.reads(C[0:mt, 0:nt], A[0:mt, 0:kt], B[0:kt, 0:nt])
+            T.writes(C[0:mt, 0:nt])
+            for i, j, k in T.grid(mt, nt, kt):
+                with T.sblock("update"):
+                    vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                    C[vi, vj] = C[vi, vj] + T.Cast(acc_dt, A[vi, vk]) * T.Cast(acc_dt, B[vk, vj])
+
+    @T.prim_func(s_tir=True)
+    def impl2(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+        sc0 = T.int32()
+        A = T.match_buffer(a, (mt, kt), in_dt, offset_factor=1, scope="local.L0A")
+        B = T.match_buffer(b, (kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+        C = T.match_buffer(c, (mt, nt), acc_dt, offset_factor=1, scope="local.L0C", strides=[sc0, 1])
+        with T.sblock("root"):
+            T.reads(C[0:mt, 0:nt], A[0:mt, 0:kt], B[0:kt, 0:nt])
+            T.writes(C[0:mt, 0:nt])
+            T.evaluate(T.call_packed(EVENT, "mmad", C.elem_offset, sc0))
+    return desc2, impl2
+
+
+def _tpl_init(lead: bool, acc_dt: str):
+    from tvm import tirx
+    from tvm.script import tirx as T
+
+    zero = tirx.const(0, acc_dt)
+
+    if lead:
+        @T.prim_func(s_tir=True)
+        def desc(c: T.handle, mt: T.int32, nt: T.int32) -> None:
+            C = T.match_buffer(c, (1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0, 0:mt, 0:nt])
+                for i, j in T.grid(mt, nt):
+                    with T.sblock("init"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        C[0, vi, vj] = zero
+
+        @T.prim_func(s_tir=True)
+        def impl(c: T.handle, mt: T.int32, nt: T.int32) -> None:
+            C = T.match_buffer(c, (1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0, 0:mt, 0:nt])
+                T.evaluate(T.call_packed(EVENT, "init", C.elem_offset, 0))
+        return desc, impl
+
+    @T.prim_func(s_tir=True)
+    def desc2(c: T.handle, mt: T.int32, nt: T.int32) -> None:
+        C = T.match_buffer(c, (mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:mt, 0:nt])
+            for i, j in T.grid(mt, nt):
+                with T.sblock("init"):
+                    vi, vj = T.axis.remap("SS", [i, j])
+                    C[vi, vj] = zero
+
+    @T.prim_func(s_tir=True)
+    def impl2(c: T.handle, mt: T.int32, nt: T.int32) -> None:
+        C = T.match_buffer(c, (mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+        with T.sblock("root"):
+            T.reads()
+            T.writes(C[0:mt, 0:nt])
+            T.evaluate(T.call_packed(EVENT, "init", 0, 0))
+    return desc2, impl2
+
+
+_TPL: dict[str, Callable[..., tuple[Any, Any]]] = {"copy": _tpl_copy, "mmad": _tpl_mmad, "init": _tpl_init}
+
+
+def _register(kind: str, static: tuple, extents: tuple[int, ...]) -> str:
+    """Register (once) the intrinsic `kind` with `static` parameters, specialised to `extents`."""
+    from tvm.s_tir import TensorIntrin
+
+    name = "opc_ascend_" + "_".join(str(s).replace(".", "") for s in (kind, *static, *extents))
+    if name in _REGISTERED:
+        return name
+    tkey = (kind, *static)
+    if tkey not in _TEMPLATES:
+        _TEMPLATES[tkey] = _TPL[kind](*static)
+    desc, impl = _TEMPLATES[tkey]
+    n = len(extents)
+    spec = [f.specialize(dict(zip(list(f.params)[-n:], extents))) for f in (desc, impl)]
+    TensorIntrin.register(name, *spec, override=True)
+    _REGISTERED.add(name)
+    return name
+
+
+def intrin_copy(rows: int, cols: int, dtype: str, src: str, dst: str, tag: str, offset: str = "",
+                lead: bool = False) -> str:
+    """A (rows, cols) copy between scopes; its event carries the src or dst element offset and
+    row stride (`offset` = "src" / "dst"), or zeros."""
+    return _register("copy", (lead, dtype, src, dst, tag, offset), (rows, cols))
+
+
+def intrin_mmad(mt: int, kt: int, nt: int, in_dtype: str = "float16", acc_dtype: str = "float32",
+                lead: bool = False) -> str:
+    """C[L0C] += A[L0A] x B[L0B] over one (mt, kt, nt) chunk; the event carries the chunk's element
+    offset in the L0C tile and the tile's row stride (its first output channel)."""
+    return _register("mmad", (lead, in_dtype, acc_dtype), (mt, kt, nt))
+
+
+def intrin_init(mt: int, nt: int, acc_dtype: str = "float32", lead: bool = False) -> str:
+    """The reduction init of an L0C tile (the tile's first MMAD overwrites)."""
+    return _register("init", (lead, acc_dtype), (mt, nt))
+
+
+# -- blocks the structural matcher cannot take ---------------------------------------------------
+
+
+def substitute(sch, blk, n_inner: int, tag: str, extra: Callable[[list], Sequence] | None = None) -> None:
+    """Replace the block's inner `n_inner` loops (one instruction's worth of work) with the event
+    of `tag`, called with the block coordinates of the tile's first element (plus `extra(inner
+    loops)`). blockize cannot take the unpadding predicate of a last partial tile, so the loop
+    nest is replaced by an opaque block directly (`ScheduleState.replace`, the primitive
+    tensorize itself uses)."""
+    import tvm
+    from tvm import tirx
+    from tvm.s_tir import SBlock, SBlockRealize
+
+    loops = sch.get_loops(blk)
+    inner = [sch.get(lp) for lp in loops[-n_inner:]]
+    realize = inner[-1].body
+    ana = tvm.sym.Analyzer()
+    for lp in inner:
+        ana.bind(lp.loop_var, tirx.const(0, "int32"))
+    args = [ana.simplify(v) for v in realize.iter_values]
+    if extra is not None:
+        args += list(extra(inner))
+    body = tirx.Evaluate(tirx.call_packed(EVENT, tag, *args))
+    new = SBlockRealize([], tirx.const(True, "bool"), SBlock([], [], [], realize.block.name_hint + "_instr", body))
+    sch.state.replace(sch.get_sref(loops[-n_inner]), new)
+
+
+# -- compile and trace ---------------------------------------------------------------------------
+
+
+def trace(key: Hashable, schedule: Callable[[], tuple[Any, list[tuple[tuple[int, ...], str]]]]) -> list[tuple]:
+    """The event stream of the kernel `schedule()` builds (a scheduled IRModule and the
+    (shape, dtype) of each argument): compiled by LLVM and run once on zeros. Cached by `key`,
+    which must name everything the schedule depends on."""
+    if key in TRACES:
+        return TRACES[key]
+    import tvm
+
+    _callbacks()
+    mod, arg_specs = schedule()
+    # the kernel runs once, on zeros, to record its events: LLVM's optimisations only cost time
+    ex = tvm.compile(mod, target=tvm.target.Target({"kind": "llvm", "opt-level": 0}))
+    args = [tvm.runtime.tensor(np.zeros(shape, dtype)) for shape, dtype in arg_specs]
+    _EVENTS.clear()
+    ex(*args)
+    TRACES[key] = list(_EVENTS)
+    _EVENTS.clear()
+    return TRACES[key]
+
+
+def split_groups(events: Sequence[tuple], carry: tuple[str, ...] = ()) -> list[tuple[dict, list[tuple]]]:
+    """The events of each output tile (a tile starts at its reduction init), with the last event
+    of each `carry` tag seen before it (e.g. the feature-map DMA a pixel tile shares)."""
+    groups: list[tuple[dict, list[tuple]]] = []
+    state: dict[str, tuple] = {}
+    for ev in events:
+        if ev[0] in carry:
+            state[ev[0]] = ev
+        elif ev[0] == "init":
+            groups.append((dict(state), [ev]))
+        elif groups:
+            groups[-1][1].append(ev)
+    return groups
+
+
+def l0c_slots(m: Machine, double_buffer: bool, l0c_bytes: int) -> int:
+    """Ping-pong slots of an output tile's L0C accumulator (the next tile's MMADs overlap this
+    tile's epilogue): two where double buffering is on and two fit, else one (the direct
+    template's rule). Templates list the same buffers in their capacity check."""
+    return 2 if double_buffer and 2 * l0c_bytes <= m.level("L0C").capacity else 1
+
+
+# -- events -> instructions ----------------------------------------------------------------------
+
+
+class GemmLowering:
+    """A GEMM trace -> one core's program. Events (GEMM coordinates of each instruction's first
+    element): `dma_a` / `dma_b` (one k step of A / B, GM -> L1), `ld_a` (one L0 chunk of A, L1 ->
+    L0A by Load2D), `ld_b` (one (k, n) chunk of B, L1 -> L0B), `mmad` (its chunk's offset in the
+    L0C tile), `l0c`, and the epilogue blocks (`bias`, `cast`, `relu`). GM: A as zZ fractals
+    (M1, K1, 16, K0) or ND (M1*16, K1*K0) converted to zZ by Load2D (`a_nd`), B FRACTAL_Z
+    (K1, N1, 16, K0), C NZ (N1, M1*16, 16), bias (N1, 16); K0 = 16 for fp16 (fp32 accumulation,
+    fp16 out), 32 for int8 (int32 accumulation and out, no cast). Fractals past the padded shape
+    (the tile padding pad_einsum adds) are not issued."""
+
+    EPILOGUE = ("bias", "cast", "relu")
+
+    def __init__(self, m: Machine, events: Sequence[tuple], dims: tuple[int, int, int],
+                 tiles: tuple[int, int, int], chunks: tuple[int, int], slots: int, has_bias: bool, a_nd: bool,
+                 group: int, dtype: str = "float16"):
+        self.m, self.dims, self.tiles, self.chunks, self.dtype = m, dims, tiles, chunks, dtype
+        self.slots, self.has_bias, self.a_nd, self.g = slots, has_bias, a_nd, group // 16
+        self.groups = [g for _, g in split_groups(events)]
+        self.cslots = l0c_slots(m, slots == 2, tiles[0] * tiles[2] * 4)
+
+    def program(self, core: int, active: int) -> Program:
+        dt = self.dtype
+        cast = dt == "float16"  # fp16: fp32 accumulation cast to fp16; int8: int32 throughout
+        acc_dt, out_dt, k0 = ("float32", "float16", 16) if cast else ("int32", "int32", 32)
+        M1, K1, N1 = self.dims[0] // 16, self.dims[1] // k0, self.dims[2] // 16
+        mt, kt, nt = self.tiles
+        mt1, kt1, nt1 = mt // 16, kt // k0, nt // 16
+        k0c, n0c = self.chunks[0] // k0, self.chunks[1] // 16
+        slots, groups, nd = self.slots, self.groups, self.a_nd
+        kb = KernelBuilder(self.m, core, active)
+        A = kb.gm("A", (M1 * 16, K1 * k0) if nd else (M1, K1, 16, k0), dt)
+        B = kb.gm("B", (K1, N1, 16, k0), dt)
+        C = kb.gm("C", (N1, M1 * 16, 16), out_dt)
+        a1 = [kb.alloc("L1", f"A_L1_{s}", (mt, kt) if nd else (mt1, kt1, 16, k0), dt) for s in range(slots)]
+        b1 = [kb.alloc("L1", f"B_L1_{s}", (kt1, nt1, 16, k0), dt) for s in range(slots)]
+        l0a = [kb.alloc("L0A", f"A_L0A_{s}", (mt1, k0c, 16, k0), dt) for s in range(slots)]
+        l0b = [kb.alloc("L0B", f"B_L0B_{s}", (k0c, n0c, 16, k0), dt) for s in range(slots)]
+        c0s = [kb.alloc("L0C", f"C_L0C_{s}", (nt1, mt, 16), acc_dt) for s in range(self.cslots)]
+        ub = []
+        for s in range(slots):
+            acc_s = kb.alloc("UB", f"acc_UB_{s}", (self.g, mt, 16), acc_dt)
+            ub.append((acc_s, kb.alloc("UB", f"out_UB_{s}", (self.g, mt, 16), out_dt) if cast else acc_s))
+        if self.has_bias:
+            bias_gm = kb.gm("bias", (N1, 16), out_dt)
+            b16 = kb.alloc("UB", "bias_UB", (nt1, 16), out_dt)
+            b32 = kb.alloc("UB", "bias32_UB", (nt1, 16), acc_dt) if cast else b16
+        lo, hi = split_even(len(groups), active, core)
+        nl1 = na = nb = ne = 0
+        cur_bias = None
+        for gi, events in enumerate(groups[lo:hi]):
+            c0 = c0s[gi % self.cslots]
+            acc, o16 = ub[0]
+            inited: set[int] = set()
+            m1s = n1s = qstep = steps = kq = kn = nn = aslot = bslot = gj = gn = 0
+            mm1, nn_t = mt1, nt1
+            al, bl = a1[0], b1[0]
+            pending: tuple | None = None
+
+            def flush(pend: tuple, n1s: int) -> None:  # a channel group's last epilogue block wrote GM (MTE3)
+                pj, pn, pbuf, pm1s, pmm1 = pend
+                kb.data_move(C, (slice(n1s + pj, n1s + pj + pn), slice(pm1s * 16, (pm1s + pmm1) * 16)), pbuf,
+                             (slice(0, pn), slice(0, pmm1 * 16)))
+                kb.loop()
+
+            for ev in events:
+                tag = ev[0]
+                if tag == "dma_a":  # one k step of A: GM -> L1 (A and B share the step's L1 slot)
+                    m1s, qstep = ev[1] // 16, ev[2] // k0
+                    mm1, kq = min(mt1, M1 - m1s), min(kt1, K1 - qstep)
+                    if kq > 0:
+                        if steps:
+                            kb.loop()  # the previous k step's loop control
+                        steps += 1
+                        al, bl = a1[nl1 % slots], b1[nl1 % slots]
+                        nl1 += 1
+                        if nd:
+                            kb.data_move(al, (slice(0, mm1 * 16), slice(0, kq * k0)), A,
+                                         (slice(m1s * 16, (m1s + mm1) * 16), slice(qstep * k0, (qstep + kq) * k0)))
+                        else:
+                            kb.data_move(al, (slice(0, mm1), slice(0, kq)), A,
+                                         (slice(m1s, m1s + mm1), slice(qstep, qstep + kq)))
+                elif tag == "dma_b" and kq > 0:  # the step's B: GM (FRACTAL_Z) -> L1
+                    n1s = ev[2] // 16
+                    nn_t = min(nt1, N1 - n1s)
+                    kb.data_move(bl, (slice(0, kq), slice(0, nn_t)), B,
+                                 (slice(qstep, qstep + kq), slice(n1s, n1s + nn_t)))
+                elif tag == "ld_a":  # one L0 chunk of K: L1 -> L0A (Load2D; ND -> zZ on the way)
+                    kc = ev[2] // k0 - qstep
+                    kn = min(k0c, K1 - ev[2] // k0)
+                    if kn > 0:
+                        aslot = na % slots
+                        na += 1
+                        if nd:
+                            kb.data_move(l0a[aslot], (slice(0, mm1), slice(0, kn)), al,
+                                         (slice(0, mm1 * 16), slice(kc * k0, (kc + kn) * k0)), transform="nd2zz")
+                        else:
+                            kb.data_move(l0a[aslot], (slice(0, mm1), slice(0, kn)), al,
+                                         (slice(0, mm1), slice(kc, kc + kn)))
+                elif tag == "ld_b" and kn > 0:  # one (k, n) chunk: L1 -> L0B
+                    kc, nc0 = ev[1] // k0 - qstep, ev[2] // 16 - n1s
+                    nn = min(n0c, nn_t - nc0)
+                    if nn > 0:
+                        bslot = nb % slots
+                        nb += 1
+                        kb.data_move(l0b[bslot], (slice(0, kn), slice(0, nn)), bl,
+                                     (slice(kc, kc + kn), slice(nc0, nc0 + nn)))
+                elif tag == "mmad" and kn > 0 and nn > 0:
+                    nc0 = (ev[1] % ev[2]) // 16
+                    kb.mmad(c0, l0a[aslot], l0b[bslot], mm1, kn, nn, c_n1_off=nc0, init=nc0 not in inited)
+                    inited.add(nc0)
+                    kb.loop()
+                elif tag == "l0c":  # one channel group of the tile: L0C -> UB
+                    if steps and pending is None:
+                        kb.loop()  # the last k step's loop control
+                    if pending is not None:
+                        flush(pending, n1s)
+                        pending = None
+                    gj = ev[2] // 16 - n1s
+                    gn = min(self.g, nn_t - gj)  # channel blocks past N: pad_einsum's padding, not issued
+                    if gn > 0:
+                        acc, o16 = ub[ne % slots]
+                        ne += 1
+                        kb.data_move(acc, (slice(0, gn), slice(0, mm1 * 16)), c0,
+                                     (slice(gj, gj + gn), slice(0, mm1 * 16)))
+                        pending = (gj, gn, o16, m1s, mm1)
+                elif tag == "bias" and gn > 0:  # the n tile's bias, to fp32 once, added to every row
+                    if cur_bias != n1s:
+                        kb.data_move(b16, (slice(0, nn_t),), bias_gm, (slice(n1s, n1s + nn_t),))
+                        if cast:
+                            kb.vec("conv", VOp(b32), (VOp(b16),), nn_t * 16)
+                        cur_bias = n1s
+                    for jj in range(gn):
+                        channel_op(kb, "add", acc, jj * mt * 16, mm1 * 16, b32, (gj + jj) * 16)
+                elif tag == "cast" and gn > 0:
+                    _rows_op(kb, "conv", o16, acc, gn, mt, mm1 * 16)
+                elif tag == "relu" and gn > 0:
+                    _rows_op(kb, "relu", o16, o16, gn, mt, mm1 * 16)
+            if pending is not None:
+                flush(pending, n1s)
+            kb.loop()
+        return kb.finish(gm_inputs=("A", "B", "bias"))
+
+
+def channel_op(kb: KernelBuilder, op: str, buf, off: int, rows: int, param, poff: int) -> None:
+    """dst[row, c0] = dst[row, c0] <op> param[c0] over `rows` rows of 16 channels in UB (block
+    stride 0 broadcasts the 32 B parameter block; 4-byte types take two instructions)."""
+    if buf.itemsize == 2:
+        kb.vec_raw(op, VOp(buf, off, 1, 8), (VOp(buf, off, 1, 8), VOp(param, poff, 0, 0)), -(-rows // 8))
+    else:
+        for half in (0, 1):
+            o = off + half * 8
+            kb.vec_raw(op, VOp(buf, o, 2, 16), (VOp(buf, o, 2, 16), VOp(param, poff + half * 8, 0, 0)),
+                       -(-rows // 8))
+
+
+def _rows_op(kb: KernelBuilder, op: str, dst, src, nblk: int, mt: int, rows: int) -> None:
+    """A unary vector op over `rows` of each of `nblk` (mt, 16) channel blocks in UB: one
+    contiguous run when every row is live, else one run per block."""
+    if rows == mt:
+        kb.vec(op, VOp(dst), (VOp(src),), nblk * mt * 16)
+    else:
+        for jj in range(nblk):
+            kb.vec(op, VOp(dst, jj * mt * 16), (VOp(src, jj * mt * 16),), rows * 16)
+
+
+class ConvLowering:
+    """An implicit-GEMM conv trace -> one core's program. Events: `fmap` (the pixel tile's input
+    rows GM -> L1, carried by the tiles that share it), `w_res` (a resident weight slice, carried)
+    or `w_l1` (one k step's weights GM -> L1), `load3d` (img2col of one L0 chunk), `ld_b` (one
+    (k, n) chunk L1 -> L0B, at GEMM coordinates), `mmad` (its chunk's offset in the L0C tile),
+    `l0c`, and the epilogue blocks. GM: data NC1HWC0, weight
+    FRACTAL_Z (C1*R*S, K1, 16, C0), out NC1HWC0 with H*W flattened, per-channel params (K1, 16)."""
+
+    EPILOGUE = ("bias", "cast", "bn", "relu")
+
+    def __init__(self, m: Machine, events: Sequence[tuple], geom: ConvGeom, n: int, c1: int, n1: int,
+                 tiles: tuple[int, int, int], chunks: tuple[int, int], slots: int, bias: bool, bn: bool,
+                 resident: bool, group: int, dtype: str = "float16"):
+        self.m, self.geom, self.n, self.c1, self.n1 = m, geom, n, c1, n1
+        self.tiles, self.chunks, self.slots, self.bias, self.bn = tiles, chunks, slots, bias, bn
+        self.resident, self.g, self.dtype = resident, group // 16, dtype
+        self.q_all = c1 * geom.r * geom.s  # K fractals (FRACTAL_Z order: c1, ry, rx)
+        self.groups = split_groups(events, carry=("fmap", "w_res"))
+        self.rows_max = max(hi - lo + 1 for lo, hi in (self.rows(st["fmap"], evs) for st, evs in self.groups))
+        self.cslots = l0c_slots(m, slots == 2, tiles[0] * tiles[2] * 4)
+
+    def rows(self, ev: tuple, events: Sequence[tuple]) -> tuple[int, int]:
+        """In-image input rows of a feature-map event (its rows are in padded coordinates), without
+        those only pad_einsum's pixels past H*W would read (the tile's Load3Ds give its first pixel)."""
+        g = self.geom
+        lo_p, ext = ev[3], ev[5]
+        p0 = next((e[2] for e in events if e[0] == "load3d"), 0)
+        last = min(p0 + self.tiles[0], g.ho * g.wo) - 1
+        hi_real = (last // g.wo) * g.stride - g.pad_top + (g.r - 1) * g.dilation
+        return max(lo_p - g.pad_top, 0), min(lo_p + ext - 1 - g.pad_top, hi_real, g.h - 1)
+
+    def program(self, core: int, active: int) -> Program:
+        g, slots, groups, q_all, n1 = self.geom, self.slots, self.groups, self.q_all, self.n1
+        mt, kt, nt = self.tiles
+        dt = self.dtype
+        cast = dt == "float16"  # fp16: fp32 accumulation cast to fp16; int8: int32 throughout
+        acc_dt, out_dt, k0 = ("float32", "float16", 16) if cast else ("int32", "int32", 32)
+        mt1, kt1, nt1 = mt // 16, kt // k0, nt // 16
+        k0c, n0c = self.chunks[0] // k0, self.chunks[1] // 16
+        hw = g.ho * g.wo
+        kb = KernelBuilder(self.m, core, active)
+        X = kb.gm("data", (self.n, self.c1, g.h, g.w, k0), dt)
+        W = kb.gm("weight", (q_all, n1, 16, k0), dt)
+        Y = kb.gm("out", (self.n, n1, hw, 16), out_dt)
+        fm = [kb.alloc("L1", f"fmap_L1_{i}", (self.c1, self.rows_max, g.w, k0), dt) for i in range(slots)]
+        if self.resident:
+            wres = kb.alloc("L1", "W_res_L1", (q_all, nt1, 16, k0), dt)
+        else:
+            wl1 = [kb.alloc("L1", f"W_L1_{i}", (kt1, nt1, 16, k0), dt) for i in range(slots)]
+        l0a = [kb.alloc("L0A", f"A_L0A_{i}", (mt1, k0c, 16, k0), dt) for i in range(slots)]
+        l0b = [kb.alloc("L0B", f"B_L0B_{i}", (k0c, n0c, 16, k0), dt) for i in range(slots)]
+        c0s = [kb.alloc("L0C", f"C_L0C_{i}", (nt1, mt, 16), acc_dt) for i in range(self.cslots)]
+        accs = [kb.alloc("UB", f"acc_UB_{i}", (self.g, mt, 16), acc_dt) for i in range(slots)]
+        o16s = [kb.alloc("UB", f"out_UB_{i}", (self.g, mt, 16), out_dt) for i in range(slots)] if cast else accs
+        if self.bias:
+            bias_gm = kb.gm("bias", (n1, 16), out_dt)
+            b16 = kb.alloc("UB", "bias_UB", (n1, 16), out_dt)
+            b32 = kb.alloc("UB", "bias32_UB", (n1, 16), acc_dt) if cast else b16
+        if self.bn:
+            sc_gm, sh_gm = kb.gm("scale", (n1, 16), "float16"), kb.gm("shift", (n1, 16), "float16")
+            sc, sh = kb.alloc("UB", "scale_UB", (n1, 16), "float16"), kb.alloc("UB", "shift_UB", (n1, 16), "float16")
+        lo_g, hi_g = split_even(len(groups), active, core)
+        na = nb = nw = nfm = ne = 0
+        cur_fm, cur_w, h0, f = None, None, 0, fm[0]
+        params = False  # per-channel parameters in UB
+        wbuf = wres if self.resident else wl1[0]
+        for gi, (carry, events) in enumerate(groups[lo_g:hi_g]):
+            c0, acc, o16 = c0s[gi % self.cslots], accs[0], o16s[0]
+            fev = carry["fmap"]
+            if fev != cur_fm:  # the pixel tile's input rows, all channel blocks: GM -> L1
+                lo, hi = self.rows(fev, events)
+                f = fm[nfm % slots]
+                nfm += 1
+                kb.data_move(f, (slice(None), slice(0, hi - lo + 1)), X, (fev[1], slice(None), slice(lo, hi + 1)))
+                cur_fm, h0 = fev, lo
+            n1s = 0
+            if self.resident:  # the n tile's whole weight slice, loaded once for the tiles that share it
+                n1s = carry["w_res"][2] // 16
+                if carry["w_res"] != cur_w:
+                    nn = min(nt1, n1 - n1s)
+                    kb.data_move(wres, (slice(None), slice(0, nn)), W, (slice(None), slice(n1s, n1s + nn)))
+                    cur_w = carry["w_res"]
+            nn_t = min(nt1, n1 - n1s)
+            inited: set[int] = set()
+            kn = nn = steps = qstep = gj = gn = 0
+            m1 = mt1
+            pending: tuple | None = None
+
+            def flush(pend: tuple, n1s: int) -> None:  # a channel group's last epilogue block wrote GM (MTE3)
+                pb, pp0, pj, pn, pbuf = pend
+                valid = min(mt, hw - pp0)
+                kb.data_move(Y, (pb, slice(n1s + pj, n1s + pj + pn), slice(pp0, pp0 + valid)), pbuf,
+                             (slice(0, pn), slice(0, valid)))
+                kb.loop()
+
+            aslot = bslot = 0
+            b = p0 = 0
+            for ev in events:
+                tag = ev[0]
+                if tag == "w_l1":  # one k step's weights: GM -> L1
+                    q0, n1s = ev[1] // k0, ev[2] // 16
+                    qstep = q0
+                    nn_t = min(nt1, n1 - n1s)
+                    kq = min(kt1, q_all - q0)  # pad_einsum's K padding is zero on both sides: not issued
+                    if kq > 0:
+                        wbuf = wl1[nw % slots]
+                        nw += 1
+                        kb.data_move(wbuf, (slice(0, kq), slice(0, nn_t)), W,
+                                     (slice(q0, q0 + kq), slice(n1s, n1s + nn_t)))
+                elif tag == "load3d":  # img2col of one L0 chunk of K
+                    b, p0, q0 = ev[1], ev[2], ev[3] // k0
+                    m1 = min(mt1, -(-(hw - p0) // 16))  # pad_einsum's pixel padding past H*W: not issued
+                    if q0 % kt1 == 0 and q0 < q_all:
+                        if steps:
+                            kb.loop()  # the previous k step's loop control
+                        steps += 1
+                    kn = min(k0c, q_all - q0)
+                    if kn > 0:
+                        aslot = na % slots
+                        na += 1
+                        kb.load3d(l0a[aslot], f, g, h0=h0, c1_0=0, p0=p0, mt=m1 * 16, q0=q0, kt1=kn)
+                elif tag == "ld_b" and kn > 0:  # one (k, n) chunk of the L1 weights -> L0B
+                    row, col = ev[1], ev[2]  # (K, N) of the chunk's first element in the GEMM
+                    kq0, nc0 = row // k0 - (0 if self.resident else qstep), col // 16 - n1s
+                    nn = min(n0c, nn_t - nc0)
+                    if nn > 0:
+                        bslot = nb % slots
+                        nb += 1
+                        kb.data_move(l0b[bslot], (slice(0, kn), slice(0, nn)), wbuf,
+                                     (slice(kq0, kq0 + kn), slice(nc0, nc0 + nn)))
+                elif tag == "mmad" and kn > 0 and nn > 0:
+                    nc0 = (ev[1] % ev[2]) // 16  # the chunk's first channel block in the L0C tile
+                    kb.mmad(c0, l0a[aslot], l0b[bslot], m1, kn, nn, c_n1_off=nc0, init=nc0 not in inited)
+                    inited.add(nc0)
+                    kb.loop()
+                elif tag == "l0c":  # one channel group of the tile: L0C -> UB
+                    if steps and pending is None:
+                        kb.loop()  # the last k step's loop control
+                    if pending is not None:
+                        flush(pending, n1s)
+                        pending = None
+                    b, p0, gj = ev[1], ev[2], ev[3] // 16 - n1s
+                    gn = min(self.g, nn_t - gj)  # channel blocks past K: pad_einsum's padding, not issued
+                    if gn > 0:
+                        acc, o16 = accs[ne % slots], o16s[ne % slots]
+                        ne += 1
+                        kb.data_move(acc, (slice(0, gn), slice(0, m1 * 16)), c0, (slice(gj, gj + gn), slice(0, m1 * 16)))
+                        pending = (b, p0, gj, gn, o16)
+                elif tag in ("bias", "bn") and gn > 0 and not params:
+                    # every output channel's parameters, loaded once and kept in UB (as the direct template)
+                    if tag == "bias":
+                        kb.data_move(b16, (slice(None),), bias_gm, (slice(None),))
+                        if cast:
+                            kb.vec("conv", VOp(b32), (VOp(b16),), n1 * 16)
+                    else:
+                        kb.data_move(sc, (slice(None),), sc_gm, (slice(None),))
+                        kb.data_move(sh, (slice(None),), sh_gm, (slice(None),))
+                    params = True
+                if gn <= 0:
+                    continue
+                if tag == "bias":
+                    for jj in range(gn):
+                        channel_op(kb, "add", acc, jj * mt * 16, m1 * 16, b32, (n1s + gj + jj) * 16)
+                elif tag == "cast":
+                    _rows_op(kb, "conv", o16, acc, gn, mt, m1 * 16)
+                elif tag == "bn":
+                    for op, prm in (("mul", sc), ("add", sh)):
+                        for jj in range(gn):
+                            channel_op(kb, op, o16, jj * mt * 16, m1 * 16, prm, (n1s + gj + jj) * 16)
+                elif tag == "relu":
+                    _rows_op(kb, "relu", o16, o16, gn, mt, m1 * 16)
+            if pending is not None:
+                flush(pending, n1s)
+            kb.loop()
+        return kb.finish(gm_inputs=("data", "weight", "bias", "scale", "shift"))
+
+
+__all__ = [
+    "EVENT",
+    "TRACES",
+    "ConvLowering",
+    "GemmLowering",
+    "intrin_copy",
+    "intrin_init",
+    "intrin_mmad",
+    "l0c_slots",
+    "split_groups",
+    "substitute",
+    "trace",
+]
