@@ -43,8 +43,8 @@ def presets() -> list[tuple[str, str]]:
 
 
 def carry_over(log: Path, target, op: str, preset: str, dtype: str) -> tuple[int | None, int | None]:
-    """Re-measure the best record of an older template version with the current template; append
-    it under the current key. Returns (old best cycles, carried cycles)."""
+    """Re-measure the best records (top 5 distinct configs) of an older template version with the
+    current template; append them under the current key. Returns (old best, best carried) cycles."""
     wl = workload(op, preset=preset, dtype=dtype)
     be = get_backend(target)
     tmpl, _ = be.resolve(wl, None)
@@ -61,13 +61,25 @@ def carry_over(log: Path, target, op: str, preset: str, dtype: str) -> tuple[int
         return None, None
     best = min(old, key=lambda r: r.cost)
     knobs = {k.name for k in tmpl.space(wl, target)}
-    cfg = {k: v for k, v in best.config.items() if k in knobs}
-    kernel = be.build(wl, cfg)
-    res = be.measure(kernel)
-    RecordLog(log).append(Record(key=record_key(wl, target, tmpl.name, tmpl.version), config=dict(kernel.config),
-                                 status="ok", cycles=res.cycles, seconds=res.seconds, metrics=res.metrics,
-                                 tuner="carry-over", timestamp=now()))
-    return best.cycles, res.cycles
+    carried, seen = None, set()
+    for r in sorted(old, key=lambda r: r.cost):  # the old top 5 distinct configs, retired knobs dropped
+        cfg = {k: v for k, v in r.config.items() if k in knobs}
+        if json.dumps(cfg, sort_keys=True) in seen:
+            continue
+        seen.add(json.dumps(cfg, sort_keys=True))
+        try:
+            kernel = be.build(wl, cfg)
+        except OpcError:
+            continue
+        res = be.measure(kernel)
+        RecordLog(log).append(Record(key=record_key(wl, target, tmpl.name, tmpl.version),
+                                     config=dict(kernel.config), status="ok", cycles=res.cycles,
+                                     seconds=res.seconds, metrics=res.metrics, tuner="carry-over",
+                                     timestamp=now()))
+        carried = res.cycles if carried is None else min(carried, res.cycles)
+        if len(seen) >= 5:
+            break
+    return best.cycles, carried
 
 
 def prune_stale(log: Path, target) -> int:

@@ -48,7 +48,7 @@ DTYPES = {"float16": (16, "float32", 2), "int8": (32, "int32", 1)}  # K0, accumu
 
 def unsupported(wl: Workload) -> str | None:
     if wl.op not in TIR_OPS or wl.dtype not in DTYPES:
-        return f"lowering=tir covers fp16 / int8 {', '.join(TIR_OPS)} only"
+        return f"the ascend matmul template covers fp16 / int8 {', '.join(TIR_OPS)} only"
     return None
 
 

@@ -26,4 +26,4 @@ def test_run_with_config_json(capsys):
     cfg = '{"m_tile": 16, "k_tile": 64, "n_tile": 256, "double_buffer": 0, "block_dim": 1}'
     assert main(["run", "matmul", "--target", "ascend-sim", "--dtype", "float16", "--config", cfg, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
-    assert rep["config"] == {**json.loads(cfg), "a_layout": "zZ", "lowering": "tik"} and rep["active_cores"] == 1
+    assert rep["config"] == {**json.loads(cfg), "a_layout": "zZ"} and rep["active_cores"] == 1

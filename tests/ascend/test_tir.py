@@ -1,5 +1,5 @@
-"""The TVM-lowered matmul path (lowering="tir"): an s_tir schedule whose tensorized blocks are
-the AI Core instructions, compiled by LLVM, run once to record the trace, then simulated."""
+"""The matmul's one route: an s_tir schedule whose tensorized blocks are the AI Core instructions,
+compiled by LLVM, run once to record the trace, then simulated."""
 from __future__ import annotations
 
 import pytest
@@ -7,7 +7,7 @@ import pytest
 from opcompiler.api import run_op
 from opcompiler.ops import get_op, workload
 
-TIR = {"lowering": "tir", "double_buffer": 1, "block_dim": 4, "a_layout": "ND"}
+TIR = {"double_buffer": 1, "block_dim": 4, "a_layout": "ND"}
 
 
 @pytest.mark.parametrize("op", ["matmul", "matmul_bias", "matmul_bias_relu"])
