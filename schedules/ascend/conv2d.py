@@ -15,10 +15,10 @@ zero-padded, so 3 or 13 input channels pay for a whole C0 block), weights FRACTA
 Grouped convolution runs each (image, group) pair as its own GEMM over that group's channels
 (each group padded to C0: depthwise convolution pays 16x on the cube, as on the chip).
 
-`lowering="tir"` builds the same kernel as a TVM implicit-GEMM s_tir schedule (`conv2d_tir.py`)
-lowered by the backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`); a config
-without `lowering` takes that route wherever it covers the config (groups 1: fp16, and int8
-conv2d / conv2d_bias_relu). The direct emitter remains for grouped / depthwise convolution.
+Template v2: with groups 1 every config is a TVM implicit-GEMM s_tir schedule (`conv2d_tir.py`)
+lowered by the backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`); the `lowering`
+knob is retired. The TIK-style emitter below remains only for what that schedule does not cover
+yet: grouped / depthwise convolution and int8 with a BN epilogue.
 """
 from __future__ import annotations
 
@@ -35,7 +35,7 @@ from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
 from .common import (AscendTemplate, CubeTiles, EpStep, core_values, cube_k_step, epilogue,
-                     epilogue_group, from_5hd, l0_chunks, machine, over_capacity, to_5hd, tile_values)
+                     epilogue_group, from_5hd, l0_chunks, machine, to_5hd, tile_values)
 from .conv_geometry import ConvGeometry as _Geo
 
 ACC = {"float16": "float32", "int8": "int32"}
@@ -48,7 +48,7 @@ class AscendConv2d(AscendTemplate):
 
     name = "ascend.conv2d"
     op_families = ("conv2d",)
-    version = 1
+    version = 2  # v2: one route for groups 1 (TVM s_tir), the `lowering` knob retired
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         g = _Geo(wl, target)
@@ -59,8 +59,6 @@ class AscendConv2d(AscendTemplate):
             Knob("double_buffer", (1, 0), "ping-pong buffers in L1, L0 and UB"),
             Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over"),
             Knob("w_resident", (0, 1), "keep the n tile's whole weight slice in L1, loaded once per n tile"),
-            Knob("lowering", ("tik", "tir"), "emit the program directly (tik) or lower a TVM implicit-GEMM "
-                 "schedule whose blocks become the instructions (tir; groups 1)"),
         ]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
@@ -102,27 +100,13 @@ class AscendConv2d(AscendTemplate):
                 bufs.append(("UB", f"out_ub_{s}", grp * rows * 16 * osz))
         return bufs, grp
 
-    def config(self, wl: Workload, target: Target, config: Mapping | None) -> dict:
-        """As the base class; a partial `{"lowering": "tir", ...}` gets the first preferred tiles
-        that the TIR path fits. A config without `lowering` takes the route `lowering()` picks."""
-        if config and config.get("lowering") == "tir" and not {"m_tile", "k_tile", "n_tile"} <= set(config):
-            prefs = self.preferred(wl, target)
-            for pref in prefs + [{**c, "double_buffer": 0} for c in prefs]:
-                cand = {**pref, **config}
-                if self.check(wl, target, cand) is None:
-                    return super().config(wl, target, cand)
-        return super().config(wl, target, config)
-
     def lowering(self, wl: Workload, target: Target, cfg: Mapping) -> str:
-        """The route of a config: its `lowering` knob, or when absent the TVM schedule (tir)
-        wherever it covers the config and the direct emitter (tik) elsewhere."""
-        if cfg.get("lowering"):
-            return cfg["lowering"]
-        from .conv2d_tir import tir_buffers, unsupported
+        """The route: the TVM schedule (tir) wherever it covers the workload (groups 1: fp16, and
+        int8 conv2d / conv2d_bias_relu), the direct emitter (tik) for the rest (grouped /
+        depthwise convolution, int8 with a BN epilogue)."""
+        from .conv2d_tir import unsupported
 
-        if unsupported(wl) is None and over_capacity(target, tir_buffers(wl, target, cfg)) is None:
-            return "tir"
-        return "tik"
+        return "tir" if unsupported(wl) is None else "tik"
 
     def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
         if self.lowering(wl, target, config) == "tir":
@@ -163,7 +147,7 @@ class AscendConv2d(AscendTemplate):
 
             why = unsupported(wl)
             if why is not None:
-                raise OpcError(why, arg="--config", value=dict(cfg), expected="lowering=tik")
+                raise OpcError(why, arg="op", value=wl.op)
             return tir_plan(wl, target, cfg)
         m = machine(target)
         g = _Geo(wl, target)

@@ -35,10 +35,8 @@ def test_check_agrees_with_build_over_a_space(backend):
     tmpl = get_template("conv2d", "ascend")
     n_bad = 0
     space = list(tmpl.iter_space(wl, tgt))
-    # lowering=tir pays a TVM schedule (~0.2-0.4 s) per new tile shape: sample it more sparsely
-    sample = [c for c in space if c.get("lowering") != "tir"][::7]
-    sample += [c for c in space if c.get("lowering") == "tir"][::200]
-    assert any(c.get("lowering") == "tir" for c in sample)
+    # each new tile shape pays a TVM schedule and trace (~0.05-0.3 s): sample the space sparsely
+    sample = space[::100]
     for cfg in sample:
         cfg["block_dim"] = 32
         why = tmpl.check(wl, tgt, cfg)

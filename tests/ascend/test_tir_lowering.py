@@ -39,21 +39,26 @@ def test_intrinsics_are_parsed_once_and_specialised_per_shape():
     assert "T.Buffer((48, 16)" in text and "T.grid(48, 16)" in text
 
 
-# what the retired TIK-style matmul emitter measured (at d3ba5e6, lowering=tik): the matmul's one route
-# must not be slower
-RETIRED_MATMUL = {("matmul_bias_relu", "m=600,k=64,n=300"): 15270, ("matmul", "m=96,k=722,n=362"): 3500,
-                  ("matmul", "m=1,k=2048,n=1000"): 5145}
+# what the retired TIK-style emitter measured for these configs (at d3ba5e6, lowering=tik): the one
+# route must not be slower
+RETIRED = {("matmul_bias_relu", "m=600,k=64,n=300"): 15270, ("matmul", "m=96,k=722,n=362"): 3500,
+           ("matmul", "m=1,k=2048,n=1000"): 5145,
+           ("conv2d", "c=64,h=56,k=64,n=1,pad=1,r=3,s=3,stride=1,w=56"): 4342,
+           ("conv2d", "c=128,h=56,k=128,n=1,pad=1,r=3,s=3,stride=2,w=56"): 4894,
+           ("conv2d", "c=64,h=19,k=64,n=96,pad=1,r=3,s=3,stride=1,w=19,layout=NHWC"): 14304,
+           ("conv2d", "n=1,c=64,h=12,w=12,k=64,r=3,s=3,pad=1"): 4256,
+           ("conv2d_bias_relu", "n=2,c=13,h=9,w=9,k=200,r=3,s=3,pad=1,stride=2,layout=NHWC"): 3764,
+           ("conv2d_bn_relu", "n=1,c=32,h=30,w=30,k=120,r=3,s=3,pad=1"): 12329}
 
 
 def _route(op: str, cfg: dict, lowering: str) -> dict:
-    """The conv template still has a `lowering` knob (tik for groups > 1); matmul has one route."""
-    return {**cfg, "lowering": lowering} if op.startswith("conv") else dict(cfg)
+    """Both templates have one route for these workloads now (no `lowering` knob)."""
+    return dict(cfg)
 
 
 def test_the_trace_is_keyed_by_tiles_not_by_cores_or_buffering(backend):
     wl = workload("conv2d", "n=1,c=16,h=8,w=8,k=32,r=3,s=3,pad=1", dtype="float16")
-    cfg = {"lowering": "tir", "m_tile": 32, "k_tile": 64, "n_tile": 16, "double_buffer": 1, "block_dim": 4,
-           "w_resident": 0}
+    cfg = {"m_tile": 32, "k_tile": 64, "n_tile": 16, "double_buffer": 1, "block_dim": 4, "w_resident": 0}
     backend.build(wl, cfg)
     n = len(tl.TRACES)
     for other in ({"block_dim": 1}, {"double_buffer": 0}, {"block_dim": 2, "double_buffer": 0}):
@@ -112,9 +117,7 @@ def test_chunks_resident_weights_nhwc_and_epilogue_groups(backend, op, shape, cf
     res = backend.run(kern, inputs)
     assert compare(res.outputs[0], get_op(op).reference(wl, inputs))[0]
     assert res.cycles == backend.measure(kern).cycles
-    direct = (RETIRED_MATMUL[(op, shape)] if not op.startswith("conv")
-              else backend.measure(backend.build(wl, _route(op, full, "tik"))).cycles)
-    assert res.cycles <= direct
+    assert res.cycles <= RETIRED[(op, shape)]
 
 
 @pytest.mark.parametrize("op,params,cfg", [
@@ -133,10 +136,7 @@ def test_shipped_best_configs_same_cycles_on_both_routes(backend, op, params, cf
     """Best configs of shipped ascend910-sim records (benchmarks/tir_parity.py runs them all):
     the TIR route issues the direct template's instructions, so the cycles are equal."""
     wl = workload(op, params, dtype="float16")
-    tir = backend.measure(backend.build(wl, _route(op, cfg, "tir"))).cycles
-    tik = (RETIRED_MATMUL[(op, params)] if not op.startswith("conv")
-           else backend.measure(backend.build(wl, _route(op, cfg, "tik"))).cycles)
-    assert tir == tik
+    assert backend.measure(backend.build(wl, _route(op, cfg, "tir"))).cycles == RETIRED[(op, params)]
 
 
 def test_without_a_lowering_knob_conv_takes_the_tir_route_where_it_covers():
