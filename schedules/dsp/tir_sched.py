@@ -75,28 +75,7 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     p = base.p
     wo = (p["w"] + 2 * p["pad"] - p["dilation"] * (p["s"] - 1) - 1) // p["stride"] + 1
     cols, pw = min(config["cols"], wo), config["pw"]
-    n, y, x, kk, ry, rx, rc = sch.get_loops(conv)
-    yo, yi = sch.split(y, [None, config["rows"]])
-    xo, xi = sch.split(x, [None, cols])
-    ko, ki = sch.split(kk, [None, config["kv"] * lanes])
-    sch.reorder(ko, n, yo, xo, yi, xi, ki, ry, rx, rc)
-    if config["split"] == "batch":
-        item = sch.fuse(yo, xo)
-        sch.annotate(n, "opc.dsp.cores", 1)
-    else:
-        item = sch.fuse(n, yo, xo)
-        sch.annotate(item, "opc.dsp.cores", 1)
-    sch.annotate(item, "opc.dsp.stage", 1)
-    # the padded input tile of this item: zero fill + DMA into SM (region fixed before the
-    # register-block split so it is exactly the tile's rows and columns)
-    if "pad" in names:
-        pad = sch.get_sblock("pad")
-        sch.compute_at(pad, item)
-        sch.set_scope(pad, 0, "local.SM")
-    else:
-        pad = sch.cache_read(conv, 0, "local.SM")
-        sch.compute_at(pad, item)
-    o = sch.cache_write(last, 0, "local.AM")  # the output tile; `o` is its AM -> DDR copy
+    ko, _, yi, xi, item, pad, o = _tiles(sch, conv, last, names, config, cols, lanes, ws=False)
     if not epi:  # plain conv: accumulate in registers, then store the block to the AM tile
         st = sch.cache_write(conv, 0, "local.REG")
         epi_blocks = [st]
@@ -121,6 +100,40 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     return sch
 
 
+def _tiles(sch, conv, last, names: list[str], config: Mapping[str, Any], cols: int, lanes: int, ws: bool):
+    """The staging both conv orders share: output channels split by kv x 32 lanes, (image, row
+    block, column block) items (the stage loop, split across the cores), the padded input tile
+    of an item in SM, the output tile in AM. `ws` puts the input-channel loop outside the tile's
+    pixels. Returns (channel-block loop, input-channel loop, row loop, column loop, item loop, pad
+    block, output copy)."""
+    n, y, x, kk, ry, rx, rc = sch.get_loops(conv)
+    yo, yi = sch.split(y, [None, config["rows"]])
+    xo, xi = sch.split(x, [None, cols])
+    ko, ki = sch.split(kk, [None, config["kv"] * lanes])
+    if ws:
+        sch.reorder(ko, n, yo, xo, rc, yi, xi, ki, ry, rx)
+    else:
+        sch.reorder(ko, n, yo, xo, yi, xi, ki, ry, rx, rc)
+    if config["split"] == "batch":
+        item = sch.fuse(yo, xo)
+        sch.annotate(n, "opc.dsp.cores", 1)
+    else:
+        item = sch.fuse(n, yo, xo)
+        sch.annotate(item, "opc.dsp.cores", 1)
+    sch.annotate(item, "opc.dsp.stage", 1)
+    # the padded input tile of this item: zero fill + DMA into SM (region fixed before the
+    # register-block split so it is exactly the tile's rows and columns)
+    if "pad" in names:
+        pad = sch.get_sblock("pad")
+        sch.compute_at(pad, item)
+        sch.set_scope(pad, 0, "local.SM")
+    else:
+        pad = sch.cache_read(conv, 0, "local.SM")
+        sch.compute_at(pad, item)
+    o = sch.cache_write(last, 0, "local.AM")  # the output tile; `o` is its AM -> DDR copy
+    return ko, rc, yi, xi, item, pad, o
+
+
 def ws_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     """Seed 004's weight-stationary pass (order=ws): per tile, one micro-kernel call per input
     channel (`opc.dsp.op = mk_ws`: the channel's R*S x kv weight vectors stay in registers while
@@ -137,26 +150,7 @@ def ws_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     p = base.p
     wo = (p["w"] + 2 * p["pad"] - p["dilation"] * (p["s"] - 1) - 1) // p["stride"] + 1
     cols = min(config["cols"], wo)
-    n, y, x, kk, ry, rx, rc = sch.get_loops(conv)
-    yo, yi = sch.split(y, [None, config["rows"]])
-    xo, xi = sch.split(x, [None, cols])
-    ko, ki = sch.split(kk, [None, config["kv"] * machine(target).lanes])
-    sch.reorder(ko, n, yo, xo, rc, yi, xi, ki, ry, rx)
-    if config["split"] == "batch":
-        item = sch.fuse(yo, xo)
-        sch.annotate(n, "opc.dsp.cores", 1)
-    else:
-        item = sch.fuse(n, yo, xo)
-        sch.annotate(item, "opc.dsp.cores", 1)
-    sch.annotate(item, "opc.dsp.stage", 1)
-    if "pad" in names:
-        pad = sch.get_sblock("pad")
-        sch.compute_at(pad, item)
-        sch.set_scope(pad, 0, "local.SM")
-    else:
-        pad = sch.cache_read(conv, 0, "local.SM")
-        sch.compute_at(pad, item)
-    o = sch.cache_write(last, 0, "local.AM")  # the output tile; `o` is its AM -> DDR copy
+    ko, rc, yi, xi, item, pad, o = _tiles(sch, conv, last, names, config, cols, machine(target).lanes, ws=True)
     if epi:
         sch.set_scope(conv, 0, "local.AM")  # partial sums across the channel passes
         for b in epi[:-1]:
