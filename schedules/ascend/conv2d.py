@@ -103,10 +103,11 @@ class AscendConv2d(AscendTemplate):
     def lowering(self, wl: Workload, target: Target, cfg: Mapping) -> str:
         """The route: the TVM schedule (tir) wherever it covers the workload (groups 1: fp16, and
         int8 conv2d / conv2d_bias_relu), the direct emitter (tik) for the rest (grouped /
-        depthwise convolution, int8 with a BN epilogue)."""
-        from .conv2d_tir import unsupported
+        depthwise convolution, int8 with a BN epilogue, a 1x1 output the implicit-GEMM rewrite
+        cannot express)."""
+        from .conv2d_tir import expressible, unsupported
 
-        return "tir" if unsupported(wl) is None else "tik"
+        return "tir" if unsupported(wl) is None and expressible(wl) else "tik"
 
     def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
         if self.lowering(wl, target, config) == "tir":

@@ -178,6 +178,24 @@ def _implicit_gemm(wl: Workload):
     return _PREFIX[key]
 
 
+_NOT_EXPRESSIBLE: set[tuple] = set()
+
+
+def expressible(wl: Workload) -> bool:
+    """Whether the implicit-GEMM rewrite applies to this workload (cached). TE simplifies unit
+    axes out of its indices (a 1x1 output, as a squeeze-and-excite gate's conv has), and the
+    rewrite's index maps then no longer match the buffers: such workloads take the emitter."""
+    key = (wl.op, tuple(sorted(dict(wl.params).items())), wl.dtype)
+    if key in _NOT_EXPRESSIBLE:
+        return False
+    try:
+        _implicit_gemm(wl)
+    except Exception:  # TVM's schedule errors (tvm.error.InternalError, ScheduleError)
+        _NOT_EXPRESSIBLE.add(key)
+        return False
+    return True
+
+
 def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident: bool, g16: int):
     """The (channel-padded, NCHW) conv's implicit-GEMM s_tir schedule, every inner block tensorized
     or substituted by its instruction; (module, argument specs).

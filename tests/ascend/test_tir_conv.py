@@ -139,3 +139,13 @@ def test_check_agrees_with_what_the_tir_path_allocates(backend):
     assert "L0A" in tmpl.check(wl, target, big)
     with pytest.raises(CapacityError, match="L0A"):
         backend.build(wl, big)
+
+
+def test_a_one_pixel_output_takes_the_emitter():
+    """A squeeze-and-excite gate's 1x1 conv on a 1x1 map: TE drops the unit axes from its
+    indices, the implicit-GEMM rewrite does not apply, and the emitter builds it (a graph with
+    such a conv failed with a TVM InternalError before)."""
+    rep = run_op("conv2d_bias_relu", "ascend-sim", shape="n=1,c=32,h=1,w=1,k=16,r=1,s=1,pad=0", dtype="float16")
+    assert rep["correct"] and "lowering" not in rep
+    rep = run_op("conv2d", "ascend-sim", shape="n=1,c=32,h=2,w=2,k=16,r=1,s=1,pad=0", dtype="float16")
+    assert rep["correct"] and rep["lowering"].startswith("TVM s_tir")
