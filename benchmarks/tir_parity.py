@@ -1,9 +1,11 @@
-"""Direct (TIK-style) route vs TIR route on the shipped ascend910-sim records (issue 12).
+"""The shipped ascend910-sim records on the one TVM route (issue 12).
 
-For every distinct workload in tuning_logs/ascend910-sim/{matmul,conv2d}.jsonl, the best ok
-record's config (verified records first) is built and measured in timing mode
-(`backend.measure(backend.build(wl, cfg))`) twice: `lowering="tik"` and `lowering="tir"`,
-everything else equal. Prints one row per workload (record cycles, direct, TIR or why the
+Since ascend.matmul v2 / ascend.conv2d v2 there is no `lowering` knob: this script measures each
+shipped best's config again and sets it against the stored cycles; `--timing` times a candidate
+(new tiles, cached trace). Before the retirement (at 55048fa) it built every best twice,
+`lowering="tik"` and `lowering="tir"`; that run's output is kept in
+benchmarks/tir_parity_output.txt (TIR equal or better on 25 of 25, none slower on 250 random
+configs). The columns below: the record's cycles, today's, and the ratio. Prints one row per workload (record cycles, direct, TIR or why the
 TIR route refuses the config, TIR / direct), the coverage, the worst ratio, whether today's
 best on the record's own config is within 1 % of the record, and the median TIR
 build+measure time per candidate (every candidate here has its own tiles, so each is a cold
@@ -52,8 +54,6 @@ def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--only", default="", help="conv2d, matmul, or a substring of the workload label")
     ap.add_argument("--limit", type=int, default=0, help="at most this many workloads")
-    ap.add_argument("--sample", type=int, default=0, help="also compare N random configs (valid on both "
-                    "routes) per workload")
     ap.add_argument("--timing", action="store_true", help="only time build+measure per candidate on "
                     "resnet50.res2_3x3 batch 1 fp16, both routes")
     args = ap.parse_args(argv)
@@ -63,7 +63,6 @@ def main(argv: list[str] | None = None) -> int:
     from opcompiler.backend import get_backend
     from opcompiler.errors import OpcError
     from opcompiler.target import load_target
-    from opcompiler.template import get_template
     from opcompiler.workload import Workload
 
     target = load_target("ascend-sim")
@@ -77,109 +76,39 @@ def main(argv: list[str] | None = None) -> int:
     for rec in recs:
         key = rec["key"]
         wl = Workload.make(key["op"], key["params"], key["dtype"])
-        tmpl = get_template(key["op"], "ascend")
         cfg = dict(rec["config"])
-        row = {"workload": label(rec), "record": rec["cycles"], "record_lowering": cfg.get("lowering", "tik")}
-        today_cfg = cfg
-        if cfg.get("lowering") == "tir" and key["op"].startswith("conv") and cfg.get("w_resident"):
-            # the TIR route ignored w_resident when these records were made: their kernel is w_resident=0
-            today_cfg = {**cfg, "w_resident": 0}
-            row["record_lowering"] = "tir, w_res ignored"
+        row = {"workload": label(rec), "record": rec["cycles"]}
+        row["direct"] = rec["cycles"]  # the stored figure (the regenerated records were made on this route)
+        t0 = time.perf_counter()
         try:
-            row["today"] = backend.measure(backend.build(wl, today_cfg)).cycles  # the record's kernel, today
+            row["tir"] = backend.measure(backend.build(wl, cfg)).cycles
+            tir_times.append(time.perf_counter() - t0)
         except OpcError as e:
-            row["today"] = None
-            row["today_err"] = str(e).splitlines()[0]
-        res = {}
-        for low in ("tik", "tir"):
-            c = tmpl.config(wl, target, {**today_cfg, "lowering": low})
-            why = tmpl.check(wl, target, c)
-            if why is not None:
-                res[low] = why
-                continue
-            t0 = time.perf_counter()
-            try:
-                res[low] = backend.measure(backend.build(wl, c)).cycles
-            except OpcError as e:
-                res[low] = str(e).splitlines()[0]
-            if low == "tir" and isinstance(res[low], int):
-                tir_times.append(time.perf_counter() - t0)
-        row["direct"], row["tir"] = res["tik"], res["tir"]
-        ok = isinstance(row["direct"], int) and isinstance(row["tir"], int)
+            row["tir"] = str(e).splitlines()[0]
+        ok = isinstance(row["tir"], int)
         row["ratio"] = row["tir"] / row["direct"] if ok else None
         rows.append(row)
-        d = row["direct"] if isinstance(row["direct"], int) else "-"
-        t = row["tir"] if isinstance(row["tir"], int) else "refused: " + str(row["tir"])[:90]
+        t = row["tir"] if ok else "refused: " + str(row["tir"])[:90]
         r = f"{row['ratio']:.3f}" if row["ratio"] is not None else "-"
-        print(f"{row['workload'][:70]:70s} rec {row['record']:>6} ({row['record_lowering']}) today "
-              f"{row['today'] if row['today'] is not None else '-':>6}  direct {d:>6}  tir {t}  ratio {r}", flush=True)
+        print(f"{row['workload'][:70]:70s} record {row['record']:>6}  today {t}  ratio {r}", flush=True)
 
-    if args.sample:
-        sample(recs, args.sample)
     covered = [r for r in rows if r["ratio"] is not None]
     print()
-    print(f"workloads: {len(rows)}; TIR covers the best config of {len(covered)}; "
-          f"refused {len(rows) - len(covered)}")
-    if covered:
-        worst = max(covered, key=lambda r: r["ratio"])
-        print(f"TIR / direct: worst {worst['ratio']:.3f} ({worst['workload']}), "
-              f"best {min(r['ratio'] for r in covered):.3f}, equal-or-better on "
-              f"{sum(r['ratio'] <= 1.0 for r in covered)} of {len(covered)}")
-    drift = [r for r in rows if r["today"] is None or abs(r["today"] - r["record"]) > 0.01 * r["record"]]
+    print(f"workloads: {len(rows)}; built {len(covered)}; refused {len(rows) - len(covered)}")
+    drift = [r for r in rows if r["ratio"] is None or abs(r["ratio"] - 1) > 0.01]
     print(f"record's config today within 1 % of the record: {len(rows) - len(drift)} of {len(rows)}"
-          + "".join(f"\n  drift: {r['workload']}: record {r['record']} today {r['today']}" for r in drift))
+          + "".join(f"\n  drift: {r['workload']}: record {r['record']} today {r['tir']}" for r in drift))
     if tir_times:
-        print(f"TIR build+measure per candidate (cold tiles): median {1e3 * statistics.median(tir_times):.1f} ms "
+        print(f"build+measure per candidate (cold tiles): median {1e3 * statistics.median(tir_times):.1f} ms "
               f"over {len(tir_times)} (min {1e3 * min(tir_times):.1f}, max {1e3 * max(tir_times):.1f})")
     return 0
-
-
-def sample(recs: list[dict], n: int, seed: int = 0) -> None:
-    """n random configs per workload, valid on both routes (check()), both routes measured."""
-    import random
-
-    from opcompiler.backend import get_backend
-    from opcompiler.target import load_target
-    from opcompiler.template import get_template
-    from opcompiler.workload import Workload
-
-    target = load_target("ascend-sim")
-    backend = get_backend(target)
-    rng = random.Random(seed)
-    ratios, refused = [], 0
-    for rec in recs:
-        key = rec["key"]
-        wl = Workload.make(key["op"], key["params"], key["dtype"])
-        tmpl = get_template(key["op"], "ascend")
-        got = tries = 0
-        while got < n and tries < 50 * n:
-            tries += 1
-            c = tmpl.config(wl, target, tmpl.random_config(wl, target, rng))
-            tik, tir = {**c, "lowering": "tik"}, {**c, "lowering": "tir"}
-            if tmpl.check(wl, target, tik) is not None:
-                continue
-            if tmpl.check(wl, target, tir) is not None:
-                refused += 1
-                continue
-            got += 1
-            d = backend.measure(backend.build(wl, tik)).cycles
-            t = backend.measure(backend.build(wl, tir)).cycles
-            ratios.append((t / d, label(rec), {k: v for k, v in c.items() if k != "lowering"}))
-    worse = [r for r in ratios if r[0] > 1.0]
-    print(f"\nsampled configs: {len(ratios)} valid on both routes, {refused} valid on the direct route only; "
-          f"TIR / direct worst {max(r[0] for r in ratios):.3f}, best {min(r[0] for r in ratios):.3f}, "
-          f"worse than direct on {len(worse)}")
-    for r in sorted(worse, key=lambda r: -r[0])[:10]:
-        print(f"  {r[0]:.3f}  {r[1]}  {r[2]}")
-    for r in sorted(ratios, key=lambda r: r[0])[:3]:
-        print(f"  best: {r[0]:.3f}  {r[1]}  {r[2]}")
 
 
 def timing() -> int:
     """build+measure (timing mode) per candidate on res2_3x3 b1 fp16: every TIR-valid tile
     config of the space with double_buffer=1, block_dim=32; TIR cold (its own tiles: schedule,
-    compile, trace; intrinsics parsed once per process, the first candidate pays that), TIR
-    with the trace cached (same tiles, other knobs), and the direct route."""
+    compile, trace; intrinsics parsed once per process, the first candidate pays that) and TIR
+    with the trace cached (same tiles, other knobs). The retired direct route took 2.0 ms."""
     from opcompiler.backend import get_backend
     from opcompiler.backend.ascend import tir_lower
     from opcompiler.ops import workload
@@ -196,25 +125,24 @@ def timing() -> int:
         for kt in sp["k_tile"]:
             for nt in sp["n_tile"]:
                 c = tmpl.config(wl, target, {"m_tile": mt, "k_tile": kt, "n_tile": nt, "double_buffer": 1,
-                                             "block_dim": 32, "w_resident": 0, "lowering": "tir"})
+                                             "block_dim": 32, "w_resident": 0})
                 if tmpl.check(wl, target, c) is None:
                     cfgs.append(c)
-    out: dict[str, list[float]] = {"tir cold": [], "tir cached trace": [], "direct": []}
+    out: dict[str, list[float]] = {"tir cold": [], "tir cached trace": []}
     for c in cfgs:
-        for label, cfg in (("tir cold", c), ("tir cached trace", {**c, "block_dim": 16}),
-                           ("direct", {**c, "lowering": "tik"})):
+        for label, cfg in (("tir cold", c), ("tir cached trace", {**c, "block_dim": 16})):
             if tmpl.check(wl, target, cfg) is not None:
                 continue
             t0 = time.perf_counter()
             backend.measure(backend.build(wl, cfg))
             out[label].append(time.perf_counter() - t0)
-    # candidates as a tuner draws them (every knob random, lowering=tir), in a fresh trace cache
+    # candidates as a tuner draws them (every knob random), in a fresh trace cache
     import random
 
     tir_lower.TRACES.clear()
     rng, drawn = random.Random(1), []
     while len(drawn) < 200:
-        c = tmpl.config(wl, target, {**tmpl.random_config(wl, target, rng), "lowering": "tir"})
+        c = tmpl.config(wl, target, tmpl.random_config(wl, target, rng))
         if tmpl.check(wl, target, c) is None:
             t0 = time.perf_counter()
             backend.measure(backend.build(wl, c))
