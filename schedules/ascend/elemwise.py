@@ -16,7 +16,9 @@ Flat chains (relu, add, add_relu without broadcast, ew_chain without per-channel
 TVM route: `elemwise_tir.flat_schedule` schedules the op's own TE compute (UB tiles, cache_read /
 cache_write, stages computed at the tile loop, emit_insn pragmas, the knobs as split factor and
 loop annotations) and the backend's `emit_insn` lowering turns the scheduled module into each
-core's program. Per-channel chains, concat, pad, transpose and slice are still emitted directly
+core's program. Per-channel chains take it too: `channel_tir.channel_schedule` schedules the
+chain on the NC1HWC0 view (parameters resident in UB, a per-channel step lowered to block
+stride 0 / half-row instructions). concat, pad, transpose and slice are still emitted directly
 (TIK style) below.
 """
 from __future__ import annotations
@@ -86,7 +88,8 @@ def _shape(wl: Workload) -> tuple[int, int, int, int]:
 def emit_steps(kb: KernelBuilder, steps, x: Buf, fulls: list[Buf], params: list[Buf], cnt_elems: int,
                rows: int, cb: int) -> None:
     """The vector instructions of a step chain on one UB tile (`rows` of 16 channels at channel
-    offset `cb` for per-channel steps)."""
+    offset `cb` for per-channel steps), TIK style. No template emits through it any more (both
+    chain kinds take the TVM route); the tests' oracles for the TIR routes do."""
     fi = pi = 0
     vx = VOp(x)
     for name, args in steps:
@@ -156,82 +159,45 @@ class AscendElemwise(AscendTemplate):
             return self._apply_slice(wl, target, cfg, m)
         if kind == "flat":
             return self._apply_flat_tir(wl, target, cfg, m)
-        steps = [] if kind == "concat" else _steps(wl)
+        if kind == "channel":
+            return self._apply_channel_tir(wl, target, cfg, m)
+        return self._apply_concat(wl, target, cfg, m)
+
+    def _apply_concat(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+        """concat: per image, input i's channel block is one contiguous run of the output; each
+        run goes GM -> UB -> GM in tiles (MTE2, MTE3, no vector work)."""
         dt = wl.dtype
         n, c, h, w = _shape(wl)
         slots = 2 if cfg["double_buffer"] else 1
         tile = cfg["ub_tile"]
-        n_full, n_chan = _n_full(wl), _n_chan(wl)
-        c1, hw = ceil_div(c, C0), h * w
-        if kind == "channel":
-            rows_per_tile = max(1, tile // C0)
-            units = [(p, r, min(rows_per_tile, hw - r)) for p in range(n * c1) for r in range(0, hw, rows_per_tile)]
-            gm_shape = (n * c1, hw, C0)
-            out_shape_gm = gm_shape
-        else:  # concat: per image, input i's channel block is one contiguous run of the output
-            cc = (c, wl["c1"])
-            units = [(i, (b, s), min(tile, cc[i] * hw - s)) for b in range(n) for i in range(2)
-                     for s in range(0, cc[i] * hw, tile)]
-            out_shape_gm = (n, (c + wl["c1"]) * hw)
+        hw = h * w
+        cc = (c, wl["c1"])
+        units = [(i, (b, s), min(tile, cc[i] * hw - s)) for b in range(n) for i in range(2)
+                 for s in range(0, cc[i] * hw, tile)]
+        out_shape_gm = (n, (c + wl["c1"]) * hw)
         active = min(cfg["block_dim"], len(units))
 
         def program(core: int):
             kb = KernelBuilder(m, core, active)
-            if kind == "concat":
-                xs = [kb.gm("x0", (n, c * hw), dt), kb.gm("x1", (n, wl["c1"] * hw), dt)]
-            else:
-                xs = [kb.gm(f"x{i}", gm_shape, dt) for i in range(1 + n_full)]
+            xs = [kb.gm("x0", (n, c * hw), dt), kb.gm("x1", (n, wl["c1"] * hw), dt)]
             y = kb.gm("y", out_shape_gm, dt)
-            params = []
-            for i in range(n_chan):
-                g = kb.gm(f"p{i}", (c1, C0), dt)
-                b = kb.alloc("UB", f"param{i}", (c1, C0), dt)
-                kb.data_move(b, (slice(None),), g, (slice(None),))
-                params.append(b)
-            bufs = [[kb.alloc("UB", f"x{i}_{s}", (tile,), dt) for i in range(1 + n_full)] for s in range(slots)]
+            bufs = [kb.alloc("UB", f"x0_{s}", (tile,), dt) for s in range(slots)]
             lo, hi = split_even(len(units), active, core)
-            for j, (plane, start, cnt) in enumerate(units[lo:hi]):
+            for j, (plane, (b, s0), cnt) in enumerate(units[lo:hi]):
                 ub = bufs[j % slots]
-                if kind == "concat":
-                    b, s0 = start
-                    off = (0 if plane == 0 else c * hw) + s0
-                    kb.data_move(ub[0], (slice(0, cnt),), xs[plane], (b, slice(s0, s0 + cnt)))
-                    kb.data_move(y, (b, slice(off, off + cnt)), ub[0], (slice(0, cnt),))
-                else:
-                    for i in range(1 + n_full):
-                        kb.data_move(ub[i], (slice(0, cnt * C0),), xs[i], (plane, slice(start, start + cnt)))
-                    emit_steps(kb, steps, ub[0], ub[1:], params, cnt * C0, cnt, (plane % c1) * C0)
-                    kb.data_move(y, (plane, slice(start, start + cnt)), ub[0], (slice(0, cnt * C0),))
+                off = (0 if plane == 0 else c * hw) + s0
+                kb.data_move(ub, (slice(0, cnt),), xs[plane], (b, slice(s0, s0 + cnt)))
+                kb.data_move(y, (b, slice(off, off + cnt)), ub, (slice(0, cnt),))
                 kb.loop()
-            inputs = tuple(f"x{i}" for i in range(2 + n_full)) + tuple(f"p{i}" for i in range(n_chan))
-            return kb.finish(gm_inputs=inputs)
-
-        layout = wl.layout
+            return kb.finish(gm_inputs=("x0", "x1"))
 
         def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-            if kind == "concat":
-                return {f"x{i}": np.ascontiguousarray(x).reshape(n, -1) for i, x in enumerate(inputs)}
-            fulls, chans, rest = [], [], iter(inputs[1:])
-            for name, _ in steps:  # operands come in step order
-                for what in STEP_OPERANDS[name]:
-                    (fulls if what == "full" else chans).append(next(rest))
-            gm = {f"x{i}": to_5hd(a, layout, C0).reshape(gm_shape) for i, a in enumerate([inputs[0], *fulls])}
-            for i, a in enumerate(chans):
-                gm[f"p{i}"] = per_channel(a.reshape(-1), c1, C0)
-            return gm
-
-        def unpack(y: np.ndarray) -> np.ndarray:
-            if kind == "concat":
-                return y.reshape(n, c + wl["c1"], h, w)
-            return from_5hd(y.reshape(n, c1, hw, C0), c, h, w, layout)
+            return {f"x{i}": np.ascontiguousarray(x).reshape(n, -1) for i, x in enumerate(inputs)}
 
         return Plan(active_cores=active, make_program=program, pack=pack, out_name="y", out_shape=out_shape_gm,
-                    out_dtype=dt, unpack=unpack, flops=get_op(wl.op).flops(wl), unit="vector",
-                    info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H*W, 16)" if kind == "channel" else "flat"},
-                          "steps": ";".join(nm for nm, _ in steps) if steps else kind,
-                          "layout_change": ("NCHW/NHWC <-> NC1HWC0 on the host" if kind == "channel"
-                                            else "none"),
-                          "channel_padding_waste": round(1 - c / (c1 * C0), 4) if kind == "channel" else 0.0})
+                    out_dtype=dt, unpack=lambda y: y.reshape(n, c + wl["c1"], h, w), flops=get_op(wl.op).flops(wl),
+                    unit="vector", info={"gm_layouts": {"x": "flat"}, "steps": "concat", "layout_change": "none",
+                                         "channel_padding_waste": 0.0})
 
     def _apply_flat_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
         """Flat chains through TVM: `elemwise_tir.flat_schedule` schedules the op's TE compute
@@ -255,6 +221,44 @@ class AscendElemwise(AscendTemplate):
                     info={"gm_layouts": {"x": "flat"}, "steps": ";".join(nm for nm, _ in _steps(wl)),
                           "layout_change": "none (streams the tensor in its own layout)",
                           "channel_padding_waste": 0.0,
+                          "lowering": "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)",
+                          "tir_nests": len(vk.nests)})
+
+    def _apply_channel_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+        """Per-channel chains through TVM: `channel_tir.channel_schedule` schedules the chain on
+        the NC1HWC0 view (UB tiles of ub_tile / 16 pixels of one channel block, parameters
+        resident in UB, emit_insn pragmas); the backend's `emit_insn` lowering turns it into each
+        core's program (per-channel steps: block stride 0 for fp16, two half-row instructions
+        for fp32)."""
+        from opcompiler.backend.ascend import emit_insn
+
+        from .channel_tir import channel_schedule
+
+        steps = _steps(wl)
+        chain = ";".join(":".join((nm, *map(repr, args))) for nm, args in steps)
+        vk = emit_insn.lower(channel_schedule(wl, chain, cfg))
+        n, c, h, w = _shape(wl)
+        c1, hw = ceil_div(c, C0), h * w
+        gm_shape = (n * c1, hw, C0)
+        layout = wl.layout
+
+        def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+            fulls, chans, rest = [], [], iter(inputs[1:])
+            for name, _ in steps:  # operands come in step order
+                for what in STEP_OPERANDS[name]:
+                    (fulls if what == "full" else chans).append(next(rest))
+            gm = {f"x{i}": to_5hd(a, layout, C0).reshape(gm_shape) for i, a in enumerate([inputs[0], *fulls])}
+            for i, a in enumerate(chans):
+                gm[f"p{i}"] = per_channel(a.reshape(-1), c1, C0)
+            return gm
+
+        return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core), pack=pack,
+                    out_name=vk.output, out_shape=gm_shape, out_dtype=wl.dtype,
+                    unpack=lambda y: from_5hd(y.reshape(n, c1, hw, C0), c, h, w, layout),
+                    flops=get_op(wl.op).flops(wl), unit="vector",
+                    info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H*W, 16)"}, "steps": ";".join(nm for nm, _ in steps),
+                          "layout_change": "NCHW/NHWC <-> NC1HWC0 on the host",
+                          "channel_padding_waste": round(1 - c / (c1 * C0), 4),
                           "lowering": "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)",
                           "tir_nests": len(vk.nests)})
 

@@ -215,6 +215,27 @@ class KernelBuilder:
                 vo = [VOp(o.buf, o.offset + i0 * s + part * epb, s // epb, 8 * s // epb) for o, s in zip(ops, strides)]
                 self.vec_raw(op, vo[0], tuple(vo[1:]), reps, mask, scalar=scalar)
 
+    def vec_channel(self, op: str, dst: VOp, srcs: tuple[VOp, ...], rows: int, c0: int = 16,
+                    scalar: float = 0.0) -> None:
+        """A per-channel op over `rows` contiguous rows of `c0` channels: a source with block
+        stride 0 is one row (the channel parameters) read again for every row. One 256 B repeat
+        covers 8 rows; a row of b > 1 blocks (4-byte types) takes b instructions, each on every
+        b-th block (fp32: two half-row instructions). Whole repeats: ceil(rows / 8) of them."""
+        isz = dst.buf.itemsize
+        epb = 32 // isz
+        bpr = c0 // epb  # blocks per row
+        if c0 % epb:
+            raise OpcFailure(f"vec_channel {op}: rows of {c0} elements are not whole 32 B blocks")
+        for part in range(bpr):
+            o = part * epb
+
+            def at(v: VOp, o: int = o) -> VOp:
+                if v.blk_stride == 0:
+                    return VOp(v.buf, v.offset + o, 0, 0)
+                return VOp(v.buf, v.offset + o, bpr, 8 * bpr)
+
+            self.vec_raw(op, at(dst), tuple(at(s) for s in srcs), ceil_div(rows, 8), scalar=scalar)
+
     def loop(self, iterations: int = 1) -> None:
         """Scalar cost of loop control for one iteration (counter, addresses, branch)."""
         ins = Scalar(n=self.m.loop_cycles * iterations)

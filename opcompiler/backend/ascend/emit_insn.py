@@ -22,6 +22,14 @@ in place is safe), which is how the TIK-style kernels reuse one tile buffer per 
 result (`VectorKernel`) is cached by the module's structural hash; `program(core)` emits that
 core's instructions through `KernelBuilder`, where capacity and alignment are enforced.
 
+Shaped modules may also hold, before the tile loop, `local.UB` buffers and `dma_copy` nests
+that fill them (a prologue: per-channel parameters loaded once per core, resident outside the
+ping-pong slots). A vector nest that reads such a buffer as one row for every row of the nest
+(`p[plane % C1, c0]` beside `x[plane, pixel, c0]`) is a per-channel instruction
+(`KernelBuilder.vec_channel`: block stride 0 for fp16, two half-row instructions for fp32, as
+the TIK kernels' `channel_op`), whole repeats of 8 rows; the tile buffers of such a kernel are
+then sized to whole repeats of rows, so the chain still runs in place.
+
 Anything the lowering cannot map raises a one-line `OpcFailure` naming the nest.
 """
 from __future__ import annotations
@@ -54,6 +62,7 @@ class _Access:
     stride: int = 0  # shaped nests: elements between consecutive runs (0: one contiguous run)
     box: tuple[np.ndarray, np.ndarray] | None = None  # DMA of a shaped buffer: per iteration, starts, sizes
     contig: bool = True  # shaped nests: one contiguous run per iteration
+    bcast: bool = False  # shaped nests: the same run for every run of the nest (a per-channel parameter)
 
 
 @dataclass
@@ -66,6 +75,7 @@ class _Op:
     scalar: float = 0.0
     cnt: np.ndarray | None = None  # per iteration elements, when not the nest's count (shaped nests)
     run: int = 0  # shaped nests: elements per run when operands are strided runs (vec_items)
+    chan: int = 0  # shaped nests: channels per row when an operand is a broadcast row (vec_channel)
 
 
 @dataclass(eq=False)
@@ -86,6 +96,8 @@ class VectorKernel:
     where: dict[str, int]  # logical UB buffer -> physical index
     info: dict[str, Any] = field(default_factory=dict)
     phys_shapes: list[tuple[int, ...]] | None = None  # shaped kernels: each physical buffer's shape
+    resident: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)  # UB buffers outside the tile loop
+    pre: list[_Op] = field(default_factory=list)  # ops before the tile loop (once per core, on resident buffers)
 
     @property
     def active_cores(self) -> int:
@@ -95,39 +107,48 @@ class VectorKernel:
         active = self.active_cores
         kb = KernelBuilder(m, core, active)
         gm = {name: kb.gm(name, shape, dt) for name, (shape, dt) in self.gm.items()}
+        res = {name: kb.alloc("UB", name, shp, dt) for name, shp, dt in self.resident}
         shapes = self.phys_shapes or [(n,) for _, n, _ in self.phys]
         slots = [[kb.alloc("UB", f"{name}_{s}", shp, dt) for (name, n, dt), shp in zip(self.phys, shapes)]
                  for s in range(self.slots)]
         lo, hi = split_even(self.iterations, active, core)
+        if self.pre:  # the prologue: resident buffers loaded once per core
+            self._emit(kb, self.pre, lo, lambda a: gm[a.buf] if a.buf in gm else res[a.buf])
         for j, it in enumerate(range(lo, hi)):
             ub = slots[j % self.slots]
-
-            def buf(a: _Access):
-                return gm[a.buf] if a.buf in gm else ub[self.where[a.buf]]
-
-            def off(a: _Access) -> int:
-                return 0 if a.offset is None else int(a.offset[it])
-
-            for o in self.ops:
-                cnt = int(self.counts[o.nest, it] if o.cnt is None else o.cnt[it])
-                if cnt == 0:
-                    continue
-                if o.kind == "dma" and o.dst.box is not None:
-                    s, d = o.srcs[0], o.dst
-                    kb.data_move(buf(d), tuple(slice(int(a), int(a + z)) for a, z in zip(d.box[0][it], d.box[1][it])),
-                                 buf(s), tuple(slice(int(a), int(a + z)) for a, z in zip(s.box[0][it], s.box[1][it])))
-                elif o.run:
-                    kb.vec_items(o.op, VOp(buf(o.dst), off(o.dst)), tuple(VOp(buf(s), off(s)) for s in o.srcs),
-                                 cnt // o.run, o.run, tuple(a.stride or o.run for a in (o.dst, *o.srcs)),
-                                 scalar=o.scalar)
-                elif o.kind == "dma":
-                    s, d = o.srcs[0], o.dst
-                    kb.data_move(buf(d), (slice(off(d), off(d) + cnt),), buf(s), (slice(off(s), off(s) + cnt),))
-                else:
-                    kb.vec(o.op, VOp(buf(o.dst), off(o.dst)), tuple(VOp(buf(s), off(s)) for s in o.srcs), cnt,
-                           scalar=o.scalar)
+            self._emit(kb, self.ops, it, lambda a, ub=ub: gm[a.buf] if a.buf in gm else res[a.buf] if a.buf in res
+                       else ub[self.where[a.buf]])
             kb.loop()
         return kb.finish(gm_inputs=self.inputs, lowering="emit_insn")
+
+    def _emit(self, kb: KernelBuilder, ops: list[_Op], it: int, buf) -> None:
+        """One tile iteration's instructions (or the prologue's, at the core's first iteration)."""
+
+        def off(a: _Access) -> int:
+            return 0 if a.offset is None else int(a.offset[it])
+
+        for o in ops:
+            cnt = int(self.counts[o.nest, it] if o.cnt is None else o.cnt[it])
+            if cnt == 0:
+                continue
+            if o.chan:
+                kb.vec_channel(o.op, VOp(buf(o.dst), off(o.dst)),
+                               tuple(VOp(buf(s), off(s), 0 if s.bcast else 1) for s in o.srcs), cnt // o.chan,
+                               o.chan, scalar=o.scalar)
+            elif o.kind == "dma" and o.dst.box is not None:
+                s, d = o.srcs[0], o.dst
+                kb.data_move(buf(d), tuple(slice(int(a), int(a + z)) for a, z in zip(d.box[0][it], d.box[1][it])),
+                             buf(s), tuple(slice(int(a), int(a + z)) for a, z in zip(s.box[0][it], s.box[1][it])))
+            elif o.run:
+                kb.vec_items(o.op, VOp(buf(o.dst), off(o.dst)), tuple(VOp(buf(s), off(s)) for s in o.srcs),
+                             cnt // o.run, o.run, tuple(a.stride or o.run for a in (o.dst, *o.srcs)),
+                             scalar=o.scalar)
+            elif o.kind == "dma":
+                s, d = o.srcs[0], o.dst
+                kb.data_move(buf(d), (slice(off(d), off(d) + cnt),), buf(s), (slice(off(s), off(s) + cnt),))
+            else:
+                kb.vec(o.op, VOp(buf(o.dst), off(o.dst)), tuple(VOp(buf(s), off(s)) for s in o.srcs), cnt,
+                       scalar=o.scalar)
 
 
 # -- the lowering pipeline --------------------------------------------------------------------
@@ -512,10 +533,11 @@ class _Lowering:
 
     # -- UB assignment -----------------------------------------------------------------------
 
-    def _assign(self) -> tuple[list[tuple[str, int, str]], dict[str, int]]:
+    def _assign(self, skip=()) -> tuple[list[tuple[str, int, str]], dict[str, int]]:
         """Logical UB buffers -> physical ones by liveness within one tile iteration; a result
-        takes the buffer of an operand that dies at it (in place) when sizes and dtypes agree."""
-        info = {name: (n, dt) for name, n, dt in self.ub.values()}
+        takes the buffer of an operand that dies at it (in place) when sizes and dtypes agree.
+        `skip`: resident buffers (allocated once, outside the ping-pong slots)."""
+        info = {name: (n, dt) for name, n, dt in self.ub.values() if name not in skip}
         last: dict[str, int] = {}
         for i, o in enumerate(self.ops):
             for a in [*o.srcs, o.dst]:
@@ -615,6 +637,11 @@ class _SCtx:
             sig = int(o0[0, 1] - o0[0, 0]) if items > 1 else E
             if np.array_equal((o0 - o0[:, :1])[act], np.broadcast_to(sig * np.arange(items), o0.shape)[act]):
                 stride, base = sig, o0[:, 0]
+        resident = bname in self.low.resident_names
+        if (not contig and stride == 0 and items > 1 or resident) and E > 1 and np.array_equal(
+                o3 - o3[:, :1, :1], np.broadcast_to(np.arange(E), o3.shape)) and np.array_equal(act, m3.all(axis=2)):
+            # one row read for every row of the nest (a single-row nest too, when it is a resident parameter)
+            return _Access(bname, o3[:, 0, 0].astype(np.int64), contig=items == 1, bcast=True)
         if not contig and stride <= 0:
             raise OpcFailure(f"emit_insn: {self.name}: {bname} is neither one contiguous run nor evenly strided runs "
                              f"of the innermost loop per iteration")
@@ -669,6 +696,10 @@ class _ShapedLowering(_Lowering):
         self.shapes = {}
         self.ub_shape: dict[int, tuple[int, ...]] = {}
         self.reach: dict[str, int] = {}  # buffer -> 1 + the largest flat offset any nest touches
+        self.round: dict[str, int] = {}  # buffers a per-channel op touches -> its repeat, in elements
+        self.resident: list[tuple[str, tuple[int, ...], str]] = []  # UB buffers before the tile loop
+        self.resident_names: set[str] = set()
+        self.pre: list[_Op] = []
 
     def shape_of(self, buffer) -> tuple[int, ...]:
         h = hash(buffer)
@@ -678,26 +709,43 @@ class _ShapedLowering(_Lowering):
 
     def run(self) -> VectorKernel:
         T = self.T
-        tile = None
+        tile, before = None, []
         for st in _seq(self.f.body):
             if isinstance(st, T.For) and CORES in st.annotations and tile is None:
                 tile = st
+            elif tile is None and (isinstance(st, T.AllocBuffer) or (isinstance(st, T.AttrStmt) and st.attr_key == PRAGMA
+                                                                     and str(st.value.value if hasattr(st.value, "value")
+                                                                             else st.value) == "dma_copy")):
+                before.append(st)  # the prologue: resident UB buffers and their loads (per-channel parameters)
             else:
                 raise OpcFailure(f"emit_insn: statement outside the tile loop: {type(st).__name__}")
         if tile is None:
             raise OpcFailure("emit_insn: no loop carries opc.ascend.block_dim (the tile loop)")
         self.iters = int(tile.extent)
         self.tile_var = tile.loop_var
+        for st in before:
+            self._body(st, {})
+        resident = {name for name, _, _ in self.ub.values()}
+        self.resident_names = resident
+        self.pre, self.ops = self.ops, []
+        for o in self.pre:
+            if o.dst.buf not in resident or o.cnt is None or len(set(o.cnt.tolist())) != 1:
+                raise OpcFailure(f"emit_insn: {self.nests[o.nest]}: a prologue copy loads a resident UB buffer "
+                                 f"the same for every iteration")
         self._body(tile.body, {})
         self._fit()
         self._fold_inits()
-        phys, where = self._assign()
+        order = list(dict.fromkeys([o.dst.buf for o in self.pre] + sorted(resident)))  # in load order
+        dts = {name: dt for name, _, dt in self.ub.values()}
+        self.resident = [(name, self.shapes[name], dts[name]) for name in order]
+        phys, where = self._assign(skip=resident)
         params = list(self.gm)
         return VectorKernel(gm=self.gm, inputs=tuple(params[:-1]), output=params[-1], iterations=self.iters,
                             cores=int(tile.annotations[CORES]), slots=2 if int(tile.annotations.get(SLOTS, 0)) else 1,
                             nests=self.nests, counts=np.array(self.counts, dtype=np.int64).reshape(len(self.nests), -1),
                             ops=self.ops, phys=phys, where=where,
-                            phys_shapes=[self.shapes.get(name, (n,)) for name, n, _ in phys])
+                            phys_shapes=[self.shapes.get(name, (n,)) for name, n, _ in phys],
+                            resident=self.resident, pre=self.pre)
 
     def _body(self, stmt, outer: dict) -> None:
         T = self.T
@@ -779,6 +827,9 @@ class _ShapedLowering(_Lowering):
             self._vec(val, ctx.operand(dname, stmt.buffer, stmt.indices), nest, ctx)
             for o in self.ops[first:]:
                 accs = [a for a in (o.dst, *o.srcs) if a.offset is not None]
+                if any(a.bcast for a in o.srcs):
+                    self._channel(o, ctx, name)
+                    continue
                 if all(a.contig for a in accs):
                     continue
                 if any(a.stride <= 0 for a in accs):
@@ -786,6 +837,28 @@ class _ShapedLowering(_Lowering):
                 o.run = ctx.run
         else:
             raise OpcFailure(f"emit_insn: {name}: unknown {PRAGMA} {pragma!r} (dma_copy or vector_auto)")
+
+    ROW_REPEAT = 8  # rows of channels one repeat of a per-channel op covers (256 B of fp16, 2 x 256 B of fp32)
+
+    def _channel(self, o: _Op, ctx: "_SCtx", name: str) -> None:
+        """A per-channel op: the destination and the other operands one contiguous run of whole
+        rows of C0 channels, the broadcast operand one row (the parameter block). Emitted as the
+        TIK kernels do (`KernelBuilder.vec_channel`: block stride 0 for fp16, two half-row
+        instructions for 4-byte types), whole repeats of 8 rows: the buffers it touches reach
+        up to the next multiple of 8 rows."""
+        c0 = ctx.run
+        if o.op not in ("add", "mul", "sub", "max", "min", "div") or len(o.srcs) != 2 or o.dst.bcast \
+                or not all(a.contig or a.bcast for a in (o.dst, *o.srcs)) or any(a.offset is None for a in o.srcs):
+            raise OpcFailure(f"emit_insn: {name}: a broadcast row operand needs a binary op on contiguous rows")
+        if (c0 * np.dtype(self.ub_dtype(o.dst.buf)).itemsize) % 32:
+            raise OpcFailure(f"emit_insn: {name}: a broadcast row of {c0} elements is not whole 32 B blocks")
+        o.chan = c0
+        rows = -(-ctx.counts // c0)
+        for a in (o.dst, *o.srcs):
+            if not a.bcast and a.buf not in self.gm:
+                span = int((a.offset + -(-rows // self.ROW_REPEAT) * self.ROW_REPEAT * c0).max())
+                self.reach[a.buf] = max(self.reach.get(a.buf, 0), span)
+                self.round[a.buf] = self.ROW_REPEAT * c0
 
     def _name(self, buffer, ctx) -> str:
         h = hash(buffer)
@@ -804,13 +877,19 @@ class _ShapedLowering(_Lowering):
         is cut to what is touched (the layout of every element stays as it is)."""
         for h, (name, n, dt) in list(self.ub.items()):
             shape = self.shapes.get(name)
-            if shape is None or name not in self.reach:
+            if shape is None or name not in self.reach or name in self.resident_names:
                 continue
             k = next((i for i, x in enumerate(shape) if x > 1), None)
             if k is None:
                 continue
             inner = int(np.prod(shape[k + 1:]))
-            shape = (*shape[:k], min(shape[k], -(-self.reach[name] // inner)), *shape[k + 1:])
+            reach = self.reach[name]
+            if self.round:  # per-channel kernels: every tile buffer at whole repeats of rows (in place),
+                unit = max(self.round.values())  # also past the tensor's last row (the repeats' tail)
+                rows = -(-(-(-reach // unit) * unit) // inner)
+            else:
+                rows = min(shape[k], -(-reach // inner))
+            shape = (*shape[:k], rows, *shape[k + 1:])
             self.shapes[name] = shape
             self.ub[h] = (name, int(np.prod(shape)), dt)
 
