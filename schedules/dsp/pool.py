@@ -1,39 +1,36 @@
-"""dsp-sim template for pool2d (max / average, kernel, stride, padding), NCHW.
+"""dsp-sim template for pool2d (max / average, kernel, stride, padding), NCHW: its knobs, the
+tile geometry and the AM budget. The program is lowered from the TVM schedule of the op's own
+compute (`pool_tir.py`) by the backend's window-nest lowering (`backend/dsp/tir_vector.py`).
 
 The N*C planes are independent. An item is (block of `planes` planes, block of `rows` output
 rows); items are split over the cores. Per item the input rows it needs (with the halo of the
-window) are DMAed DDR -> AM into a tile whose rows are padded: the padding columns and any rows
-outside the image hold the pooling identity (-inf for max, 0 for average), written by vector
-stores (the side columns once per buffer, the top / bottom rows when an item needs them).
-
-Output columns sit on the 32 lanes: for output row y and vector v, tap (r, s) is a vector load
-of input row y*stride + r at column 32*v*stride + s with lane stride `stride` (a strided load
-takes `stride` load slots). `separable=1` reduces each input row over the S taps first (into an
-AM scratch) and then the R rows of that (max and sum are separable): fewer loads and ALU ops per
-output, one more store and load. Average pooling divides by the number of valid elements in the
-window (padding not counted): 1/k^2 as an immediate when there is no padding, else a vector of
-per-column reciprocals (AM) times a per-row reciprocal (SM scalar), constants the host computes
-with the kernel (like weights). The output tile (rows of ceil(wo/32)*32 lanes) is DMAed
-AM -> DDR, wo columns per row.
+window) are DMAed DDR -> AM into a tile whose rows are padded (pitch `Wr`, the widest vector's
+reach): the padding columns and any rows outside the image hold the pooling identity, written
+by vector stores (the side columns once per buffer, the top / bottom rows when an item needs
+them). Output columns sit on the 32 lanes: for output row y and vector v, tap (r, s) is a vector
+load of input row y*stride + r at column 32*v*stride + s with lane stride `stride`. `separable=1`
+reduces each input row over the S taps first (into an AM scratch) and then the R rows of that.
+Average pooling divides by the number of valid elements in the window (padding not counted):
+1/k^2 as an immediate when there is no padding, else a vector of per-column reciprocals (AM)
+times a per-row reciprocal (SM scalar), constants computed at compile time (like weights).
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
 from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dma_op
-from opcompiler.backend.dsp.vector import Mem, Nest, VI, VKernel
+from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from .common import require_fp32
-from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
+from .pool_tir import build_program
+from .stream import cdiv, cores_knob, group_key, share
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 7, 8, 14, 16, 28, 32, 56)
@@ -84,12 +81,6 @@ class _Geo:
         iy0 = y0 * self.st - self.pad
         lo, hi = max(0, iy0), min(self.h, iy0 + self.ir(nr))
         return (np_, nr, lo - iy0, hi - lo)
-
-
-def _counts(n_in: int, n_out: int, k: int, st: int, pad: int) -> np.ndarray:
-    """Valid elements of each window along one axis."""
-    o = np.arange(n_out) * st - pad
-    return (np.minimum(o + k, n_in) - np.maximum(o, 0)).astype(np.float64)
 
 
 @register_template
@@ -159,118 +150,16 @@ class DspPool2d(Template):
                 "am_occupancy": g.am_elems(m.lanes) * F32 / m.cap("AM"), "loads_per_vector": float(loads),
                 "lane_use": g.wo / g.OW}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
-        """Lower to the cluster program (timing-only ops unless `functional`)."""
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
+              tamper=None, vtamper=None) -> Program:
+        """The program lowered from the TVM schedule of the op's compute (`pool_tir.py`);
+        `tamper` / `vtamper` (tests only) rewrite a DMA view / a vector kernel."""
         self._check_wl(wl, target)
         why = self.check(wl, target, config)
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
         m = machine(target)
-        op = get_op(wl.op)
         g = _Geo(m, wl, config)
-        L = m.lanes
-        shares = share(g.items(), int(config["cores"]), m.cores)
-        ddr: dict[str, tuple] = {"x": (g.n, g.c, g.h, g.w), "out": (g.n, g.c, g.ho, g.wo)}
-        prepare = []
-        tables = g.mode == "avg" and not g.full
-        if tables:
-            cols = np.zeros(g.OW, np.float32)
-            cols[:g.wo] = 1.0 / _counts(g.w, g.wo, g.k, g.st, g.pad)
-            rows = (1.0 / _counts(g.h, g.ho, g.k, g.st, g.pad)).astype(np.float32)
-            ddr["rcp_cols"], ddr["rcp_rows"] = (g.OW,), (g.ho,)
-
-            def fill_tables(d, cols=cols, rows=rows):
-                d["rcp_cols"][...] = cols
-                d["rcp_rows"][...] = rows
-            prepare.append(fill_tables)
-        cache: dict = {}
-
-        def core_ops(core: int) -> list[Op]:
-            items = shares[core]
-            if not items:
-                return []
-            am = Allocator("AM", m.cap("AM"), 128)
-            ibuf = [am.alloc(f"input tile[{b}]", g.planes * g.PP + L * g.st) for b in range(g.nbuf)]
-            obuf = [am.alloc(f"output tile[{b}]", g.planes * g.OP) for b in range(g.nbuf)]
-            hbuf = [am.alloc(f"row scratch[{b}]", g.planes * g.HP) for b in range(g.nbuf)] if g.sep else [0, 0]
-            ops: list[Op] = []
-            rc_am = rr_sm = 0
-            if tables:
-                rc_am = am.alloc("column reciprocals", g.OW)
-                ops.append(dma_op(m, View(("DDR", "rcp_cols"), 0, (g.OW,), (1,)), View(("AM",), rc_am, (g.OW,), (1,)),
-                                  (), ("const",), functional, "rcp_cols DDR->AM"))
-                ops.append(dma_op(m, View(("DDR", "rcp_rows"), 0, (g.ho,), (1,)), View(("SM",), rr_sm, (g.ho,), (1,)),
-                                  (), ("const",), functional, "rcp_rows DDR->SM"))
-
-            def stage(it, slot, first):
-                return self._stage(m, g, it, slot, first, ibuf[slot], obuf[slot], hbuf[slot], rc_am, rr_sm, functional)
-
-            return ops + stream(items, g.nbuf, functional, stage, g.key, cache)
-
-        hpre, hpost = host_ops(m, [("x", nbytes(ddr["x"]))], [("out", nbytes(ddr["out"]))], [])
-        return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops,
-                        group_key=lambda c: group_key(shares[c], g.key), pre=[], post=[], host_pre=hpre,
-                        host_post=hpost, ddr_tensors=ddr, inputs=["x"], output="out", out_shape=ddr["out"],
-                        prepare=prepare, flops=op.flops(wl), cores_used=sum(1 for s in shares if s),
-                        info={"layout_change": "none", "lane_use": round(g.wo / g.OW, 4)})
-
-    def _stage(self, m, g: _Geo, it, slot, first, ib, ob, hb, rc_am, rr_sm, fn):
-        p0, np_, y0, nr = it
-        L = m.lanes
-        iy0 = y0 * g.st - g.pad
-        ir = g.ir(nr)
-        lo, hi = max(0, iy0), min(g.h, iy0 + ir)
-        tag_in, tag_pad, tag_out = f"in{slot}", f"pad{slot}", f"out{slot}"
-        ins: list[Op] = []
-        fills: list = []
-        if first and g.pad:  # the side columns: never written by the DMA, filled once per buffer
-            fills.append(((0, 0), (g.planes, g.IR, g.pad)))
-            fills.append(((0, g.pad + g.w), (g.planes, g.IR, g.pad)))
-        if lo > iy0:
-            fills.append(((0, 0), (np_, lo - iy0, g.Wr)))
-        if iy0 + ir > hi:
-            fills.append(((hi - iy0, 0), (np_, iy0 + ir - hi, g.Wr)))
-        for (r0, c0), shape in fills:
-            k = fill_kernel(g.ident, ib + r0 * g.Wr + c0, shape, (g.PP, g.Wr), L, "pool padding")
-            ins.append(vpu_op(m, k, (), (tag_pad,), fn, "padding fill"))
-        src = View(("DDR", "x"), (p0 * g.h + lo) * g.w, (np_, hi - lo, g.w), (g.h * g.w, g.w, 1))
-        dst = View(("AM",), ib + (lo - iy0) * g.Wr + g.pad, (np_, hi - lo, g.w), (g.PP, g.Wr, 1))
-        ins.append(dma_op(m, src, dst, (), (tag_in,), fn, "x DDR->AM"))
-        kern = VKernel(tuple(self._nests(g, np_, nr, ir, ib, ob, hb, rc_am, rr_sm + y0)), "pool2d")
-        comp = [vpu_op(m, kern, (tag_in, tag_pad, "const"), (tag_out,), fn, f"pool {np_}x{nr} rows")]
-        osrc = View(("AM",), ob, (np_, nr, g.wo), (g.OP, g.OW, 1))
-        odst = View(("DDR", "out"), (p0 * g.ho + y0) * g.wo, (np_, nr, g.wo), (g.ho * g.wo, g.wo, 1))
-        outs = [dma_op(m, osrc, odst, (tag_out,), ("out",), fn, "y AM->DDR")]
-        return ins, comp, outs
-
-    @staticmethod
-    def _reduce(g: _Geo, taps: list[Mem]) -> list[VI]:
-        """acc <- max / sum of the taps, loads rotating over 4 registers."""
-        op = "vmax" if g.mode == "max" else "vadd"
-        out = [VI("vld", "acc", (taps[0],))]
-        for t, mem in enumerate(taps[1:]):
-            r = f"x{t % 4}"
-            out += [VI("vld", r, (mem,)), VI(op, "acc", ("acc", r))]
-        return out
-
-    def _nests(self, g: _Geo, np_: int, nr: int, ir: int, ib: int, ob: int, hb: int, rc_am: int, rr_sm: int
-               ) -> list[Nest]:
-        st, k, W, OW, vl = g.st, g.k, g.Wr, g.OW, g.L
-        if g.sep:
-            taps = [Mem("AM", ib + s, (g.PP, W, vl * st), st) for s in range(k)]
-            hnest = Nest(outer=(np_, ir, g.nv), body=(),
-                         post=tuple(self._reduce(g, taps)) + (VI("vst", Mem("AM", hb, (g.HP, OW, vl)), ("acc",)),))
-            taps = [Mem("AM", hb + r * OW, (g.HP, st * OW, vl), 1) for r in range(k)]
-            first = [hnest]
-        else:
-            taps = [Mem("AM", ib + r * W + s, (g.PP, st * W, vl * st), st) for r in range(k) for s in range(k)]
-            first = []
-        body = self._reduce(g, taps)
-        if g.mode == "avg":
-            if g.full:
-                body.append(VI("vmul", "acc", ("acc", 1.0 / (k * k))))
-            else:
-                body += [VI("vld", "rc", (Mem("AM", rc_am, (0, 0, vl)),)), VI("sld", "rr", (Mem("SM", rr_sm, (0, 1, 0), 0),)),
-                         VI("vmul", "acc", ("acc", "rc")), VI("vmul", "acc", ("acc", "rr"))]
-        body.append(VI("vst", Mem("AM", ob, (g.OP, OW, vl)), ("acc",)))
-        return first + [Nest(outer=(np_, nr, g.nv), post=tuple(body))]
+        shares = share(g.items(), int(config["cores"]), m.cores)  # cores with equal item keys time alike
+        return build_program(wl, target, config, functional, g, shares, lambda c: group_key(shares[c], g.key),
+                             tamper, vtamper)

@@ -1,5 +1,7 @@
 """dsp-sim templates for row reductions (reduce_sum, reduce_max over the last axis of (m, n))
-and row softmax, as VPU instruction streams.
+and row softmax. reduce_* are lowered from the TVM schedule of the op's compute (`reduce_tir.py`)
+by the backend's lane-reduction lowering (`backend/dsp/tir_vector.py`); softmax is still spelled
+out here as VPU instruction streams.
 
 Rows are independent. A stage is a block of `rows` rows, DMAed DDR -> AM with the row pitch
 padded to a multiple of 32 x `acc` (the pad columns hold the reduction's identity, -inf or 0,
@@ -28,6 +30,7 @@ from opcompiler.workload import Workload
 
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from .common import require_fp32
+from .reduce_tir import build_program
 from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -173,12 +176,8 @@ class _RowTemplate(Template):
                               VI("vld", "e", (row(ob, a),)), VI("vmul", "e", ("e", "rs")), VI("vst", row(ob, a), ("e",)))))]
             osrc = View(("AM",), ob, (nr, g.n), (g.npad, 1))
             odst = View(("DDR", "out"), r0 * g.n, (nr, g.n), (g.n, 1))
-        else:
-            op = "vmax" if opname == "reduce_max" else "vadd"
-            nests = [_reduce_nest(nr, J, A, op, IDENT[opname], ib, g.npad, L,
-                                  VI("vst", Mem("AM", ob, (1,)), ("s0",), lanes=1))]
-            osrc = View(("AM",), ob, (nr,), (1,))
-            odst = View(("DDR", "out"), r0, (nr,), (1,))
+        else:  # reduce_sum / reduce_max: DspReduce lowers the TVM schedule (reduce_tir.py)
+            raise OpcError(f"{opname} is lowered from its TVM schedule (dsp.reduce)", arg="op", value=opname)
         kern = VKernel(tuple(nests), opname)
         comp = [vpu_op(m, kern, (tin, tpad), (tout,), fn, f"{opname} {nr} rows")]
         outs = [dma_op(m, osrc, odst, (tout,), ("out",), fn, "y AM->DDR")]
@@ -212,6 +211,20 @@ class DspReduce(_RowTemplate):
     name = "dsp.reduce"
     op_families = ("reduce",)
     ops = ("reduce_sum", "reduce_max")
+
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
+              tamper=None, vtamper=None) -> Program:
+        """The program lowered from the TVM schedule of the op's compute (`reduce_tir.py`);
+        `tamper` / `vtamper` (tests only) rewrite a DMA view / a vector kernel."""
+        self._check_wl(wl, target)
+        why = self.check(wl, target, config)
+        if why:
+            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        m = machine(target)
+        g = _Geo(m, wl, config)
+        shares = share(g.items(), int(config["cores"]), m.cores)  # cores with equal item keys time alike
+        return build_program(wl, target, config, functional, g, shares, lambda c: group_key(shares[c], g.key),
+                             tamper, vtamper)
 
 
 @register_template

@@ -1,0 +1,159 @@
+"""Pooling (pool2d, NCHW) as the TVM schedule the DSP simulator executes.
+
+Built over the op's own TE compute (`pool_pad` -> `pool2d` window reduction [-> `pool2d_avg`]),
+with the pooling template's knobs (`pool.py`) as schedule primitives and annotations:
+
+    planes x rows items              transform_layout / transform_block_layout to (n*c, h, w)
+                                     planes; the planes split by `planes`; split of the output rows by
+                                     `rows`; the two outer loops fused: the stage loop
+                                     (opc.dsp.stage, opc.dsp.cores: contiguous shares of items)
+    the padded input tile            pool_pad computed at the stage in local.AM (a DMA nest,
+                                     opc.dsp.op = "dma": the rows inside the image copied, the
+                                     padding filled with the reduction's identity); its rows
+                                     storage_align'ed to the pitch the widest vector reads
+    the window reduction             the output tile (cache_write, local.AM, rows at a vector
+                                     pitch) computed by one vector nest, opc.dsp.op = "vec":
+                                     output columns on the lanes, the window taps unrolled
+    avg's divisor                    pool2d_avg computed at the reduction's column loop (the
+                                     window sum stays in a register, local.REG)
+    separable                        opc.dsp.separable = 1 on the vector nest: the lowering
+                                     reduces each input row over the columns first (AM scratch)
+    dbuf / cores                     read by the lowering
+
+`opcompiler.backend.dsp.tir_vector` lowers the function; nothing here emits an instruction.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.machine import machine
+from opcompiler.backend.dsp.tir_vector import VEC, VecLowerer
+from opcompiler.ops import get_op
+from opcompiler.target import Target
+from opcompiler.workload import Workload
+
+_WL: dict[str, Workload] = {}
+
+
+@lru_cache(maxsize=64)
+def _prim_func(key: str):
+    from tvm import te
+
+    wl = _WL[key]
+    ins, out = get_op(wl.op).compute(wl)
+    return te.create_prim_func(list(ins) + [out])
+
+
+def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, lanes: int):
+    """The scheduled s_tir.Schedule; `pitch`: the input tile's row pitch (elements)."""
+    import tvm
+
+    key = wl.key_str()
+    _WL[key] = wl
+    sch = tvm.s_tir.Schedule(_prim_func(key))
+    avg = wl["mode"] == "avg"
+    red = sch.get_sblock("pool2d")
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    pad = sch.get_sblock("pool_pad") if "pool_pad" in names else None  # no padding: the window reads x
+    last = sch.get_sblock("pool2d_avg") if avg else red
+    C = int(wl["c"])
+    f4 = lambda b, c, y, x: [b * C + c, y, x]
+    if pad is not None:
+        sch.transform_layout(pad, ("read", 0), f4)
+        sch.transform_layout(pad, ("write", 0), f4)
+    else:
+        sch.transform_layout(red, ("read", 0), f4)
+    sch.transform_layout(red, ("write", 0), f4)
+    if avg:
+        sch.transform_layout(last, ("write", 0), f4)
+        sch.transform_block_layout(last, f4)
+    if pad is not None:
+        sch.transform_block_layout(pad, f4)
+    sch.transform_block_layout(red, lambda b, c, y, x, r, s: [b * C + c, y, x, r, s])
+    p, y, x = sch.get_loops(last)[:3]
+    po, pi = sch.split(p, [None, planes])
+    yo, yi = sch.split(y, [None, rows])
+    sch.reorder(po, yo, pi, yi)
+    if avg:
+        sch.compute_at(red, x)
+        sch.set_scope(red, 0, "local.REG")
+    # tiles placed under the row-block loop before it is fused with the plane-block loop: TVM's
+    # region analysis of the tiles is exact over the two loops, not over the fused one's // and %
+    o = sch.cache_write(last, 0, "local.AM")
+    sch.reverse_compute_at(o, yo, preserve_unit_loops=True)
+    if pad is not None:
+        sch.compute_at(pad, yo, preserve_unit_loops=True)
+        sch.set_scope(pad, 0, "local.AM")
+    else:
+        pad = sch.cache_read(red, 0, "local.AM")
+        sch.compute_at(pad, yo, preserve_unit_loops=True)
+    stage = sch.fuse(po, yo)
+    sch.annotate(stage, "opc.dsp.stage", 1)
+    sch.annotate(stage, "opc.dsp.cores", 1)
+    sch.storage_align(pad, 0, 1, pitch, 0)
+    sch.storage_align(last, 0, 1, lanes, 0)
+    sch.annotate(sch.get_loops(pad)[1], "opc.dsp.op", "dma")
+    vec = sch.get_loops(last)[1]
+    sch.annotate(vec, "opc.dsp.op", VEC)
+    if sep:
+        sch.annotate(vec, "opc.dsp.separable", 1)
+    sch.annotate(sch.get_loops(o)[1], "opc.dsp.op", "dma")
+    return sch
+
+
+def lowered(sch):
+    import tvm.s_tir.transform as st
+
+    mod = sch.mod
+    for p in (st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+              st.CompactBufferAllocation()):
+        mod = p(mod)
+    return mod["main"]
+
+
+_FUNCS: dict[tuple, Any] = {}
+
+
+def lowered_func(wl: Workload, target: Target, g) -> Any:
+    key = (wl.key_str(), getattr(target, "digest", target.name), g.planes, g.rows, g.sep, g.Wr, g.L)
+    if key not in _FUNCS:
+        if len(_FUNCS) >= 256:
+            _FUNCS.clear()
+        _FUNCS[key] = lowered(pool_schedule(wl, g.planes, g.rows, g.sep, g.Wr, g.L))
+    return _FUNCS[key]
+
+
+def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
+                  shares: list, group_key: Callable[[int], Hashable], tamper: Callable | None = None,
+                  vtamper: Callable | None = None):
+    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+    m = machine(target)
+    op = get_op(wl.op)
+    func = lowered_func(wl, target, g)
+    ddr_names = {func.params[0].name: "x", func.params[-1].name: "out"}
+    tir_shapes = {ddr_names[p.name]: tuple(int(s) for s in p.shape) for p in func.params}
+    low = VecLowerer(m, func, ddr_names, tir_shapes, bool(config["dbuf"]), functional, tamper, vtamper,
+                     tile_tags=True)
+    k = max(1, min(int(config.get("cores", m.cores)), m.cores))
+    ddr: dict[str, tuple] = {"x": (g.n, g.c, g.h, g.w), "out": (g.n, g.c, g.ho, g.wo)}
+    prepare = []
+    for nm, v in low.tables.items():
+        ddr[nm] = v.shape
+
+        def fill(d, nm=nm, v=v):
+            d[nm][...] = v
+        prepare.append(fill)
+    hpre, hpost = host_ops(m, [("x", nbytes(ddr["x"]))], [("out", nbytes(ddr["out"]))], [])
+
+    def core_ops(c: int) -> list:
+        return low.core_ops(c, k, 1) if c < k else []
+    return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=group_key, pre=[], post=[],
+                    host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=["x"], output="out", out_shape=ddr["out"],
+                    prepare=prepare, flops=op.flops(wl), cores_used=sum(1 for s in shares if s),
+                    info={"layout_change": "none", "lane_use": round(g.wo / g.OW, 4), "lowering": "tir"})
+
+
+__all__ = ["build_program", "lowered_func", "pool_schedule"]
