@@ -31,6 +31,7 @@ from collections.abc import Callable, Hashable, Mapping
 from functools import lru_cache
 from typing import Any
 
+from opcompiler.backend.dsp.tir_lower import lowered
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.tir_vector import VEC, VecLowerer
@@ -143,15 +144,6 @@ def chain_schedule(wl: Workload, mode: str, batch: bool, per: int, chunk: int, l
     sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
     return sch
 
-
-def lowered(sch):
-    import tvm.s_tir.transform as st
-
-    mod = sch.mod
-    for p in (st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-              st.CompactBufferAllocation()):
-        mod = p(mod)
-    return mod["main"]
 
 
 _FUNCS: dict[tuple, Any] = {}

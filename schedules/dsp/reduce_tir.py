@@ -66,7 +66,7 @@ _FUNCS: dict[tuple, Any] = {}
 
 
 def lowered_func(wl: Workload, target: Target, rows: int, acc: int, lanes: int) -> Any:
-    from .pool_tir import lowered
+    from opcompiler.backend.dsp.tir_lower import lowered
 
     key = (wl.key_str(), getattr(target, "digest", target.name), rows, acc, lanes)
     if key not in _FUNCS:

@@ -23,6 +23,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
+from opcompiler.backend.dsp.tir_lower import lowered
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import View
@@ -31,7 +32,6 @@ from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 from opcompiler.target import Target
 from opcompiler.workload import Workload
-
 
 
 def nhwc_workload(wl: Workload) -> Workload:
@@ -254,16 +254,6 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     _weights(sch, mm, jo, config, epi)
     return sch
 
-
-def lowered(sch):
-    """The scheduled function with loops and (compacted) allocations explicit."""
-    import tvm.s_tir.transform as st
-
-    mod = sch.mod
-    for p in (st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
-              st.CompactBufferAllocation()):
-        mod = p(mod)
-    return mod["main"]
 
 
 _FUNCS: dict[tuple, Any] = {}  # (workload, tiling knobs) -> lowered function: schedule once per process

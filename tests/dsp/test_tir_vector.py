@@ -299,7 +299,7 @@ def test_an_unmappable_expression_is_a_one_line_failure():
     from tvm import te
 
     from opcompiler.backend.dsp.tir_vector import VecLowerer
-    from opcompiler.schedules.dsp.chain_tir import lowered
+    from opcompiler.backend.dsp.tir_lower import lowered
 
     x = te.placeholder((64,), name="x")
     y = te.compute((64,), lambda i: te.sqrt(x[i]), name="y")

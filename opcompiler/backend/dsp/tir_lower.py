@@ -38,6 +38,18 @@ from .core import sum_costs as _sum
 from .program import stage_order
 from .tir_eval import _bkey, _boxes, _Compiler, _Exec, _full, _grid, _key, _Zero
 
+def lowered(sch):
+    """A scheduled module as this lowering walks it: init blocks lowered, allocations placed where
+    they are used, blocks opaque, buffers compacted to the regions their loops touch."""
+    import tvm.s_tir.transform as st
+
+    mod = sch.mod
+    for p in (st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+              st.CompactBufferAllocation()):
+        mod = p(mod)
+    return mod["main"]
+
+
 # epilogue blocks of the conv family in the catalogue's computes, in order
 EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vrelu": "relu"}
 REDUCTIONS = ("conv2d", "matmul")  # the reduction block of each family
