@@ -82,7 +82,7 @@ def carry_over(log: Path, target, op: str, preset: str, dtype: str) -> tuple[int
     return best.cycles, carried
 
 
-def prune_stale(log: Path, target) -> int:
+def prune_stale(log: Path) -> int:
     """Drop rows whose template version is not the current one of their template (none match a key)."""
     from opcompiler.template import templates
     version = {c.name: c.version for c in templates()}
@@ -146,7 +146,7 @@ def main() -> int:
             for op in args.ops.split(","):
                 log = Path(args.root) / target.name / f"{op}.jsonl"
                 if log.exists():
-                    print(f"{log}: {prune_stale(log, target)} stale rows dropped")
+                    print(f"{log}: {prune_stale(log)} stale rows dropped")
     width = max(len(r[1]) for r in rows) if rows else 10
     for t, p, s, extra in rows:
         print(f"{t:<18} {p:<{width}}  {s:<40} {extra}")

@@ -28,14 +28,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
-from opcompiler.backend.ascend.isa import Buf, VOp
+from opcompiler.backend.ascend.isa import VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, channel_op, core_values, from_5hd, machine, per_channel, to_5hd
+from .common import AscendTemplate, core_values, from_5hd, machine, per_channel, to_5hd
 
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 C0 = 16
@@ -83,43 +83,6 @@ def _n_chan(wl: Workload) -> int:
 
 def _shape(wl: Workload) -> tuple[int, int, int, int]:
     return wl["n"], wl["c"], wl["h"], wl["w"]
-
-
-def emit_steps(kb: KernelBuilder, steps, x: Buf, fulls: list[Buf], params: list[Buf], cnt_elems: int,
-               rows: int, cb: int) -> None:
-    """The vector instructions of a step chain on one UB tile (`rows` of 16 channels at channel
-    offset `cb` for per-channel steps), TIK style. No template emits through it any more (both
-    chain kinds take the TVM route); the tests' oracles for the TIR routes do."""
-    fi = pi = 0
-    vx = VOp(x)
-    for name, args in steps:
-        if name == "relu":
-            kb.vec("relu", vx, (vx,), cnt_elems)
-        elif name == "sigmoid":  # 1 / (1 + exp(-x)), as the DSL writes it
-            kb.vec("muls", vx, (vx,), cnt_elems, scalar=-1.0)
-            kb.vec("exp", vx, (vx,), cnt_elems)
-            kb.vec("adds", vx, (vx,), cnt_elems, scalar=1.0)
-            kb.vec("rec", vx, (vx,), cnt_elems)
-        elif name == "clip":
-            kb.vec("mins", vx, (vx,), cnt_elems, scalar=args[1])
-            kb.vec("maxs", vx, (vx,), cnt_elems, scalar=args[0])
-        elif name == "pow":  # x ** P = exp(P * ln x), x > 0 (LRN's denominator)
-            kb.vec("ln", vx, (vx,), cnt_elems)
-            kb.vec("muls", vx, (vx,), cnt_elems, scalar=args[0])
-            kb.vec("exp", vx, (vx,), cnt_elems)
-        elif name == "affine":  # x * A + B (HardSigmoid's first half)
-            kb.vec("muls", vx, (vx,), cnt_elems, scalar=args[0])
-            kb.vec("adds", vx, (vx,), cnt_elems, scalar=args[1])
-        elif name in ("add", "mul"):
-            kb.vec(name, vx, (vx, VOp(fulls[fi])), cnt_elems)
-            fi += 1
-        elif name in ("bias", "scale"):
-            channel_op(kb, "add" if name == "bias" else "mul", x, 0, rows, params[pi], cb)
-            pi += 1
-        elif name == "bn":
-            channel_op(kb, "mul", x, 0, rows, params[pi], cb)
-            channel_op(kb, "add", x, 0, rows, params[pi + 1], cb)
-            pi += 2
 
 
 @register_template

@@ -144,13 +144,8 @@ class _Lowering:
     (The convolution and the row-split FC layer are lowered from TVM's TIR: `tir_sched.py`.)"""
 
     def __init__(self, m: DspMachine, sp: ConvSpec, cf: DirectConfig, names: dict[str, str], functional: bool):
-        self.m, self.sp, self.cf, self.names, self.fn = m, sp, cf, names, functional
+        self.sp, self.cf = sp, cf
         self.kbp = cf.kv * m.lanes
-        self.nbuf = 1 + cf.dbuf
-        self.pass_cache: dict[int, tuple[MkCost, int]] = {}
-        # timing mode: a stage's ops depend on addresses only through values the timing ignores,
-        # so stages of the same kind share their (read-only) Op objects
-        self.stage_cache: dict[tuple, tuple] = {}
 
     def _compute_fn(self, sm_off: int, w_off: int, par_am: dict[str, int], out_off: int, nr: int, nc: int,
                     icw: int):

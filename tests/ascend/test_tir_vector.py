@@ -20,13 +20,50 @@ import pytest
 from opcompiler.api import run_op
 from opcompiler.backend.ascend import emit_insn, scheduler
 from opcompiler.backend.ascend.builder import KernelBuilder, Plan, split_even
-from opcompiler.backend.ascend.isa import DataMove, Vec
+from opcompiler.backend.ascend.isa import Buf, DataMove, Vec, VOp
 from opcompiler.errors import OpcError, OpcFailure
 from opcompiler.ops import get_op, workload
-from opcompiler.schedules.ascend.common import machine
-from opcompiler.schedules.ascend.elemwise import UB_TILES, _steps, emit_steps
+from opcompiler.schedules.ascend.common import channel_op, machine
+from opcompiler.schedules.ascend.elemwise import UB_TILES, _steps
 from opcompiler.schedules.ascend.elemwise_tir import flat_schedule
 from opcompiler.verify import compare
+
+
+def emit_steps(kb: KernelBuilder, steps, x: Buf, fulls: list[Buf], params: list[Buf], cnt_elems: int,
+               rows: int, cb: int) -> None:
+    """The vector instructions of a step chain on one UB tile (`rows` of 16 channels at channel
+    offset `cb` for per-channel steps), TIK style: the retired emitter's step chain, kept here as
+    this file's oracle (no template emits through it)."""
+    fi = pi = 0
+    vx = VOp(x)
+    for name, args in steps:
+        if name == "relu":
+            kb.vec("relu", vx, (vx,), cnt_elems)
+        elif name == "sigmoid":  # 1 / (1 + exp(-x)), as the DSL writes it
+            kb.vec("muls", vx, (vx,), cnt_elems, scalar=-1.0)
+            kb.vec("exp", vx, (vx,), cnt_elems)
+            kb.vec("adds", vx, (vx,), cnt_elems, scalar=1.0)
+            kb.vec("rec", vx, (vx,), cnt_elems)
+        elif name == "clip":
+            kb.vec("mins", vx, (vx,), cnt_elems, scalar=args[1])
+            kb.vec("maxs", vx, (vx,), cnt_elems, scalar=args[0])
+        elif name == "pow":  # x ** P = exp(P * ln x), x > 0 (LRN's denominator)
+            kb.vec("ln", vx, (vx,), cnt_elems)
+            kb.vec("muls", vx, (vx,), cnt_elems, scalar=args[0])
+            kb.vec("exp", vx, (vx,), cnt_elems)
+        elif name == "affine":  # x * A + B (HardSigmoid's first half)
+            kb.vec("muls", vx, (vx,), cnt_elems, scalar=args[0])
+            kb.vec("adds", vx, (vx,), cnt_elems, scalar=args[1])
+        elif name in ("add", "mul"):
+            kb.vec(name, vx, (vx, VOp(fulls[fi])), cnt_elems)
+            fi += 1
+        elif name in ("bias", "scale"):
+            channel_op(kb, "add" if name == "bias" else "mul", x, 0, rows, params[pi], cb)
+            pi += 1
+        elif name == "bn":
+            channel_op(kb, "mul", x, 0, rows, params[pi], cb)
+            channel_op(kb, "add", x, 0, rows, params[pi + 1], cb)
+            pi += 2
 
 FLAT = [("relu", "n=1,c=13,h=7,w=9"), ("add", "n=2,c=16,h=5,w=5"), ("add_relu", "n=1,c=3,h=30,w=30"),
         ("ew_chain", "n=1,c=13,h=7,w=9,chain=sigmoid"), ("ew_chain", "n=1,c=13,h=7,w=9,chain=mul;clip:0:6"),

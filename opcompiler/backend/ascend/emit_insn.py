@@ -347,22 +347,7 @@ class _Lowering:
                             ops=self.ops, phys=phys, where=where)
 
     def _nest(self, pragma: str, stmt) -> None:
-        T = self.T
-        loops = []
-        while isinstance(stmt, T.For):
-            if int(stmt.min) != 0:
-                raise OpcFailure(f"emit_insn: loop {stmt.loop_var.name} does not start at 0")
-            loops.append(stmt)
-            stmt = stmt.body
-        name = f"nest {len(self.nests)} ({'x'.join(str(int(lp.extent)) for lp in loops) or 'scalar'} over "
-        pred = None
-        if isinstance(stmt, T.IfThenElse):
-            if stmt.else_case is not None:
-                raise OpcFailure(f"emit_insn: {name}...) has an else branch")
-            pred, stmt = stmt.condition, stmt.then_case
-        if not isinstance(stmt, T.BufferStore):
-            raise OpcFailure(f"emit_insn: {name}...) does not end in one buffer store ({type(stmt).__name__})")
-        name += f"{stmt.buffer.name}, {pragma})"
+        loops, pred, stmt, name = _nest_parts(self.T, pragma, stmt, len(self.nests))
         ctx = _Ctx(self, loops, pred, name)
         counts = ctx.counts()
         self.nests.append(name)
@@ -439,7 +424,6 @@ class _Lowering:
 
     def _operand(self, e, nest, ctx) -> _Access:
         """A tensor operand: a UB load, or an inner node computed into a temporary."""
-        T = self.T
         if isinstance(e, TensorLoad):
             a = self._access(e.source, e.indices, ctx)
             if a.buf in self.gm:
@@ -773,22 +757,7 @@ class _ShapedLowering(_Lowering):
                 raise OpcFailure(f"emit_insn: cannot map {type(st).__name__} inside the tile loop")
 
     def _snest(self, pragma: str, stmt, outer: dict) -> None:
-        T = self.T
-        loops = []
-        while isinstance(stmt, T.For):
-            if int(stmt.min) != 0:
-                raise OpcFailure(f"emit_insn: loop {stmt.loop_var.name} does not start at 0")
-            loops.append(stmt)
-            stmt = stmt.body
-        name = f"nest {len(self.nests)} ({'x'.join(str(int(lp.extent)) for lp in loops) or 'scalar'} over "
-        pred = None
-        if isinstance(stmt, T.IfThenElse):
-            if stmt.else_case is not None:
-                raise OpcFailure(f"emit_insn: {name}...) has an else branch")
-            pred, stmt = stmt.condition, stmt.then_case
-        if not isinstance(stmt, T.BufferStore):
-            raise OpcFailure(f"emit_insn: {name}...) does not end in one buffer store ({type(stmt).__name__})")
-        name += f"{stmt.buffer.name}, {pragma})"
+        loops, pred, stmt, name = _nest_parts(self.T, pragma, stmt, len(self.nests))
         ctx = _SCtx(self, loops, pred, name, outer)
         self.nests.append(name)
         self.counts.append(ctx.counts)
@@ -922,3 +891,23 @@ class _ShapedLowering(_Lowering):
 
 
 __all__ = ["VectorKernel", "lower", "lower_module", "CORES", "SLOTS", "PRAGMA", "UB_SCOPE"]
+
+
+def _nest_parts(T, pragma: str, stmt, index: int):
+    """A pragma'd nest: (its loops, from 0, outermost first; the predicate of its one store or
+    None; the store; a name for messages). Anything else is a one-line OpcFailure."""
+    loops = []
+    while isinstance(stmt, T.For):
+        if int(stmt.min) != 0:
+            raise OpcFailure(f"emit_insn: loop {stmt.loop_var.name} does not start at 0")
+        loops.append(stmt)
+        stmt = stmt.body
+    name = f"nest {index} ({'x'.join(str(int(lp.extent)) for lp in loops) or 'scalar'} over "
+    pred = None
+    if isinstance(stmt, T.IfThenElse):
+        if stmt.else_case is not None:
+            raise OpcFailure(f"emit_insn: {name}...) has an else branch")
+        pred, stmt = stmt.condition, stmt.then_case
+    if not isinstance(stmt, T.BufferStore):
+        raise OpcFailure(f"emit_insn: {name}...) does not end in one buffer store ({type(stmt).__name__})")
+    return loops, pred, stmt, name + f"{stmt.buffer.name}, {pragma})"
