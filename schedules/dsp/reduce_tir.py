@@ -78,11 +78,13 @@ def lowered_func(wl: Workload, target: Target, rows: int, acc: int, lanes: int) 
 
 def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
                   shares: list, group_key: Callable[[int], Hashable], tamper: Callable | None = None,
-                  vtamper: Callable | None = None):
-    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+                  vtamper: Callable | None = None, func: Any = None):
+    """The cluster program: per-core ops lowered from the TIR (`func`: another row schedule's
+    lowered function, softmax_tir's), the host's launch / copies."""
     m = machine(target)
     op = get_op(wl.op)
-    func = lowered_func(wl, target, g.rows, g.acc, g.L)
+    if func is None:
+        func = lowered_func(wl, target, g.rows, g.acc, g.L)
     ddr_names = {func.params[0].name: "x", func.params[-1].name: "out"}
     out_shape = tuple(int(v) for v in op.output_spec(wl)[0])
     ddr = {"x": (g.m_, g.n), "out": out_shape}

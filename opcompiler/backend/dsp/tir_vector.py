@@ -37,6 +37,15 @@ expressions over the loop ranges (`tables`, host constants DMAed once per core).
 padding (the `if_then_else`'s other value) written by vector stores: rows each stage, the side
 columns once per buffer; tiles get their own dependency tags (in / pad / out).
 
+A vector nest marked `opc.dsp.rows` (softmax, `schedules/dsp/softmax_tir.py`) is a row nest:
+loops (rows, vectors / acc, acc, lanes) over one element-wise store, optionally followed by a
+reduction of the stored element reverse_compute_at its lanes loop. One `vector.Nest` per row
+block: per-row operands (loads that do not move along the row) issued once per row, the `acc`
+vectors of a step unrolled, the fused reduction kept in `acc` accumulators, combined, lanes
+reduced by rotate-and-combine, one lane stored; a reduced value that every other reader divides
+by is stored as its reciprocal (`emit_rcp`, once per row) and those divisions become multiplies.
+The vector nests of one stage are one VPU pass (their loop nests in order, `_merge_vpu`).
+
 `VecLowerer` is the DSP lowering (`tir_lower.Lowerer`) for kernels made of such nests: buffers
 keep the strides the schedule gave them (`storage_align`: each plane / pixel starts a vector),
 an AM tile gets one vector of slack, a vector nest's result takes the AM tile of an operand that
@@ -57,6 +66,7 @@ from . import vector as vx
 from .machine import DspMachine
 from .program import Allocator, Op, View, dma_op
 from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero
+from .core import sum_costs as _sum_costs
 from .tir_lower import Lowerer
 
 VEC = "vec"  # the opc.dsp.op value of a vector nest
@@ -110,7 +120,27 @@ class VecLowerer(Lowerer):
         dma_loops: list = []
         self._ext: dict[int, tuple[int, int]] = {}  # loop variable -> (min, extent), constant loops
 
-        def visit(st, in_stage: bool, vec: bool) -> None:
+        divisors: dict[int, bool] = {}  # buffer -> every read of it (but its own reduction's) divides
+
+        def uses(e, own: int) -> None:
+            name = type(e).__name__
+            if name == "Div" and _isload(e.b) and _bkey(e.b) != own:
+                divisors.setdefault(_bkey(e.b), True)
+                uses(e.a, own)
+                for x in e.b.indices:
+                    uses(x, own)
+                return
+            if _isload(e) and _bkey(e) != own:
+                divisors[_bkey(e)] = False
+            for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+                if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
+                    uses(getattr(e, attr), own)
+            for x in getattr(e, "args", ()):
+                uses(x, own)
+
+        def visit(st, in_stage: bool, vec: set | None) -> None:
+            """`vec`: the buffers stored so far in the enclosing vector nest (a load of one of
+            them there, a reduction fused into the nest, is not another reader of the tile)."""
             name = type(st).__name__
             if name == "SBlockRealize":
                 for b in st.block.alloc_buffers:
@@ -121,11 +151,13 @@ class VecLowerer(Lowerer):
                     raise OpcFailure("tir lowering: vector kernels have no shared (GSM) copies")
                 if type(st.min).__name__ == "IntImm" and type(st.extent).__name__ == "IntImm":
                     self._ext[_key(st.loop_var)] = (int(st.min), int(st.extent))
-                if st.annotations.get("opc.dsp.op") == VEC and not vec:
+                if st.annotations.get("opc.dsp.op") == VEC and vec is None:
                     vec_loops.append(st)
+                    vec = set()
+                    if int(st.annotations.get("opc.dsp.rows", 0)):
+                        vec.add("rows")
                 if st.annotations.get("opc.dsp.op") == "dma" and in_stage:
                     dma_loops.append(st)
-                vec = vec or st.annotations.get("opc.dsp.op") == VEC
                 visit(st.body, in_stage or "opc.dsp.stage" in st.annotations, vec)
             elif name == "SeqStmt":
                 for x in st.seq:
@@ -134,11 +166,20 @@ class VecLowerer(Lowerer):
                 visit(st.then_case, in_stage, vec)
             elif name == "BufferStore":
                 ls = loads(st.value, [])
+                uses(st.value, _bkey(st))
                 for b in set(ls):
-                    reads[b] = reads.get(b, 0) + 1
-                if vec:
+                    if vec is None or b not in vec or b == _bkey(st):
+                        reads[b] = reads.get(b, 0) + 1
+                if vec is not None:
                     vec_io.append((_bkey(st), ls))
-        visit(self.func.body, False, False)
+                    vec.add(_bkey(st))
+                    if "rows" in vec and _bkey(st) in ls:
+                        row_reds.add(_bkey(st))
+        row_reds: set = set()
+        visit(self.func.body, False, None)
+        # a reduction fused into a row nest whose every other reader divides by it: its
+        # reciprocal is stored, and the divisions are multiplications
+        self._recip = {b for b, v in divisors.items() if v} & row_reds
         info: dict[int, tuple] = {}
         for b, in_stage in found:
             shape = tuple(int(x) for x in b.shape)
@@ -199,14 +240,31 @@ class VecLowerer(Lowerer):
         super()._emit(op, stage, where)
 
     def _merge_vpu(self, calls: list, slot: int) -> Op:
+        """The stage's vector nests, one after the other, are one VPU pass (a kernel of their
+        loop nests): it reads what its nests read that an earlier one did not write."""
         if not all(isinstance(c, Op) for c in calls):
             return super()._merge_vpu(calls, slot)
         if len(calls) == 1:
             return calls[0]
-        raise OpcFailure("tir lowering: a stage holds more than one vector nest (one VPU pass per stage)")
+        if any(c.kind != "vpu" or c.cost is None for c in calls):
+            raise OpcFailure("tir lowering: a stage mixes vector nests with other VPU work")
+        cost = _sum_costs([(c.cost, 1) for c in calls])
+        reads: list = []
+        written: set = set()
+        for c in calls:
+            reads += [t for t in c.reads if t not in written]
+            written |= set(c.writes)
+        fns = tuple(c.fn for c in calls)
+        fn = (lambda mem, fs=fns: sum(f(mem) for f in fs)) if self.fn else None
+        op = Op("vpu", "vpu", cycles=cost.cycles, reads=tuple(dict.fromkeys(reads)),
+                writes=tuple(dict.fromkeys(t for c in calls for t in c.writes)), cost=cost,
+                nruns=sum(c.nruns for c in calls), fn=fn, label="; ".join(c.label for c in calls))
+        return self._intern(op)
 
     # ---- vector nests -----------------------------------------------------------------------
     def _vec(self, st, E: dict, stage: list | None) -> None:
+        if int(st.annotations.get("opc.dsp.rows", 0)):
+            return self._vec_rownest(st, E, stage)
         w = _window(self, st)
         if w is not None:
             return self._vec_rows(w, E, stage) if w.lanes_red else self._vec_window(w, E, stage)
@@ -610,6 +668,185 @@ class VecLowerer(Lowerer):
                label=f"{w.name}: {nr} rows")
         self._emit(self._intern(o), stage, 1)
 
+    # ---- row nests (softmax) ----------------------------------------------------------------
+    def _vec_rownest(self, st, E: dict, stage: list | None) -> None:
+        """A row nest (`opc.dsp.rows`): loops (rows, vectors / acc, acc, lanes) over one
+        element-wise store, optionally followed by a reduction of the stored value along the row
+        (a block reverse_compute_at the lanes loop: `+` / `max` of its own buffer and the stored
+        element, a constant init). One `vector.Nest`: the rows its outer iterations, the vectors /
+        acc steps its inner loop, the `acc` vectors of a step unrolled (sharing registers). A load
+        that does not move along the row (a per-row operand, lane stride 0) is issued once per row
+        before the row's vectors. The reduction keeps `acc` accumulators of the stored register,
+        combined and lanes reduced (rotate-and-combine) as a lane reduction's, one lane stored per
+        row; when every other reader of it divides by it (`_recip`), the reciprocal is stored
+        (`emit_rcp`) and those divisions are multiplications. The lanes past the row's end compute
+        on the tile's slack, which the lane reduction reading that tile filled with its identity
+        (softmax: exp(-FLT_MAX - max) is exp's clamp, ~1e-38, nothing against a sum >= 1)."""
+        L = self.m.lanes
+        rs = _rowstatic(self, st)
+        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in rs.loops]
+        if ext[3][1] != L:
+            raise OpcFailure(f"tir lowering: {rs.name}: the innermost loop must be the {L} lanes")
+        self._flush_deferred(E, stage, {})
+        g = _Zero(_grid(ext[:1], E))
+        valid = _full(rs.pred(g, None), (ext[0][1],)).astype(bool) if rs.pred is not None else np.ones(ext[0][1], bool)
+        boxes = _boxes(valid)
+        if not boxes:
+            return
+        if len(boxes) > 1 or boxes[0][0][0] != 0:
+            raise OpcFailure(f"tir lowering: {rs.name}: the rows that exist are not one range from 0")
+        nr = boxes[0][0][1]
+        slot = E.get("slot", 0)
+        J, A = ext[1][1], ext[2][1]
+        keys = [_key(v) for v, _ in ext]
+        box = (nr, J, A, L)
+
+        def mem(acc) -> tuple[int, list[int]]:
+            bk, fflat, lvl = acc
+            at = _Zero({**E, **dict.fromkeys(keys, 0)})
+            off = int(fflat(at, None))
+            steps = []
+            for k in keys:
+                at[k] = 1
+                steps.append(int(fflat(at, None)) - off)
+                at[k] = 0
+            ck = ("rows", rs.name, bk, box)
+            if self.fn or ck not in self._checked:
+                self._checked.add(ck)
+                gg = _Zero(_grid([(v, n) for (v, _), n in zip(ext, box)], E))
+                flat = _full(fflat(gg, None), box)
+                rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(4)]) * s_
+                                    for d, (n, s_) in enumerate(zip(box, steps)))
+                if not np.array_equal(flat, _full(rebuilt, box)):
+                    raise OpcFailure(f"tir lowering: {rs.name}: the index of {self.names.get(bk)} is not affine")
+            space, base = self._base(bk, slot)
+            if space[0] != lvl:
+                raise OpcFailure(f"tir lowering: {rs.name}: {self.names.get(bk)} is in {space[0]}, not {lvl}")
+            return base + off, steps
+
+        ms = [mem(a) for a in rs.accesses]
+
+        def opnd(i: int, a: int) -> vx.Mem:
+            b, (si, sj, sa, sl) = ms[i]
+            return vx.Mem(rs.accesses[i][2], b + a * sa, (si, sj), sl)
+        loads = {i: ins for ins in rs.code if ins.op in ("vld", "sld")
+                 for i in [ins.srcs[0][1]]}
+        other = [ins.dst for ins in rs.code if isinstance(ins.dst, str) and ins.op not in ("vld", "sld")]
+        hoist = {i for i, ins in loads.items() if ms[i][1][1:] == [0, 0, 0] and ins.dst not in other
+                 and sum(1 for x in loads.values() if x.dst == ins.dst) == 1}
+
+        def inst(ins: vx.VI, a: int) -> vx.VI:
+            dst = opnd(ins.dst[1], a) if isinstance(ins.dst, tuple) else ins.dst
+            srcs = tuple(opnd(x[1], a) if isinstance(x, tuple) and x[0] == "mem" else x for x in ins.srcs)
+            return vx.VI(ins.op, dst, srcs)
+        pre = [inst(loads[i], 0) for i in sorted(hoist)]
+        code = [ins for ins in rs.code if not (ins.op in ("vld", "sld") and ins.srcs[0][1] in hoist)]
+        body, post = [], []
+        wr = [rs.accesses[0][0]]
+        red = rs.red
+        if red is not None:
+            rbk, racc, rload, op, ident = red
+            (b0, s0), (b1, s1) = ms[0], mem(rload)
+            if b0 != b1 or any(x != y for x, y, n in zip(s0, s1, box) if n > 1):
+                raise OpcFailure(f"tir lowering: {rs.name}: the reduction must read the element just stored")
+            pre += [vx.VI("vmov", f"s{a}", (ident,)) for a in range(A)]
+            post = _combine(op, A) + vx.emit_hreduce(op, "s0", "t", L)
+            val = "s0"
+            if rbk in self._recip:
+                post += vx.emit_rcp("s0", "y", "t")
+                val = "y"
+            ob, osteps = mem(racc)
+            post.append(vx.VI("vst", vx.Mem("AM", ob, (osteps[0], 0)), (val,), lanes=1))
+            wr.append(rbk)
+        stored = rs.code[-1].srcs[0]
+        for a in range(A):
+            body += [inst(ins, a) for ins in code]
+            if red is not None:
+                body.append(vx.VI(red[3], f"s{a}", (f"s{a}", stored)))
+        kern = vx.VKernel((vx.Nest(outer=(nr,), inner=(J,), pre=tuple(pre), body=tuple(body), post=tuple(post)),),
+                          "row nest")
+        if self.vtamper is not None:
+            kern = self.vtamper(kern)
+        cost = vx.kernel_cost(self.m, kern)
+        fn = (lambda mem_, k=kern: vx.execute(mem_, k, L)) if self.fn else None
+        rd = tuple(dict.fromkeys(t for t in (self._tag(a[0], slot) for a in rs.accesses[1:]) if t))
+        o = Op("vpu", "vpu", cycles=cost.cycles, reads=rd, writes=tuple(dict.fromkeys(self._tag(b, slot) for b in wr)),
+               cost=cost, nruns=len(kern.nests), fn=fn, label=f"{rs.name}: {nr} rows")
+        self._emit(self._intern(o), stage, 1)
+
+
+class _Rows:
+    """What a row nest lowers to: its four loops, the rows' predicate, the element-wise store's
+    accesses and instructions (as `_Nest`), the fused reduction (buffer, store access, load of
+    the stored element, opcode, identity) or None."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _rowstatic(low: VecLowerer, st) -> _Rows:
+    k = ("rows", _key(st))
+    if k in low._cache:
+        return low._cache[k]
+    loops, s = [], st
+    while type(s).__name__ == "For":
+        loops.append(s)
+        s = s.body
+    label = f"row nest over {', '.join(lp.loop_var.name for lp in loops)}"
+    if len(loops) != 4:
+        raise OpcFailure(f"tir lowering: {label}: a row nest is (rows, vectors / acc, acc, lanes) loops")
+    items = list(s.seq) if type(s).__name__ == "SeqStmt" else [s]
+    if type(items[0]).__name__ != "SBlockRealize" or type(items[0].block.body).__name__ != "BufferStore" \
+            or len(items) > 2:
+        raise OpcFailure(f"tir lowering: {label}: one element-wise store, then at most one reduction of it")
+    pred, S = items[0].predicate, items[0].block.body
+    red = None
+    if len(items) == 2:
+        stores: list = []
+
+        def collect(x, init):
+            n = type(x).__name__
+            if n == "For":
+                if type(x.extent).__name__ != "IntImm" or int(x.extent) != 1:
+                    raise OpcFailure(f"tir lowering: {label}: the fused reduction must sit at the lanes loop")
+                collect(x.body, init)
+            elif n == "SBlockRealize":
+                collect(x.block.body, init)
+            elif n == "SeqStmt":
+                for y in x.seq:
+                    collect(y, init)
+            elif n == "IfThenElse":
+                collect(x.then_case, True)
+            elif n == "BufferStore":
+                stores.append((x, init))
+            else:
+                raise OpcFailure(f"tir lowering: {label}: unexpected {n} in the fused reduction")
+        collect(items[1], False)
+        main = [x for x, i in stores if not i]
+        inits = [_Select.const(x.value) for x, i in stores if i]
+        R = main[0] if len(main) == 1 else None
+        v = R.value if R is not None else None
+        ops = {"Add": "vadd", "Max": "vmax"}
+        ok = v is not None and type(v).__name__ in ops and len(inits) == 1 and inits[0] is not None
+        ld = None
+        if ok:
+            for a, b in ((v.a, v.b), (v.b, v.a)):
+                if _isload(a) and _bkey(a) == _bkey(R) and _isload(b) and _bkey(b) == _bkey(S):
+                    ld = b
+        if ld is None:
+            raise OpcFailure(f"tir lowering: {label}: after the store only a reduction (+ / max with a constant "
+                             "init) of the stored element maps")
+        c = low.comp
+        rb = _bkey(R)
+        red = (rb, (rb, c.flat_fn(rb, R.indices), low._sp(rb)[0]),
+               (_bkey(ld), c.flat_fn(_bkey(ld), ld.indices), low._sp(_bkey(ld))[0]), ops[type(v).__name__], inits[0])
+    sel = _RowSelect(low, label + f" ({low.names.get(_bkey(S), '?')})", S)
+    sel.run()
+    pf = None if pred is None or (type(pred).__name__ == "IntImm" and int(pred.value)) else low.comp.fn(pred)
+    r = _Rows(name=sel.name, loops=loops, pred=pf, accesses=sel.accesses, code=sel.code, red=red)
+    low._cache[k] = r
+    return r
+
 
 class _Nest:
     """What one vector nest lowers to, whatever the enclosing iteration: its loops, predicate,
@@ -819,6 +1056,21 @@ class _Select:
         return dst
 
 
+class _RowSelect(_Select):
+    """`_Select`, with x / d a multiplication when d's buffer holds its reciprocal (`_recip`)."""
+
+    def reg(self, e) -> str:
+        if type(e).__name__ == "Div" and _isload(e.b) and _bkey(e.b) in self.low._recip:
+            src = self.reg(e.a)
+            y = self.operand(e.b)
+            dst = self.into(src)
+            self.code.append(vx.VI("vmul", dst, (src, y)))
+            if isinstance(y, str):
+                self.free(y)
+            return dst
+        return super().reg(e)
+
+
 def _reduce(op: str, taps: list) -> list:
     """acc <- op over the taps, loads rotating over 4 registers."""
     out = [vx.VI("vld", "acc", (taps[0],))]
@@ -886,6 +1138,8 @@ class _Win:
 def _window(low: VecLowerer, st) -> _Win | None:
     """The window reduction under a vector nest (a store reducing a load of its own buffer with
     max / + over loops its index does not mention), or None for an element-wise nest."""
+    if int(st.annotations.get("opc.dsp.rows", 0)):
+        return None
     k = ("win", _key(st))
     if k in low._cache:
         return low._cache[k]
@@ -921,6 +1175,8 @@ def _window(low: VecLowerer, st) -> _Win | None:
     for ix in F.indices:
         _vars(ix, fv)
     spatial = [lp for lp in fpath if _key(lp.loop_var) in fv]
+    if int(st.annotations.get("opc.dsp.reduce_lanes", 0)) and len(fpath) == 4:
+        spatial = fpath[:1]  # (rows, vectors / acc, acc, lanes): the rows loop even when unit (no index left)
     label = f"window nest over {', '.join(lp.loop_var.name for lp in R[1])} ({low.names.get(_bkey(F), '?')})"
     if spatial != fpath[:len(spatial)] or [_key(x.loop_var) for x in R[1][:len(spatial)]] != \
             [_key(x.loop_var) for x in spatial]:

@@ -1,0 +1,99 @@
+"""Row softmax over the last axis of (m, n) as the TVM schedule the DSP simulator executes: the
+op's own TE compute (max, subtract, exp, sum, divide) with the softmax template's knobs as
+primitives, staged as the reductions of `reduce_tir.py`.
+
+    rows per stage                 split of the row axis; the outer loop opc.dsp.stage and
+                                   opc.dsp.cores (contiguous shares of row blocks); every other
+                                   block compute_at there
+    the row tile                   cache_read into local.AM at the stage (a DMA nest), rows
+                                   storage_align'ed to a multiple of 32 x `acc` (the pitch)
+    the row max                    a lane reduction (opc.dsp.reduce_lanes) split (vectors / acc,
+                                   acc, lanes), into local.AM (one element per row)
+    e = exp(x - max) and its sum   subtract inlined into exp; one row nest (opc.dsp.rows) over
+                                   (rows, vectors / acc, acc, lanes), the sum reverse_compute_at
+                                   its lanes loop (accumulated as e is computed)
+    e / sum                        a row nest over the same split into the output tile (the e tile,
+                                   in place: the lowering multiplies by the reciprocal it stored)
+    the output                     cache_write into local.AM, copied back
+
+`opcompiler.backend.dsp.tir_vector` lowers the function; nothing here emits an instruction.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from typing import Any
+
+from opcompiler.backend.dsp.tir_vector import VEC
+from opcompiler.target import Target
+from opcompiler.workload import Workload
+
+from .reduce_tir import _WL, _prim_func
+
+
+def softmax_schedule(wl: Workload, rows: int, acc: int, lanes: int):
+    import tvm
+
+    key = wl.key_str()
+    _WL[key] = wl
+    sch = tvm.s_tir.Schedule(_prim_func(key))
+    b = {n: sch.get_sblock(n) for n in ("reduce_max", "broadcast", "vsub", "vexp", "sum", "broadcast_1", "vdiv")}
+    for n in ("broadcast", "vsub", "broadcast_1"):
+        sch.compute_inline(b[n])
+    i, j = sch.get_loops(b["vdiv"])
+    io, ii = sch.split(i, [None, rows])
+    sch.split(j, [None, acc, lanes])
+    sch.annotate(io, "opc.dsp.stage", 1)
+    sch.annotate(io, "opc.dsp.cores", 1)
+    o = sch.cache_write(b["vdiv"], 0, "local.AM")
+    sch.reverse_compute_at(o, io, preserve_unit_loops=True)
+    for n in ("sum", "vexp", "reduce_max"):
+        sch.compute_at(b[n], io, preserve_unit_loops=True)
+        sch.set_scope(b[n], 0, "local.AM")
+    ei, ej = sch.get_loops(b["vexp"])[1:]
+    sch.split(ej, [None, acc, lanes])
+    sch.split(sch.get_loops(b["sum"])[-1], [None, acc, lanes])
+    _, ri, r1, rk = sch.get_loops(b["reduce_max"])
+    sch.fuse(ri, r1)  # the kept unit axis
+    sch.split(rk, [None, acc, lanes])
+    rd = sch.cache_read(b["reduce_max"], 0, "local.AM")
+    sch.compute_at(rd, io, preserve_unit_loops=True)
+    for blk in (rd, b["vexp"], b["vdiv"]):
+        sch.storage_align(blk, 0, 0, lanes * acc, 0)
+    sch.reverse_compute_at(b["sum"], sch.get_loops(b["vexp"])[-1], preserve_unit_loops=True)
+    sch.annotate(sch.get_loops(rd)[1], "opc.dsp.op", "dma")
+    mx = sch.get_loops(b["reduce_max"])[1]
+    sch.annotate(mx, "opc.dsp.op", VEC)
+    sch.annotate(mx, "opc.dsp.reduce_lanes", 1)
+    for n in ("vexp", "vdiv"):
+        lp = sch.get_loops(b[n])[1]
+        sch.annotate(lp, "opc.dsp.op", VEC)
+        sch.annotate(lp, "opc.dsp.rows", 1)
+    sch.annotate(sch.get_loops(o)[1], "opc.dsp.op", "dma")
+    return sch
+
+
+_FUNCS: dict[tuple, Any] = {}
+
+
+def lowered_func(wl: Workload, target: Target, rows: int, acc: int, lanes: int) -> Any:
+    from opcompiler.backend.dsp.tir_lower import lowered
+
+    key = (wl.key_str(), getattr(target, "digest", target.name), rows, acc, lanes)
+    if key not in _FUNCS:
+        if len(_FUNCS) >= 256:
+            _FUNCS.clear()
+        _FUNCS[key] = lowered(softmax_schedule(wl, rows, acc, lanes))
+    return _FUNCS[key]
+
+
+def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
+                  shares: list, group_key: Callable[[int], Hashable], tamper: Callable | None = None,
+                  vtamper: Callable | None = None):
+    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+    from .reduce_tir import build_program as _build
+
+    return _build(wl, target, config, functional, g, shares, group_key, tamper, vtamper,
+                  func=lowered_func(wl, target, g.rows, g.acc, g.L))
+
+
+__all__ = ["build_program", "lowered_func", "softmax_schedule"]
