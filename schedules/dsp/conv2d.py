@@ -90,7 +90,7 @@ class DspDirectConv2d(DirectTemplate):
     target_family = "dsp"
     version = 2  # v2: one route, TVM's scheduled TIR lowered by the backend (the `lowering` knob is gone)
     # groups > 1 (depthwise, grouped): output channels cannot share the lanes' input scalars;
-    # those workloads go to the grouped template (VPU instruction streams, `grouped.py`)
+    # those workloads go to the grouped template (`grouped.py`: its own TVM schedule, `grouped_tir.py`)
     grouped = DspGroupedConv()
 
     def spec(self, wl: Workload, target: Target) -> ConvSpec:

@@ -1,6 +1,8 @@
-"""dsp-sim template for grouped and depthwise convolution (groups > 1), NCHW / OIHW, as VPU
-instruction streams (dispatched to by `dsp.direct_conv2d`, whose K-on-the-lanes direct
-convolution needs every output channel to read every input channel).
+"""dsp-sim template for grouped and depthwise convolution (groups > 1), NCHW / OIHW (dispatched
+to by `dsp.direct_conv2d`, whose K-on-the-lanes direct convolution needs every output channel to
+read every input channel). `apply` is the TVM schedule of the op's own TE compute in
+`grouped_tir.py`, lowered by the DSP backend (`opcompiler/backend/dsp/tir_gconv.py`); this module
+keeps the knobs, the capacity checks, the default and `features()`.
 
 An item is (image, block of `planes` output channels, block of `rows` output rows); items are
 split over the cores. A block holds whole groups when a group has at most `planes` output
@@ -24,17 +26,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dma_op
-from opcompiler.backend.dsp.vector import Mem, Nest, VI, VKernel
+from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
+from .stream import cdiv, cores_knob, group_key, share
 
 EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"), "conv2d_bn": ("bn",)}
 PARAMS = {"bias": ("bias",), "bn": ("scale", "shift")}
@@ -96,6 +95,14 @@ class _Geo:
     def am_elems(self) -> int:
         return self.nbuf * (self.CIN * self.PP + self.L * self.st + self.KP * self.OP)
 
+    def am_alloc(self) -> int:
+        """AM elements the lowering allocates: per buffer the input tile (the planes TVM's region of
+        the block holds) rounded up to a vector plus a vector of slack, the output tile plus a
+        vector of slack."""
+        # a block slicing a group (kg % planes != 0) may read two groups' planes: TVM's region
+        cin = 2 * self.cg if self.kg > self.KP and self.kg % self.KP else self.CIN
+        return self.nbuf * (cdiv(cin * self.PP, self.L) * self.L + self.L + self.KP * self.OP + self.L)
+
     def sm_elems(self) -> int:
         if self.resident:
             return self.k * self.cg * self.taps + len(self.pnames) * self.k
@@ -153,7 +160,7 @@ class DspGroupedConv(Template):
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         m = machine(target)
         g = _Geo(m, wl, config)
-        am, sm = g.am_elems() * F32, g.sm_elems() * F32
+        am, sm = max(g.am_elems(), g.am_alloc()) * F32, g.sm_elems() * F32
         if am > m.cap("AM"):
             return f"AM needs {am} B > {m.cap('AM')} B"
         if sm > m.cap("SM"):
@@ -176,148 +183,17 @@ class DspGroupedConv(Template):
                 "reg_occupancy": g.regs() / m.registers, "loads_per_fma": rows_loaded * g.S / (g.rb * g.taps),
                 "lane_use": g.wo / g.OW}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
+              tamper=None, vtamper=None) -> Program:
+        """The program the DSP backend lowers from this config's TVM schedule (`grouped_tir.py`);
+        `tamper` / `vtamper`: tests only (rewrite a lowered DMA view / vector kernel)."""
+        from .grouped_tir import build_program
         self._check_wl(wl, target)
         why = self.check(wl, target, config)
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
         m = machine(target)
-        op = get_op(wl.op)
         g = _Geo(m, wl, config)
         shares = share(g.items(), int(config["cores"]), m.cores)
-        npar = len(g.pnames)
-        cache: dict = {}
-
-        def core_ops(core: int) -> list[Op]:
-            items = shares[core]
-            if not items:
-                return []
-            am = Allocator("AM", m.cap("AM"), 128)
-            sm = Allocator("SM", m.cap("SM"), 8)
-            ib = [am.alloc(f"input tile[{b}]", g.CIN * g.PP + g.L * g.st) for b in range(g.nbuf)]
-            ob = [am.alloc(f"output tile[{b}]", g.KP * g.OP) for b in range(g.nbuf)]
-            ops: list[Op] = []
-            if g.resident:
-                wsm = [sm.alloc("weights", g.k * g.cg * g.taps)] * g.nbuf
-                psm = [[sm.alloc(nm, g.k) for nm in g.pnames]] * g.nbuf
-                ops.append(dma_op(m, View(("DDR", "weight"), 0, (g.k * g.cg * g.taps,), (1,)),
-                                  View(("SM",), wsm[0], (g.k * g.cg * g.taps,), (1,)), (), ("const",), functional,
-                                  "W DDR->SM"))
-                for nm, off in zip(g.pnames, psm[0]):
-                    ops.append(dma_op(m, View(("DDR", nm), 0, (g.k,), (1,)), View(("SM",), off, (g.k,), (1,)), (),
-                                      ("const",), functional, f"{nm} DDR->SM"))
-            else:
-                wsm = [sm.alloc(f"weights[{b}]", g.wblk) for b in range(g.nbuf)]
-                psm = [[sm.alloc(f"{nm}[{b}]", g.KP) for nm in g.pnames] for b in range(g.nbuf)]
-
-            def stage(it, slot, first):
-                return self._stage(m, g, it, slot, first, ib[slot], ob[slot], wsm[slot], psm[slot], functional)
-
-            return ops + stream(items, g.nbuf, functional, stage, g.key, cache)
-
-        specs = op.inputs(wl)
-        out_shape = (g.n, g.k, g.ho, g.wo)
-        ddr = {nm: s for nm, s, _ in specs}
-        ddr["out"] = out_shape
-        hpre, hpost = host_ops(m, [(nm, nbytes(s)) for nm, s, _ in specs], [("out", nbytes(out_shape))], [])
-        return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops,
-                        group_key=lambda c: group_key(shares[c], g.key), pre=[], post=[], host_pre=hpre,
-                        host_post=hpost, ddr_tensors=ddr, inputs=[nm for nm, _, _ in specs], output="out",
-                        out_shape=out_shape, flops=op.flops(wl), cores_used=sum(1 for s in shares if s),
-                        info={"layout_change": "none", "lane_use": round(g.wo / g.OW, 4), "groups": g.groups,
-                              "params": npar})
-
-    def _stage(self, m, g: _Geo, it, slot, first, ib, ob, wsm, psm, fn):
-        b, k0, gbn, kpg, y0, nr = it
-        kp = gbn * kpg
-        ci0 = (k0 // g.kg) * g.cg
-        cin = gbn * g.cg
-        iy0 = y0 * g.st - g.pad
-        ir = g.ir(nr)
-        lo, hi = max(0, iy0), min(g.h, iy0 + ir)
-        tin, tpad, tw, tout = f"in{slot}", f"pad{slot}", f"w{slot}", f"out{slot}"
-        ins: list[Op] = []
-        fills = []
-        if first and g.pad:
-            fills += [((0, 0), (g.CIN, g.IR, g.pad)), ((0, g.pad + g.w), (g.CIN, g.IR, g.pad))]
-        if lo > iy0:
-            fills.append(((0, 0), (cin, lo - iy0, g.Wr)))
-        if iy0 + ir > hi:
-            fills.append(((hi - iy0, 0), (cin, iy0 + ir - hi, g.Wr)))
-        for (r0, c0), shape in fills:
-            k = fill_kernel(0.0, ib + r0 * g.Wr + c0, shape, (g.PP, g.Wr), g.L, "conv padding")
-            ins.append(vpu_op(m, k, (), (tpad,), fn, "zero padding"))
-        if g.resident:
-            w0, p0 = wsm + k0 * g.cg * g.taps, [p + k0 for p in psm]
-            wtag = "const"
-        else:
-            w0, p0, wtag = wsm, psm, tw
-            nw = kp * g.cg * g.taps
-            ins.append(dma_op(m, View(("DDR", "weight"), k0 * g.cg * g.taps, (nw,), (1,)), View(("SM",), wsm, (nw,), (1,)),
-                              (), (tw,), fn, "W block DDR->SM"))
-            for nm, off in zip(g.pnames, psm):
-                ins.append(dma_op(m, View(("DDR", nm), k0, (kp,), (1,)), View(("SM",), off, (kp,), (1,)), (), (tw,), fn,
-                                  f"{nm} block DDR->SM"))
-        src = View(("DDR", "data"), ((b * g.c + ci0) * g.h + lo) * g.w, (cin, hi - lo, g.w), (g.h * g.w, g.w, 1))
-        dst = View(("AM",), ib + (lo - iy0) * g.Wr + g.pad, (cin, hi - lo, g.w), (g.PP, g.Wr, 1))
-        ins.append(dma_op(m, src, dst, (), (tin,), fn, "I DDR->AM"))
-        nests = []
-        full, tail = divmod(nr, g.rb)
-        if full:
-            nests.append(self._nest(g, (gbn, kpg, full, g.nv), g.rb, ib, ob, w0, p0))
-        if tail:
-            nests.append(self._nest(g, (gbn, kpg, 1, g.nv), tail, ib + full * g.rb * g.st * g.Wr, ob + full * g.rb * g.OW,
-                                    w0, p0))
-        kern = VKernel(tuple(nests), "grouped conv")
-        comp = [vpu_op(m, kern, (tin, tpad, wtag, "const"), (tout,), fn, f"conv {kp} ch x {nr} rows")]
-        osrc = View(("AM",), ob, (kp, nr, g.wo), (g.OP, g.OW, 1))
-        odst = View(("DDR", "out"), ((b * g.k + k0) * g.ho + y0) * g.wo, (kp, nr, g.wo), (g.ho * g.wo, g.wo, 1))
-        return ins, comp, [dma_op(m, osrc, odst, (tout,), ("out",), fn, "O AM->DDR")]
-
-    def _nest(self, g: _Geo, outer: tuple[int, int, int, int], rb: int, ib: int, ob: int, w0: int, p0: list[int]
-              ) -> Nest:
-        """One register block per outer iteration (group, channel in group, row block, column vector);
-        the inner loop runs over the group's input channels."""
-        L, st, dil, W, taps = g.L, g.st, g.dil, g.Wr, g.taps
-        kpg = outer[1]
-        ch = kpg * g.cg * taps  # SM weights between groups of the block
-        pre = tuple(VI("vmov", f"acc{j}", (0.0,)) for j in range(rb))
-        body: list[VI] = []
-        loaded: set[tuple[int, int]] = set()
-        nx = 0
-        # input row t serves output row j with tap rr when t == j*stride + rr*dilation
-        uses: dict[int, list[tuple[int, int]]] = {}
-        for j in range(rb):
-            for rr in range(g.R):
-                uses.setdefault(j * st + rr * dil, []).append((j, rr))
-        for t in sorted(uses):
-            for ss in range(g.S):
-                xr = f"x{nx % X_REGS}"
-                nx += 1
-                body.append(VI("vld", xr, (Mem("AM", ib + t * W + ss * dil, (g.cg * g.PP, 0, g.rb * st * W, L * st, g.PP),
-                                               st),)))
-                for j, rr in uses[t]:
-                    wr = f"w{rr}_{ss}"
-                    if (rr, ss) not in loaded:
-                        loaded.add((rr, ss))
-                        body.append(VI("sld", wr, (Mem("SM", w0 + rr * g.S + ss, (ch, g.cg * taps, 0, 0, taps), 0),)))
-                    body.append(VI("vfma", f"acc{j}", (xr, wr, f"acc{j}")))
-        post: list[VI] = []
-        pregs = []
-        for i, nm in enumerate(g.pnames):
-            post.append(VI("sld", f"p{i}", (Mem("SM", p0[i], (kpg, 1, 0, 0, 0), 0),)))
-            pregs.append(f"p{i}")
-        for j in range(rb):
-            a = f"acc{j}"
-            pi = 0
-            for e in g.epi:
-                if e == "bias":
-                    post.append(VI("vadd", a, (a, pregs[pi])))
-                    pi += 1
-                elif e == "bn":
-                    post.append(VI("vfma", a, (a, pregs[pi], pregs[pi + 1])))
-                    pi += 2
-                elif e == "relu":
-                    post.append(VI("vmax", a, (a, 0.0)))
-            post.append(VI("vst", Mem("AM", ob + j * g.OW, (kpg * g.OP, g.OP, g.rb * g.OW, L, 0)), (a,)))
-        return Nest(outer=outer, inner=(g.cg,), pre=pre, body=tuple(body), post=tuple(post))
+        return build_program(wl, target, config, functional, g, shares,
+                             lambda c: group_key(shares[c], g.key), tamper, vtamper)

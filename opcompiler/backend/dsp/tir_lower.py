@@ -326,7 +326,7 @@ class Lowerer:
         return self._sigs[k]
 
     def _zeroed_sig(self) -> tuple:
-        return tuple(sorted((k, v.shape, v.tobytes()) for k, v in self.zeroed.items()))
+        return tuple(sorted(((k, v.shape, v.tobytes()) for k, v in self.zeroed.items()), key=lambda t: repr(t[0])))
 
     def _emit(self, op: Op, stage: list | None, where: int) -> None:
         if stage is None:

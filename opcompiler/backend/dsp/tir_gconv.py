@@ -1,0 +1,556 @@
+"""Register-blocked convolution nests of lowered TIR -> VPU vector kernels (grouped / depthwise conv).
+
+A template marks a loop nest `opc.dsp.op = "gconv"` (`schedules/dsp/grouped_tir.py`): four loops
+(group, channel in group, row block, column vector) over a convolution reduction into a
+`local.REG` buffer (`acc += x * w`) and the blocks after it (epilogue, ending in a store to an AM
+tile). The nest becomes one `vector.Nest` per register-block shape (the full blocks, then the
+tail block of the item's rows):
+
+* the four loops are the nest's outer iterations; the box of them that exists comes from the
+  reduction block's predicate (channel tails, row tails, the last vector's columns);
+* under the reduction block, the loop indexing the accumulator's last axis is the lanes; the
+  one indexing the axis before is the register block's rows: one accumulator register each,
+  unrolled; a reduction loop above them is the nest's sequential inner loop (accumulators
+  carried: the group's input channels); the reduction loops below are the taps, unrolled;
+* every tap load (AM, lane stride from the index) is issued once per distinct address in address
+  order through four rotating registers, each followed by the FMAs of the accumulators that use
+  it (a tap's weight: an SM scalar broadcast, loaded once per nest iteration);
+* the blocks after the reduction become instructions on each accumulator: `+ v` -> vadd, `* s + t`
+  -> vfma, `max(x, c)` / `min` -> vmax / vmin, `* v` -> vmul, with per-channel SM scalars loaded
+  once per iteration; the last block's store is a vector store into the AM tile;
+* addresses (base, steps, lane stride) are the flat indices evaluated at the corner and one step
+  along each loop, checked affine over the box.
+
+A stage's copies are clipped to what its nest touches, since TVM's regions ignore the block
+predicates (a block of channels slicing a group reaches into the next group, the register
+blocks' rows past the item's): the copies into the input tile and into SM (weights and
+per-channel parameters fetched per stage) to the box the nest reads, the input tile's padding
+written by vector stores (`tir_vector.VecLowerer._dma_tile`, issued first in the stage, as they
+read nothing), weights before the input; the copy out of the output tile to the channels the nest
+stored (another stage owns the rest: copying them would race with it across cores). The output
+tile is allocated as tall as the copy out reads, the input tile with as many planes as its copy
+loop's largest extent. Anything else is a one-line OpcFailure.
+"""
+from __future__ import annotations
+
+import itertools
+from collections.abc import Callable, Mapping
+
+import numpy as np
+
+from opcompiler.errors import OpcFailure
+
+from . import vector as vx
+from .machine import DspMachine
+from .program import Op, dma_op
+from .tir_eval import _bkey, _boxes, _full, _key, _Zero
+from .tir_vector import VecLowerer
+
+GCONV = "gconv"  # the opc.dsp.op value of a register-blocked convolution nest
+X_REGS = 4  # tap loads in flight (register names rotate)
+
+
+def _isload(e) -> bool:
+    return type(e).__name__ in ("BufferLoad", "TensorLoad")
+
+
+def _vars(e, acc: set) -> set:
+    if type(e).__name__ == "Var":
+        acc.add(_key(e))
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
+            _vars(getattr(e, attr), acc)
+    for x in list(getattr(e, "args", ())) + list(getattr(e, "indices", ())):
+        _vars(x, acc)
+    return acc
+
+
+def _const(e) -> float | None:
+    name = type(e).__name__
+    if name in ("FloatImm", "IntImm"):
+        return float(e.value)
+    if name == "Cast" and type(e.value).__name__ in ("FloatImm", "IntImm"):
+        return float(e.value.value)
+    return None
+
+
+def _nest_pred(st):
+    """The block predicate of a copy nest (loops over one block), None when it is true."""
+    while type(st).__name__ == "For":
+        st = st.body
+    if type(st).__name__ == "SBlockRealize":
+        p = st.predicate
+        return None if type(p).__name__ == "IntImm" and int(p.value) else p
+    return None
+
+
+class _Static:
+    """What a gconv nest lowers to, whatever the enclosing iteration."""
+
+
+class GConvLowerer(VecLowerer):
+    """The Lowerer of kernels whose VPU pass is a register-blocked convolution nest."""
+
+    def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
+                 dbuf: bool, functional: bool, tamper: Callable | None = None,
+                 vtamper: Callable[[vx.VKernel], vx.VKernel] | None = None):
+        self._stored: dict[int, list] = {}  # AM tile -> the box the last conv nest stored into it
+        super().__init__(m, func, ddr_names, ddr_shapes, dbuf, functional, tamper, vtamper, tile_tags=True)
+
+        def visit(st, inside: bool) -> None:  # the AM tiles a gconv nest stores are stage outputs
+            name = type(st).__name__
+            if name == "For":
+                visit(st.body, inside or st.annotations.get("opc.dsp.op") == GCONV)
+            elif name == "SBlockRealize":
+                visit(st.block.body, inside)
+            elif name == "SeqStmt":
+                for x in st.seq:
+                    visit(x, inside)
+            elif name == "IfThenElse":
+                visit(st.then_case, inside)
+            elif name == "BufferStore" and inside and self.space.get(_bkey(st), ("",))[0] == "AM":
+                self._vec_outs.add(_bkey(st))
+        visit(func.body, False)
+
+    def _tight(self, bk: int, shape: tuple, strides: tuple, dma_loops: list) -> tuple[tuple, tuple]:
+        """A stage tile no copy fills but a copy nest drains (the output tile) is as large as that
+        nest reads along each axis: TVM's compaction takes the register blocks' rows past the
+        item's (the block predicate is not a region bound); aligned strides are kept."""
+        for st in dma_loops:
+            loops, _, store = self._nest(st)
+            if _bkey(store) == bk:
+                shape, strides = super()._tight(bk, shape, strides, dma_loops)
+                # planes copied by a loop whose extent moves (a block slicing a group reads one or
+                # two groups' planes): as many as its largest extent over the loops around it
+                e0 = loops[0].extent
+                vs = sorted(_vars(e0, set()))
+                if type(e0).__name__ != "IntImm" and vs and all(v in self._ext for v in vs):
+                    g = _Zero({v: np.arange(self._ext[v][0], self._ext[v][0] + self._ext[v][1]).reshape(
+                        [-1 if i == d else 1 for i in range(len(vs))]) for d, v in enumerate(vs)})
+                    n0 = int(np.max(self.comp.fn(e0)(g, None)))
+                    if 0 < n0 < shape[0]:
+                        shape = (n0,) + tuple(shape[1:])
+                return shape, strides
+        for st in dma_loops:
+            loops, _, store = self._nest(st)
+            load = store.value
+            if not _isload(load) or _bkey(load) != bk or len(load.indices) != len(shape):
+                continue
+            if any(type(lp.extent).__name__ != "IntImm" for lp in loops):
+                return shape, strides
+            g = _Zero({_key(lp.loop_var): np.arange(int(lp.extent)).reshape(
+                [-1 if i == d else 1 for i in range(len(loops))]) for d, lp in enumerate(loops)})
+            ext = []
+            for d, ix in enumerate(load.indices):
+                v = np.asarray(self.comp.fn(ix)(g, None))
+                ext.append(min(shape[d], int(v.max()) - int(v.min()) + 1))
+            new_st = list(strides)
+            for d in range(len(shape) - 2, -1, -1):
+                if strides[d] == shape[d + 1] * strides[d + 1]:  # not aligned: packed over the axis below
+                    new_st[d] = ext[d + 1] * new_st[d + 1]
+            return tuple(ext), tuple(new_st)
+        return shape, strides
+
+    def _walk(self, st, E: dict, stage: list | None = None) -> None:
+        if type(st).__name__ == "For" and st.annotations.get("opc.dsp.op") == GCONV:
+            return self._gconv(st, E, stage)
+        return super()._walk(st, E, stage)
+
+    # ---- the nest's structure ---------------------------------------------------------------
+    def _fail(self, st, what: str) -> OpcFailure:
+        return OpcFailure(f"tir lowering: conv nest over {st.loop_var.name}: {what}")
+
+    def _gstatic(self, st) -> _Static:
+        k = ("gconv", _key(st))
+        if k in self._cache:
+            return self._cache[k]
+        outer, s = [], st
+        while type(s).__name__ == "For":
+            outer.append(s)
+            s = s.body
+        if len(outer) != 4:
+            raise self._fail(st, "expected 4 loops (group, channel, row block, column vector)")
+        while type(s).__name__ == "SBlockRealize":
+            s = s.block.body
+        parts = list(s.seq) if type(s).__name__ == "SeqStmt" else [s]
+        nests = []
+        for p in parts:  # each: loops -> one block -> its stores
+            loops, q, pred, name = [], p, None, None
+            while True:
+                n = type(q).__name__
+                if n == "For":
+                    loops.append(q)
+                    q = q.body
+                elif n == "SBlockRealize":
+                    pred, name = q.predicate, q.block.name_hint
+                    q = q.block.body
+                    break
+                else:
+                    raise self._fail(st, f"each statement must be loops over one block, found {n}")
+            stores: list = []
+
+            def collect(x) -> None:
+                n2 = type(x).__name__
+                if n2 == "BufferStore":
+                    stores.append(x)
+                elif n2 == "SeqStmt":
+                    for y in x.seq:
+                        collect(y)
+                elif n2 == "IfThenElse":
+                    collect(x.then_case)
+                else:
+                    raise self._fail(st, f"block {name}: unexpected {n2}")
+            collect(q)
+            nests.append((name, loops, pred, stores))
+        # the reduction: acc = acc + x * w
+        name, loops, pred, stores = nests[0]
+        upd = stores[-1]
+        v = upd.value
+        if not (type(v).__name__ == "Add" and type(v.b).__name__ == "Mul" and _isload(v.a)
+                and _bkey(v.a) == _bkey(upd) and _isload(v.b.a) and _isload(v.b.b)):
+            raise self._fail(st, f"the first block ({name}) must accumulate a product of two loads")
+        if self._sp(_bkey(upd))[0] != "REG":
+            raise self._fail(st, "the accumulator must be in local.REG")
+        x, w = v.b.a, v.b.b
+        if self._sp(_bkey(x))[0] != "AM":
+            x, w = w, x
+        if self._sp(_bkey(x))[0] != "AM" or self._sp(_bkey(w))[0] != "SM":
+            raise self._fail(st, "the product must be of an AM tile and an SM scalar")
+        S = _Static()
+        lane_v = _vars(upd.indices[-1], set())
+        row_v = _vars(upd.indices[-2], set()) if len(upd.indices) > 1 else set()
+        kinds = []
+        for lp in loops:
+            kv = _key(lp.loop_var)
+            kinds.append("lane" if kv in lane_v else "row" if kv in row_v else "red")
+        if "lane" not in kinds:
+            raise self._fail(st, "no lane loop under the reduction")
+        first = min(i for i, t in enumerate(kinds) if t != "red")
+        last = max(i for i, t in enumerate(kinds) if t != "red")
+        if any(t == "red" for t in kinds[first:last + 1]):
+            raise self._fail(st, "a reduction loop between the rows and the lanes")
+        inner = [lp for lp in loops[:first]]
+        if len(inner) > 1:
+            raise self._fail(st, "more than one sequential reduction loop")
+        S.outer = outer
+        S.inner = inner[0] if inner else None
+        S.row = next((lp for lp, t in zip(loops, kinds) if t == "row"), None)
+        S.lane = next(lp for lp, t in zip(loops, kinds) if t == "lane")
+        S.taps = loops[last + 1:]
+        S.pred = self.comp.fn(pred)
+        c = self.comp
+        S.x = (_bkey(x), c.flat_fn(_bkey(x), x.indices), [c.fn(i) for i in x.indices])
+        S.w = (_bkey(w), c.flat_fn(_bkey(w), w.indices), [c.fn(i) for i in w.indices])
+        # the blocks after the reduction: instructions on each accumulator
+        prev = _bkey(upd)
+        S.epi, S.params = [], []
+        for name, loops, _, stores in nests[1:]:
+            if len(stores) != 1:
+                raise self._fail(st, f"block {name}: one store expected")
+            stv = stores[0]
+            lv = _vars(stv.indices[-1], set())
+            rv = _vars(stv.indices[-2], set()) if len(stv.indices) > 1 else set()
+            lane = next((lp for lp in loops if _key(lp.loop_var) in lv), None)
+            row = next((lp for lp in loops if _key(lp.loop_var) in rv), None)
+            code = self._select(st, stv.value, prev, S)
+            S.epi.append((name, row, lane, code, _bkey(stv), c.flat_fn(_bkey(stv), stv.indices), stv.indices))
+            prev = _bkey(stv)
+        if not S.epi or self._sp(prev)[0] != "AM":
+            raise self._fail(st, "the last block must store the accumulators into an AM tile")
+        self._cache[k] = S
+        return S
+
+    def _select(self, st, e, prev: int, S: _Static) -> list:
+        """Instructions computing `e` from the accumulator (a load of `prev`) in place:
+        [(opcode, operands)], an operand "acc", an immediate or ("p", parameter index)."""
+        if _isload(e):
+            if _bkey(e) != prev:
+                raise self._fail(st, f"an epilogue block reads {self.names.get(_bkey(e))}, not the accumulator")
+            return []
+
+        def param(x):
+            c = _const(x)
+            if c is not None:
+                return c
+            if not _isload(x) or self._sp(_bkey(x))[0] != "SM":
+                raise self._fail(st, f"an epilogue operand must be a constant or an SM scalar: {x}")
+            S.params.append((_bkey(x), self.comp.flat_fn(_bkey(x), x.indices), x))
+            return ("p", len(S.params) - 1)
+        name = type(e).__name__
+        if name == "Cast":
+            return self._select(st, e.value, prev, S)
+        ops = {"Add": "vadd", "Mul": "vmul", "Max": "vmax", "Min": "vmin"}
+        if name == "Add" and type(e.a).__name__ == "Mul" or name == "Add" and type(e.b).__name__ == "Mul":
+            m, c = (e.a, e.b) if type(e.a).__name__ == "Mul" else (e.b, e.a)
+            a, s = (m.a, m.b) if not (_isload(m.b) and _bkey(m.b) == prev) else (m.b, m.a)
+            if not (_isload(a) and _bkey(a) == prev) and type(a).__name__ not in ops:
+                raise self._fail(st, f"no vector instruction for {e}")
+            code = self._select(st, a, prev, S)
+            return code + [("vfma", param(s), param(c))]
+        if name in ops:
+            a, b = e.a, e.b
+            if _const(a) is not None or (_isload(a) and self._sp(_bkey(a))[0] == "SM"):
+                a, b = b, a
+            return self._select(st, a, prev, S) + [(ops[name], param(b))]
+        raise self._fail(st, f"no vector instruction for {name} ({e})")
+
+    # ---- addresses ---------------------------------------------------------------------------
+    def _mem(self, st, acc: tuple, lvl: str, slot: int, at: dict, loops: list, lane, check: tuple | None):
+        """The access as a vector operand: base and steps (one per loop of `loops`) from its flat
+        index at `at` and one step along each loop; `lane`: the loop on the lanes (None: a scalar);
+        `check`: (extents) to verify the index affine over that box."""
+        bk, fflat = acc[0], acc[1]
+        at = _Zero(at)
+        off = int(fflat(at, None))
+        steps = []
+        for lp in loops:
+            if lp is None:
+                steps.append(0)
+                continue
+            k = _key(lp.loop_var)
+            b = _Zero(at)
+            b[k] = at[k] + 1
+            steps.append(int(fflat(b, None)) - off)
+        ln = 0
+        if lane is not None:
+            b = _Zero(at)
+            b[_key(lane.loop_var)] = at[_key(lane.loop_var)] + 1
+            ln = int(fflat(b, None)) - off
+        if check is not None:
+            ck = ("gconv", _key(st), bk, check)
+            if self.fn or ck not in self._checked:
+                self._checked.add(ck)
+                nd = len(loops)
+                g = _Zero(at)
+                for d, (lp, n) in enumerate(zip(loops, check)):
+                    if lp is not None:
+                        g[_key(lp.loop_var)] = at[_key(lp.loop_var)] + np.arange(n).reshape(
+                            [-1 if i == d else 1 for i in range(nd)])
+                flat = _full(fflat(g, None), check)
+                rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(nd)]) * s
+                                    for d, (n, s) in enumerate(zip(check, steps)))
+                if not np.array_equal(flat, _full(rebuilt, check)):
+                    raise self._fail(st, f"the index of {self.names.get(bk)} is not affine")
+        space, base = self._base(bk, slot)
+        if space[0] != lvl:
+            raise self._fail(st, f"{self.names.get(bk)} is in {space[0]}, not {lvl}")
+        return vx.Mem(lvl, base + off, tuple(steps), ln)
+
+    # ---- lowering one nest -------------------------------------------------------------------
+    def _gconv(self, st, E: dict, stage: list | None) -> None:
+        S = self._gstatic(st)
+        L = self.m.lanes
+        ext = [self._ev(lp.extent, E) for lp in S.outer]
+        rb_n = self._ev(S.row.extent, E) if S.row is not None else 1
+        ln_n = self._ev(S.lane.extent, E)
+        keys = [_key(lp.loop_var) for lp in S.outer]
+        nd = 6
+        g = dict(E)
+        sp_loops = [*keys, _key(S.row.loop_var) if S.row is not None else None, _key(S.lane.loop_var)]
+        sp_ext = [*ext, rb_n, ln_n]
+        for d, (kv, n) in enumerate(zip(sp_loops, sp_ext)):
+            if kv is not None:
+                g[kv] = np.arange(n).reshape([-1 if i == d else 1 for i in range(nd)])
+        shape = tuple(sp_ext)
+        valid = _full(S.pred(_Zero(g), None), shape).astype(bool)
+        if not valid.any():
+            self._flush_deferred(E, stage, {})
+            return None
+
+        def prefix(axis_any: np.ndarray, what: str) -> int:
+            n = int(axis_any.sum())
+            if not axis_any[:n].all():
+                raise self._fail(st, f"the {what} that exist are not a range from 0")
+            return n
+        gbn = prefix(valid.any(axis=(1, 2, 3, 4, 5)), "groups")
+        kpg = prefix(valid.any(axis=(0, 2, 3, 4, 5)), "channels")
+        nvv = prefix(valid.any(axis=(0, 1, 2, 4, 5)), "column vectors")
+        counts = valid.any(axis=(0, 1, 3, 5)).sum(axis=1)  # valid rows per row block
+        full = int(np.sum(counts == rb_n)) if counts[0] == rb_n else 0
+        tail = int(counts[full]) if full < len(counts) else 0
+        if not (counts[:full] == rb_n).all() or (counts[full + 1:] != 0).any() or (tail == 0 and full == 0):
+            raise self._fail(st, "the rows that exist are not whole register blocks and a tail")
+        # what the nest reads of its tile: the copies into it are clipped to that box
+        red = ([S.inner] if S.inner is not None else []) + list(S.taps)
+        nt = nd + len(red)
+        gg = dict(E)
+        for d, (kv, n) in enumerate(zip(sp_loops, sp_ext)):
+            if kv is not None:
+                gg[kv] = np.arange(n).reshape([-1 if i == d else 1 for i in range(nt)])
+        for d, lp in enumerate(red):  # indices grow with every loop: its first and last values
+            n = self._ev(lp.extent, E)
+            gg[_key(lp.loop_var)] = np.array([0, n - 1]).reshape([-1 if i == nd + d else 1 for i in range(nt)])
+        vmask = valid.reshape(shape + (1,) * len(red))
+        def box(fns) -> list:
+            out = []
+            for f in fns:
+                v = np.asarray(f(_Zero(gg), None))
+                vals = np.broadcast_to(v, np.broadcast_shapes(vmask.shape, v.shape))
+                sel = vals[np.broadcast_to(vmask, vals.shape)]
+                out.append((int(sel.min()), int(sel.max())))
+            return out
+        # the copies into the stage's tiles (input planes, and with w_path=stage the weights and
+        # per-channel parameters) are clipped to what the iterations that exist read
+        clip = {S.x[0]: box(S.x[2]), S.w[0]: box(S.w[2])}
+        for bk, _, e in S.params:
+            clip[bk] = box([self.comp.fn(i) for i in e.indices])
+        # weights first, then the input tile (its padding fills, VPU, ahead of both)
+        self._deferred.sort(key=lambda d: self._sp(_bkey(self._nest(d[0])[2]))[0] != "SM")
+        self._flush_deferred(E, stage, clip)
+        if stage is not None:  # padding fills (VPU, reading nothing) issue before the stage's copies
+            stage[0][:] = [o for o in stage[0] if o.pipe == "vpu"] + [o for o in stage[0] if o.pipe != "vpu"]
+        slot = E.get("slot", 0)
+        self._stored[S.epi[-1][4]] = self._stored_box(S, E, (gbn, kpg, full + (1 if tail else 0), nvv), rb_n)
+        nests = []
+        if full:
+            nests.append(self._block(st, S, E, slot, 0, rb_n, (gbn, kpg, full, nvv)))
+        if tail:
+            nests.append(self._block(st, S, E, slot, full, tail, (gbn, kpg, 1, nvv)))
+        kern = vx.VKernel(tuple(nests), "grouped conv")
+        if self.vtamper is not None:
+            kern = self.vtamper(kern)
+        cost = vx.kernel_cost(self.m, kern)
+        fn = (lambda mem, k=kern: vx.execute(mem, k, L)) if self.fn else None
+
+        def tag(bk: int) -> str:
+            return self._tag(bk, slot if self._sp(bk)[2] else 0)
+        rd = tuple(dict.fromkeys(t for t in [tag(S.x[0]), f"pad{slot}", tag(S.w[0])] +
+                                 [tag(p[0]) for p in S.params] if t))
+        nr = full * rb_n + tail
+        op = Op("vpu", "vpu", cycles=cost.cycles, reads=rd, writes=(tag(S.epi[-1][4]),), cost=cost,
+                nruns=len(kern.nests), fn=fn, label=f"conv {gbn * kpg} ch x {nr} rows")
+        self._emit(self._intern(op), stage, 1)
+        return None
+
+    def _stored_box(self, S: _Static, E: dict, outer: tuple, rb: int) -> list:
+        """Per index of the AM tile the last block stores: (min, max) over the iterations that
+        exist (rows and lanes at their extremes: the copy out clips only the channels by it)."""
+        _, row, lane = S.epi[-1][:3]
+        nd = len(S.outer) + 2
+        g = dict(E)
+        for d, (lp, n) in enumerate(zip(S.outer, outer)):
+            g[_key(lp.loop_var)] = np.arange(n).reshape([-1 if i == d else 1 for i in range(nd)])
+        for d, (lp, n) in enumerate(((row, rb), (lane, self.m.lanes))):
+            if lp is not None:
+                g[_key(lp.loop_var)] = np.array([0, n - 1]).reshape(
+                    [-1 if i == len(S.outer) + d else 1 for i in range(nd)])
+        out = []
+        for f in self._store_idx(S):
+            v = np.asarray(f(_Zero(g), None))
+            out.append((int(v.min()), int(v.max())))
+        return out
+
+    def _store_idx(self, S: _Static) -> list:
+        k = ("gconv_store", id(S))
+        if k not in self._cache:
+            self._cache[k] = [self.comp.fn(i) for i in S.epi[-1][6]]
+        return self._cache[k]
+
+    def _dma(self, st, E: dict, stage: list | None, part: tuple[int, int] | None = None) -> None:
+        """A copy out of a tile a conv nest stored is clipped to the channels the nest stored: TVM's
+        region of a block of channels that slices a group runs past the group's end (the block
+        predicate is not a region bound), and those channels belong to another stage."""
+        loops, _, store = self._nest(st)
+        src = store.value
+        sp = self._sp(_bkey(store))
+        if part is None and stage is not None and sp[0] == "SM" and len(sp) > 2 and sp[2]:
+            self._deferred.append((st, E, stage))  # a stage's SM copy: clipped by the conv nest
+            return None
+        if not (_isload(src) and _bkey(src) in self._stored) or part is not None:
+            return super()._dma(st, E, stage, part)
+        clip = self._stored[_bkey(src)]
+        k = ("gconv_out", _key(st))
+        if k not in self._cache:
+            c = self.comp
+            self._cache[k] = (c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(src), src.indices),
+                              [c.fn(i) for i in src.indices], None if _nest_pred(st) is None else c.fn(_nest_pred(st)))
+        fdst, fsrc, fidx, fpred = self._cache[k]
+        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
+        shape = tuple(e for _, e in ext)
+        g = {**E}
+        for d, (v, n) in enumerate(ext):
+            g[_key(v)] = np.arange(n).reshape([-1 if i == d else 1 for i in range(len(ext))])
+        valid = _full(fpred(g, None), shape).astype(bool) if fpred is not None else np.ones(shape, bool)
+        for d, (f, (lo, hi)) in enumerate(zip(fidx, clip)):
+            if d < len(clip) - 2:  # the channel axes (rows and columns: the copy's own box)
+                v = _full(f(g, None), shape)
+                valid &= (v >= lo) & (v <= hi)
+        boxes = _boxes(valid)
+        if len(boxes) > 1:
+            raise OpcFailure(f"tir lowering: the copy out of {self.names[_bkey(src)]} is not one box")
+        slot = E.get("slot", 0)
+        bsrc, bdst = _bkey(src), _bkey(store)
+        sspace, sbase = self._base(bsrc, slot)
+        dspace, dbase = self._base(bdst, slot)
+        for b in boxes:
+            sv = self._view(_key(st), sspace, sbase, fsrc, E, ext, b)
+            dv = self._view(_key(st), dspace, dbase, fdst, E, ext, b)
+            if self.tamper is not None:
+                dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
+            op = dma_op(self.m, sv, dv, (self._tag(bsrc, slot),), (self._tag(bdst, slot),), self.fn,
+                        f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
+            self._emit(self._intern(op), stage, 2)
+
+    def _block(self, st, S: _Static, E: dict, slot: int, yb0: int, rb: int, outer: tuple) -> vx.Nest:
+        """One nest: register blocks of `rb` rows, the first at row block `yb0`."""
+        at0 = {**E, **{_key(lp.loop_var): 0 for lp in S.outer}}
+        at0[_key(S.outer[2].loop_var)] = yb0
+        loops = list(S.outer) + [S.inner]
+        cin = self._ev(S.inner.extent, E) if S.inner is not None else 1
+        box = tuple(outer) + (cin,)
+        zero_red = {_key(lp.loop_var): 0 for lp in ([S.inner] if S.inner is not None else []) + list(S.taps)}
+        taps = list(itertools.product(*[range(self._ev(lp.extent, E)) for lp in S.taps]))
+        # every (row, tap): the address of its input vector
+        uses: dict[int, list] = {}
+        mems: dict[int, vx.Mem] = {}
+        for j in range(rb):
+            for t in taps:
+                at = {**at0, **zero_red, **{_key(lp.loop_var): i for lp, i in zip(S.taps, t)}}
+                if S.row is not None:
+                    at[_key(S.row.loop_var)] = j
+                at[_key(S.lane.loop_var)] = 0
+                mm = self._mem(st, S.x, "AM", slot, at, loops, S.lane, box if (j, t) == (0, taps[0]) else None)
+                uses.setdefault(mm.base, []).append((j, t))
+                mems[mm.base] = mm
+        wmems = {}
+        for t in taps:
+            at = {**at0, **zero_red, **{_key(lp.loop_var): i for lp, i in zip(S.taps, t)}}
+            wm = self._mem(st, S.w, "SM", slot, at, loops, None, box if t == taps[0] else None)
+            wmems[t] = wm
+        pre = tuple(vx.VI("vmov", f"acc{j}", (0.0,)) for j in range(rb))
+        body: list = []
+        loaded: set = set()
+        nx = 0
+        for addr in sorted(uses):
+            xr = f"x{nx % X_REGS}"
+            nx += 1
+            body.append(vx.VI("vld", xr, (mems[addr],)))
+            for j, t in uses[addr]:
+                wr = "w" + "_".join(map(str, t))
+                if t not in loaded:
+                    loaded.add(t)
+                    body.append(vx.VI("sld", wr, (wmems[t],)))
+                body.append(vx.VI("vfma", f"acc{j}", (xr, wr, f"acc{j}")))
+        # the epilogue: per-channel scalars once per iteration, then each accumulator's instructions
+        post: list = []
+        for i, (bk, fflat, _) in enumerate(S.params):
+            post.append(vx.VI("sld", f"p{i}", (self._mem(st, (bk, fflat), "SM", slot, dict(at0), loops, None, None),)))
+
+        def opnd(x):
+            return f"p{x[1]}" if isinstance(x, tuple) else x
+        for j in range(rb):
+            a = f"acc{j}"
+            for _, row, lane, code, bk, fflat, _ in S.epi:
+                for ins in code:
+                    post.append(vx.VI(ins[0], a, (a,) + tuple(opnd(x) for x in ins[1:])))
+            _, row, lane, _, bk, fflat, _ = S.epi[-1]
+            at = dict(at0)
+            if row is not None:
+                at[_key(row.loop_var)] = j
+            if lane is not None:
+                at[_key(lane.loop_var)] = 0
+            sm = self._mem(st, (bk, fflat), "AM", slot, at, loops, lane, None)
+            if lane is not None and sm.lane != 1:
+                raise self._fail(st, "the output tile's columns are not contiguous")
+            post.append(vx.VI("vst", vx.Mem("AM", sm.base, sm.steps, 1), (a,)))
+        return vx.Nest(outer=tuple(outer), inner=(cin,), pre=pre, body=tuple(body), post=tuple(post))
