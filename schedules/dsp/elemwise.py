@@ -4,8 +4,10 @@ relu, add, add_relu, bias_add, batch_norm and the fused bn_relu of seed 004 §2.
 chains, and ew_chain spells its chain out: both are TVM schedules of the op's compute (`chain.py`,
 `chain_tir.py`: the tensor cut into stages of pixels / planes, split across the cores, DMAed
 DDR -> AM, computed in AM, DMAed back) lowered by the DSP backend to vector instructions
-(`opcompiler.backend.dsp.tir_vector`). concat (DMA only, `concat.py`), explicit
-padding (`pad.py`), slice and transpose (strided DMA, `slice.py`, `transpose.py`) have their own.
+(`opcompiler.backend.dsp.tir_vector`). Explicit padding (`pad.py`), slice and transpose
+(strided DMA, `slice.py`, `transpose.py`) are TVM schedules of their computes too (`move_tir.py`),
+lowered to DMA descriptors and fills (`opcompiler.backend.dsp.tir_move`); concat (DMA only,
+`concat.py`) is still emitted directly.
 """
 from __future__ import annotations
 

@@ -6,7 +6,8 @@ An item is (block of `planes` planes, block of `rows` output rows), split over t
 output tile is assembled in AM: the fill value by vector stores (the left / right columns once
 per buffer, since the DMA never writes them; rows above / below the input when the item has
 them), the input rows by DMA DDR -> AM into the interior; the tile (whole output rows) is
-DMAed AM -> DDR.
+DMAed AM -> DDR. `apply` is the TVM schedule of the op's compute (`move_tir.pad_schedule`: the
+pad block computed into the AM tile), lowered by the backend (`opcompiler.backend.dsp.tir_move`).
 """
 from __future__ import annotations
 
@@ -15,15 +16,14 @@ from typing import Any, Mapping
 import numpy as np
 
 from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dma_op
+from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from .stream import cdiv, cores_knob, fill_kernel, group_key, share, stream, vpu_op
+from . import move_tir
+from .stream import cdiv, cores_knob, group_key, share
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -104,53 +104,7 @@ class DspPad(Template):
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
         m = machine(target)
-        op = get_op(wl.op)
         g = _Geo(m, wl, config)
         shares = share(g.items(), int(config["cores"]), m.cores)
-        cache: dict = {}
-
-        def core_ops(core: int) -> list[Op]:
-            if not shares[core]:
-                return []
-            am = Allocator("AM", m.cap("AM"), 128)
-            bufs = [am.alloc(f"output tile[{b}]", g.planes * g.OP) for b in range(g.nbuf)]
-
-            def stage(it, slot, first):
-                return self._stage(m, g, it, slot, first, bufs[slot], functional)
-
-            return stream(shares[core], g.nbuf, functional, stage, g.key, cache)
-
-        ddr = {"x": (g.n, g.c, g.h, g.w), "out": (g.n, g.c, g.H, g.W)}
-        hpre, hpost = host_ops(m, [("x", nbytes(ddr["x"]))], [("out", nbytes(ddr["out"]))], [])
-        return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops,
-                        group_key=lambda c: group_key(shares[c], g.key), pre=[], post=[], host_pre=hpre,
-                        host_post=hpost, ddr_tensors=ddr, inputs=["x"], output="out", out_shape=ddr["out"],
-                        flops=op.flops(wl), cores_used=sum(1 for s in shares if s), info={"layout_change": "none"})
-
-    def _stage(self, m, g: _Geo, it, slot, first, ob, fn):
-        p0, np_, y0, nr = it
-        tag, tpad = f"t{slot}", f"pad{slot}"
-        lo, hi = max(0, y0 - g.pt), min(g.h, y0 + nr - g.pt)
-        r_in = lo + g.pt - y0  # first tile row the input lands in
-        fills = []
-        if first:
-            if g.pl:
-                fills.append(((0, 0), (g.planes, g.rows, g.pl)))
-            if g.pr:
-                fills.append(((0, g.pl + g.w), (g.planes, g.rows, g.pr)))
-        if hi <= lo:
-            fills.append(((0, 0), (np_, nr, g.W)))
-        else:
-            if r_in > 0:
-                fills.append(((0, 0), (np_, r_in, g.W)))
-            if r_in + hi - lo < nr:
-                fills.append(((r_in + hi - lo, 0), (np_, nr - r_in - hi + lo, g.W)))
-        ins: list[Op] = [vpu_op(m, fill_kernel(g.value, ob + r0 * g.W + c0, shape, (g.OP, g.W), g.L, "pad fill"), (),
-                                (tpad,), fn, "fill") for (r0, c0), shape in fills]
-        if hi > lo:
-            src = View(("DDR", "x"), (p0 * g.h + lo) * g.w, (np_, hi - lo, g.w), (g.h * g.w, g.w, 1))
-            dst = View(("AM",), ob + r_in * g.W + g.pl, (np_, hi - lo, g.w), (g.OP, g.W, 1))
-            ins.append(dma_op(m, src, dst, (), (tag,), fn, "x DDR->AM"))
-        osrc = View(("AM",), ob, (np_, nr, g.W), (g.OP, g.W, 1))
-        odst = View(("DDR", "out"), (p0 * g.H + y0) * g.W, (np_, nr, g.W), (g.H * g.W, g.W, 1))
-        return ins, [], [dma_op(m, osrc, odst, (tag, tpad), ("out",), fn, "y AM->DDR")]
+        return move_tir.build_program(wl, target, config, functional, (g.planes, g.rows), bool(config["dbuf"]),
+                                      sum(1 for s in shares if s), lambda c: group_key(shares[c], g.key), {})

@@ -17,6 +17,10 @@ AM -> DDR (contiguous), with `dbuf` two AM buffers so the next gather is issued 
 tile's write (each core's DMA engine is one in-order queue, so this only changes how the cores'
 transfers interleave on the shared DDR channel); `tile` output elements per descriptor; `cores`
 the cores the tiles are split over (contiguous shares). No VPU work.
+
+`apply` is the TVM schedule of the op's compute (`move_tir.transpose_schedule`: x and the output
+reshaped to the canonical form, the split output axis and the axes before it fused into the
+stage loop), lowered by the backend's data-movement lowering (`opcompiler.backend.dsp.tir_move`).
 """
 from __future__ import annotations
 
@@ -24,17 +28,16 @@ from math import prod
 from typing import Any, Mapping
 
 from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dma_op, runs
+from opcompiler.backend.dsp.program import F32, Program, View, runs
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import transpose_dims
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+from . import move_tir
 from .common import require_fp32
-from .stream import cores_knob, group_key, share, stream
+from .stream import cores_knob, group_key, share
 
 TILES = (256, 1024, 4096, 16384, 65536, 131072)
 
@@ -176,39 +179,11 @@ class DspTranspose(Template):
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
         m = machine(target)
-        op = get_op(wl.op)
         g = _Geo(wl, int(config["tile"]))
         shares = share(g.items(), int(config["cores"]), m.cores)
         staged = config["path"] == "am"
-        nbuf = 1 + int(config["dbuf"]) if staged else 1
-        key = lambda it: it[2]  # noqa: E731 (every tile of a count has the same shape and strides)
-        cache: dict = {}
-
-        def core_ops(core: int) -> list[Op]:
-            items = shares[core]
-            if not items:
-                return []
-            am = Allocator("AM", m.cap("AM"), 128)
-            bufs = [am.alloc(f"tile[{b}]", g.tile) for b in range(nbuf)] if staged else []
-
-            def stage(it, slot, first):
-                src, shape = g.views(it)
-                dst = _contig(("DDR", "out"), it[1], shape)
-                if not staged:
-                    return [dma_op(m, src, dst, (), ("out",), functional, "x DDR->DDR (strided)")], [], []
-                a = _contig(("AM",), bufs[slot], shape)
-                return ([dma_op(m, src, a, (), (f"t{slot}",), functional, "x DDR->AM (gather)")], [],
-                        [dma_op(m, a, dst, (f"t{slot}",), ("out",), functional, "tile AM->DDR")])
-
-            return stream(items, nbuf, functional, stage, key, cache)
-
-        out_shape = tuple(g.dims[p] for p in g.perm)
-        ddr = {"x": g.dims, "out": out_shape}
-        hpre, hpost = host_ops(m, [("x", nbytes(g.dims))], [("out", nbytes(out_shape))], [])
-        return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops,
-                        group_key=lambda c: group_key(shares[c], key), pre=[], post=[], host_pre=hpre,
-                        host_post=hpost, ddr_tensors=ddr, inputs=["x"], output="out", out_shape=out_shape,
-                        flops=op.flops(wl), cores_used=sum(1 for s in shares if s),
-                        info={"layout_change": "none", "path": config["path"],
-                              "canonical": f"{'x'.join(map(str, g.cd))} / {''.join(map(str, g.cp))}",
-                              "run_elems": g.run, "tiles": sum(len(s) for s in shares)})
+        return move_tir.build_program(
+            wl, target, config, functional, (g.j, g.cnt, staged), staged and bool(config["dbuf"]),
+            sum(1 for s in shares if s), lambda c: group_key(shares[c], lambda it: it[2]),
+            {"path": config["path"], "canonical": f"{'x'.join(map(str, g.cd))} / {''.join(map(str, g.cp))}",
+             "run_elems": g.run, "tiles": sum(len(s) for s in shares)})

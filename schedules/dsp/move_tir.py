@@ -1,0 +1,216 @@
+"""Data movement (slice, pad, transpose) as the TVM schedules the DSP simulator executes.
+
+Built over the op's own TE compute, with the templates' knobs as schedule primitives and
+annotations:
+
+    slice       transform_layout / transform_block_layout to (outer blocks, run): each block's
+                range is one contiguous run of x and of the output; the run split by `tile`; the
+                block loop and the tile loop fused: the stage loop (opc.dsp.stage, opc.dsp.cores:
+                contiguous shares of items)
+    transpose   x and the output reshaped to the permutation's canonical form (unit axes dropped,
+                neighbours merged: `transpose.canonical`); the output axis the tile splits split
+                by its count, it and the axes before it fused into the stage loop: a tile is a box
+                of the output, one strided view of x
+    path=ddr    the copy nest under the stage (opc.dsp.op = "dma"): one DDR -> DDR descriptor
+    path=am     the copy computed into a local.AM tile at the stage (cache_write: the DMA-in,
+                gathering for transpose), the tile's write-back the DMA-out; `dbuf`: two slots
+    pad         (planes, rows, columns); planes split by `planes`, output rows by `rows`, the outer
+                loops fused into the stage loop; the pad block (its if_then_else: the input or
+                the fill value) computed into the AM tile of whole output rows (a dma nest: the
+                input box copied, the padding filled by vector stores), written back whole
+
+`opcompiler.backend.dsp.tir_move` lowers the function; nothing here emits an instruction.
+"""
+from __future__ import annotations
+
+from collections.abc import Callable, Hashable, Mapping
+from functools import lru_cache
+from typing import Any
+
+from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.machine import machine
+from opcompiler.backend.dsp.tir_lower import lowered
+from opcompiler.backend.dsp.tir_move import DMA, MoveLowerer
+from opcompiler.ops import get_op
+from opcompiler.ops.catalogue import slice_geometry, transpose_dims
+from opcompiler.target import Target
+from opcompiler.workload import Workload
+
+_WL: dict[str, Workload] = {}
+
+
+@lru_cache(maxsize=64)
+def _prim_func(key: str):
+    """The op's TE compute as a PrimFunc (per workload; a config only changes the schedule)."""
+    from tvm import te
+
+    wl = _WL[key]
+    ins, out = get_op(wl.op).compute(wl)
+    return te.create_prim_func(list(ins) + [out])
+
+
+def _schedule(wl: Workload):
+    import tvm
+
+    key = wl.key_str()
+    _WL[key] = wl
+    return tvm.s_tir.Schedule(_prim_func(key))
+
+
+def _flat(ix, dims):
+    if not ix:
+        return 0
+    e = ix[0]
+    for i, d in zip(ix[1:], dims[1:]):
+        e = e * d + i
+    return e
+
+
+def _imap(fn, ndim: int):
+    """`fn(*indices)` as a function of exactly `ndim` named arguments (what transform_layout reads)."""
+    args = ", ".join(f"i{d}" for d in range(ndim))
+    return eval(f"lambda {args}: fn({args})", {"fn": fn})  # our own generated source
+
+
+def _stage_nests(sch, blk, stage, staged: bool, depth: int):
+    """The stage loop annotated; with `staged` the block computed into an AM tile at the stage
+    (cache_write: the block is the DMA-in, the tile's write-back the DMA-out); every copy nest
+    under the stage annotated dma (`depth`: loops down to the stage)."""
+    sch.annotate(stage, "opc.dsp.stage", 1)
+    sch.annotate(stage, "opc.dsp.cores", 1)
+    if staged:
+        wb = sch.cache_write(blk, 0, "local.AM")
+        sch.reverse_compute_at(wb, stage, preserve_unit_loops=True)
+        sch.annotate(sch.get_loops(wb)[depth], "opc.dsp.op", DMA)
+    sch.annotate(sch.get_loops(blk)[depth], "opc.dsp.op", DMA)
+    return sch
+
+
+def slice_schedule(wl: Workload, tile: int, staged: bool):
+    dims, outer, _, run = slice_geometry(wl)
+    a = int(wl["axis"])
+    odims = list(dims)
+    odims[a] = int(wl["end"]) - int(wl["start"])
+    sch = _schedule(wl)
+    blk = sch.get_sblock("slice")
+    nd = len(dims)
+    if a:  # (outer blocks, run)
+        mo = _imap(lambda *i: [_flat(i[:a], odims[:a]), _flat(i[a:], odims[a:])], nd)
+        mx = _imap(lambda *i: [_flat(i[:a], dims[:a]), _flat(i[a:], dims[a:])], nd)
+    else:  # one block
+        mo = _imap(lambda *i: [_flat(i, odims)], nd)
+        mx = _imap(lambda *i: [_flat(i, dims)], nd)
+    sch.transform_layout(blk, ("read", 0), mx)
+    sch.transform_layout(blk, ("write", 0), mo)
+    sch.transform_block_layout(blk, mo)
+    loops = sch.get_loops(blk)
+    so, _ = sch.split(loops[-1], [None, min(tile, run)])
+    stage = sch.fuse(loops[0], so) if a else so
+    return _stage_nests(sch, blk, stage, staged, 1)
+
+
+def pad_schedule(wl: Workload, planes: int, rows: int):
+    """(planes, rows, columns): the output tile of `planes` x `rows` output rows computed in AM (the
+    pad block: its copy of the input and its fills), written back whole; planes and rows split,
+    their outer loops fused into the stage loop."""
+    C = int(wl["c"])
+    sch = _schedule(wl)
+    blk = sch.get_sblock("pad_out")
+    f4 = lambda b, c, y, x: [b * C + c, y, x]  # noqa: E731
+    sch.transform_layout(blk, ("read", 0), f4)
+    sch.transform_layout(blk, ("write", 0), f4)
+    sch.transform_block_layout(blk, f4)
+    p, y, _ = sch.get_loops(blk)
+    po, pi = sch.split(p, [None, planes])
+    yo, yi = sch.split(y, [None, rows])
+    sch.reorder(po, yo, pi, yi)
+    # the tile placed under the row-block loop before it is fused with the plane-block loop: TVM's
+    # region analysis of the tile is exact over the two loops, not over the fused one's // and %
+    wb = sch.cache_write(blk, 0, "local.AM")
+    sch.reverse_compute_at(wb, yo, preserve_unit_loops=True)
+    stage = sch.fuse(po, yo)
+    sch.annotate(stage, "opc.dsp.stage", 1)
+    sch.annotate(stage, "opc.dsp.cores", 1)
+    sch.annotate(sch.get_loops(blk)[1], "opc.dsp.op", DMA)
+    sch.annotate(sch.get_loops(wb)[1], "opc.dsp.op", DMA)
+    return sch
+
+
+def _groups(dims: tuple[int, ...], perm: tuple[int, ...]) -> list[list[int]]:
+    """The canonical form's axes (`transpose.canonical`) as lists of original input axes, in
+    output order: unit axes dropped, axes adjacent in input and output in the same order merged."""
+    keep = [a for a in range(len(dims)) if dims[a] > 1] or [0]
+    groups: list[list[int]] = []
+    for a in (a for a in perm if a in keep):
+        if groups and keep.index(groups[-1][-1]) + 1 == keep.index(a):
+            groups[-1].append(a)
+        else:
+            groups.append([a])
+    return groups
+
+
+def transpose_schedule(wl: Workload, j: int, cnt: int, staged: bool):
+    """The canonical form's axes (x and the output reshaped to them); output axis `j` split by
+    `cnt`, the axes before it and the outer part fused into the stage loop: a tile is a box of
+    the output, one strided view of x."""
+    dims, perm = transpose_dims(wl)
+    groups = _groups(dims, perm)
+    pos = {a: k for k, a in enumerate(perm)}  # input axis -> output position
+    in_order = sorted(groups, key=lambda g: g[0])
+    nd = len(dims)
+    mx = _imap(lambda *i: [_flat([i[a] for a in g], [dims[a] for a in g]) for g in in_order], nd)
+    mo = _imap(lambda *o: [_flat([o[pos[a]] for a in g], [dims[a] for a in g]) for g in groups], nd)
+    sch = _schedule(wl)
+    blk = sch.get_sblock("transpose")
+    sch.transform_layout(blk, ("read", 0), mx)
+    sch.transform_layout(blk, ("write", 0), mo)
+    sch.transform_block_layout(blk, mo)
+    loops = sch.get_loops(blk)
+    jo, _ = sch.split(loops[j], [None, cnt])
+    stage = sch.fuse(*loops[:j], jo) if j else jo
+    return _stage_nests(sch, blk, stage, staged, 1)
+
+
+SCHEDULES: dict[str, Callable] = {"slice": slice_schedule, "pad": pad_schedule, "transpose": transpose_schedule}
+_FUNCS: dict[tuple, Any] = {}
+
+
+def lowered_func(wl: Workload, target: Target, *knobs) -> Any:
+    """The lowered TIR of a move kernel (cached: dbuf and cores do not change the schedule)."""
+    key = (wl.key_str(), getattr(target, "digest", target.name)) + knobs
+    if key not in _FUNCS:
+        if len(_FUNCS) >= 256:
+            _FUNCS.clear()
+        _FUNCS[key] = lowered(SCHEDULES[wl.op](wl, *knobs))
+    return _FUNCS[key]
+
+
+def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, knobs: tuple,
+                  dbuf: bool, cores_used: int, group_key: Callable[[int], Hashable], info: dict,
+                  tamper: Callable | None = None):
+    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+    m = machine(target)
+    op = get_op(wl.op)
+    specs = op.inputs(wl)
+    func = lowered_func(wl, target, *knobs)
+    params = [p.name for p in func.params]
+    ddr_names = {p: nm for p, (nm, _, _) in zip(params, specs)}
+    ddr_names[params[-1]] = "out"
+    tir_shapes = {ddr_names[p.name]: tuple(int(s) for s in p.shape) for p in func.params}
+    low = MoveLowerer(m, func, ddr_names, tir_shapes, dbuf, functional, tamper)
+    k = max(1, min(int(config.get("cores", m.cores)), m.cores))
+    out_shape = tuple(int(v) for v in op.output_spec(wl)[0])
+    ddr = {nm: s for nm, s, _ in specs}
+    ddr["out"] = out_shape
+    hpre, hpost = host_ops(m, [(nm, nbytes(s)) for nm, s, _ in specs], [("out", nbytes(out_shape))], [])
+
+    def core_ops(c: int) -> list:
+        return low.core_ops(c, k, 1) if c < k else []
+    return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=group_key, pre=[], post=[],
+                    host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[nm for nm, _, _ in specs], output="out",
+                    out_shape=out_shape, flops=op.flops(wl), cores_used=cores_used,
+                    info={"layout_change": "none", **info, "lowering": "tir"})
+
+
+__all__ = ["build_program", "lowered_func", "pad_schedule", "slice_schedule", "transpose_schedule"]
+
