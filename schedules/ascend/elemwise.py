@@ -18,8 +18,10 @@ cache_write, stages computed at the tile loop, emit_insn pragmas, the knobs as s
 loop annotations) and the backend's `emit_insn` lowering turns the scheduled module into each
 core's program. Per-channel chains take it too: `channel_tir.channel_schedule` schedules the
 chain on the NC1HWC0 view (parameters resident in UB, a per-channel step lowered to block
-stride 0 / half-row instructions). concat, pad, transpose and slice are still emitted directly
-(TIK style) below.
+stride 0 / half-row instructions). slice, pad and transpose take it too: `move_tir.move_schedule`
+views the tensors as the runs the op moves and writes the op's block through a UB tile (MTE2 in,
+MTE3 out, a vector dup for padding), lowered by the backend's `emit_move`. concat is still
+emitted directly (TIK style) below.
 """
 from __future__ import annotations
 
@@ -28,7 +30,6 @@ from typing import Any, Mapping
 import numpy as np
 
 from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
-from opcompiler.backend.ascend.isa import VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
@@ -37,6 +38,7 @@ from opcompiler.workload import Workload
 
 from .common import AscendTemplate, core_values, from_5hd, machine, per_channel, to_5hd
 
+MOVE_TIR = ("slice", "pad", "transpose")  # the data-movement ops on the TVM route
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 C0 = 16
 # how many extra operands each step reads: "full" (same shape as x) or "chan" (one per channel)
@@ -114,12 +116,8 @@ class AscendElemwise(AscendTemplate):
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
         m = machine(target)
         kind = _kind(wl)
-        if kind == "pad":
-            return self._apply_pad(wl, target, cfg, m)
-        if kind == "transpose":
-            return self._apply_transpose(wl, target, cfg, m)
-        if kind == "slice":
-            return self._apply_slice(wl, target, cfg, m)
+        if kind in MOVE_TIR:
+            return self._apply_move_tir(wl, target, cfg, m)
         if kind == "flat":
             return self._apply_flat_tir(wl, target, cfg, m)
         if kind == "channel":
@@ -161,6 +159,30 @@ class AscendElemwise(AscendTemplate):
                     out_dtype=dt, unpack=lambda y: y.reshape(n, c + wl["c1"], h, w), flops=get_op(wl.op).flops(wl),
                     unit="vector", info={"gm_layouts": {"x": "flat"}, "steps": "concat", "layout_change": "none",
                                          "channel_padding_waste": 0.0})
+
+    def _apply_move_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+        """Data movement through TVM: `move_tir.move_schedule` schedules the op's TE compute
+        (views of the runs it moves, the op's block cache_written into a UB tile, tiles of
+        ub_tile elements, dma_copy pragmas); the backend's `emit_move` lowering turns it into
+        each core's program (MTE2 / MTE3 boxes, a vector dup for padding)."""
+        from opcompiler.backend.ascend import emit_move
+
+        from .move_tir import logical_out_shape, move_schedule
+
+        vk = emit_move.lower(move_schedule(wl, cfg))
+        names = vk.inputs
+        out_shape = logical_out_shape(wl)
+
+        def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+            return {nm: np.ascontiguousarray(a).reshape(vk.gm[nm][0]) for nm, a in zip(names, inputs)}
+
+        return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core), pack=pack,
+                    out_name=vk.output, out_shape=vk.gm[vk.output][0], out_dtype=wl.dtype,
+                    unpack=lambda y: y.reshape(out_shape), flops=0, unit="vector",
+                    info={"gm_layouts": {nm: f"{vk.gm[nm][0]} (the runs the op moves)" for nm in (*names, vk.output)},
+                          "steps": wl.op, "layout_change": "none", "channel_padding_waste": 0.0,
+                          "lowering": "TVM s_tir schedule -> emit_move (backend/ascend/emit_move.py)",
+                          "tir_nests": len(vk.nests)})
 
     def _apply_flat_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
         """Flat chains through TVM: `elemwise_tir.flat_schedule` schedules the op's TE compute
@@ -224,146 +246,6 @@ class AscendElemwise(AscendTemplate):
                           "channel_padding_waste": round(1 - c / (c1 * C0), 4),
                           "lowering": "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)",
                           "tir_nests": len(vk.nests)})
-
-    def _apply_transpose(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
-        """A transpose as block moves: the trailing input axes the permutation leaves in place form
-        contiguous runs; MTE2 gathers the runs of consecutive output blocks into a UB tile (one
-        burst each), MTE3 writes the tile out in one contiguous move. A permutation that moves
-        the innermost axis leaves runs of one element: refused when that means more than 65536
-        single-element moves (the chip would use its vector transpose, not modelled here)."""
-        from opcompiler.errors import OpcError
-        from opcompiler.ops.catalogue import transpose_dims
-        dt = wl.dtype
-        dims, perm = transpose_dims(wl)
-        rank = len(dims)
-        t = 0
-        while t < rank and perm[rank - 1 - t] == rank - 1 - t:
-            t += 1
-        lead, run = dims[:rank - t], int(np.prod(dims[rank - t:], dtype=np.int64))
-        blocks = int(np.prod(lead, dtype=np.int64))
-        # for each output block (row-major over the permuted leading axes) the input block it copies
-        src_block = np.arange(blocks).reshape(lead or (1,)).transpose(perm[:rank - t] or (0,)).reshape(-1)
-        if run < 8 and blocks > 65536:
-            raise OpcError(f"this transpose moves the innermost axis: {blocks} runs of {run} element(s)", arg="perm",
-                           value=wl["perm"], expected="a permutation that keeps the last axis (or --fallback cpu)")
-        tile = cfg["ub_tile"]
-        chunk = min(run, tile)  # a run longer than the tile goes in chunks
-        per_tile = max(1, tile // chunk) if chunk == run else 1
-        units = ([(b0, min(per_tile, blocks - b0), 0, run) for b0 in range(0, blocks, per_tile)] if chunk == run else
-                 [(b, 1, c0, min(chunk, run - c0)) for b in range(blocks) for c0 in range(0, run, chunk)])
-        slots = 2 if cfg["double_buffer"] else 1
-        active = min(cfg["block_dim"], len(units))
-
-        def program(core: int):
-            kb = KernelBuilder(m, core, active)
-            x = kb.gm("x0", (blocks, run), dt)
-            y = kb.gm("y", (blocks, run), dt)
-            bufs = [kb.alloc("UB", f"x0_{s}", (tile,), dt) for s in range(slots)]
-            lo, hi = split_even(len(units), active, core)
-            for j, (b0, nb, c0, cnt) in enumerate(units[lo:hi]):
-                ub = bufs[j % slots]
-                for i in range(nb):
-                    kb.data_move(ub, (slice(i * cnt, (i + 1) * cnt),), x, (int(src_block[b0 + i]), slice(c0, c0 + cnt)))
-                if nb > 1:
-                    kb.data_move(y, (slice(b0, b0 + nb), slice(None)), ub, (slice(0, nb * cnt),))
-                else:
-                    kb.data_move(y, (b0, slice(c0, c0 + cnt)), ub, (slice(0, cnt),))
-                kb.loop()
-            return kb.finish(gm_inputs=("x0",))
-
-        out_dims = tuple(dims[p] for p in perm)
-        return Plan(active_cores=active, make_program=program,
-                    pack=lambda inputs: {"x0": np.ascontiguousarray(inputs[0]).reshape(blocks, run)},
-                    out_name="y", out_shape=(blocks, run), out_dtype=dt,
-                    unpack=lambda yv: yv.reshape(out_dims), flops=0, unit="vector",
-                    info={"gm_layouts": {"x": f"blocks of {run} contiguous elements"}, "steps": "transpose",
-                          "layout_change": "none", "channel_padding_waste": 0.0})
-
-    def _apply_slice(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
-        """A slice along one axis: each outer block's contiguous run goes GM -> UB (one MTE2 burst)
-        and the runs of consecutive blocks leave in one contiguous MTE3 move."""
-        from opcompiler.ops.catalogue import slice_geometry
-        dt = wl.dtype
-        dims, outer, start, run = slice_geometry(wl)
-        total_in = int(np.prod(dims, dtype=np.int64)) // outer
-        tile = cfg["ub_tile"]
-        chunk = min(run, tile)
-        per_tile = max(1, tile // run) if chunk == run else 1
-        units = ([(b0, min(per_tile, outer - b0), 0, run) for b0 in range(0, outer, per_tile)] if chunk == run else
-                 [(b, 1, c0, min(chunk, run - c0)) for b in range(outer) for c0 in range(0, run, chunk)])
-        slots = 2 if cfg["double_buffer"] else 1
-        active = min(cfg["block_dim"], len(units))
-
-        def program(core: int):
-            kb = KernelBuilder(m, core, active)
-            x = kb.gm("x0", (outer, total_in), dt)
-            y = kb.gm("y", (outer, run), dt)
-            bufs = [kb.alloc("UB", f"x0_{s}", (tile,), dt) for s in range(slots)]
-            lo, hi = split_even(len(units), active, core)
-            for j, (b0, nb, c0, cnt) in enumerate(units[lo:hi]):
-                ub = bufs[j % slots]
-                if nb > 1:  # the runs of nb blocks: one strided move (nb bursts)
-                    kb.data_move(ub, (slice(0, nb * cnt),), x, (slice(b0, b0 + nb), slice(start, start + cnt)))
-                    kb.data_move(y, (slice(b0, b0 + nb), slice(None)), ub, (slice(0, nb * cnt),))
-                else:
-                    kb.data_move(ub, (slice(0, cnt),), x, (b0, slice(start + c0, start + c0 + cnt)))
-                    kb.data_move(y, (b0, slice(c0, c0 + cnt)), ub, (slice(0, cnt),))
-                kb.loop()
-            return kb.finish(gm_inputs=("x0",))
-
-        out_dims = list(dims)
-        out_dims[wl["axis"]] = wl["end"] - wl["start"]
-        return Plan(active_cores=active, make_program=program,
-                    pack=lambda inputs: {"x0": np.ascontiguousarray(inputs[0]).reshape(outer, total_in)},
-                    out_name="y", out_shape=(outer, run), out_dtype=dt,
-                    unpack=lambda yv: yv.reshape(out_dims), flops=0, unit="vector",
-                    info={"gm_layouts": {"x": f"{outer} blocks, a run of {run} at {start}"}, "steps": "slice",
-                          "layout_change": "none", "channel_padding_waste": 0.0})
-
-    def _apply_pad(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
-        """Explicit padding: per channel plane, tiles of whole padded rows in UB; a tile that
-        holds padding is filled (vector dup) first, then MTE2 writes the input rows into it (a
-        strided region: `w` elements per row at column `pl`), then MTE3 moves the rows out."""
-        from opcompiler.errors import OpcError
-        dt = wl.dtype
-        n, c, h, w = _shape(wl)
-        pt, pl, pb, pr = wl["pt"], wl["pl"], wl["pb"], wl["pr"]
-        hp, wp = h + pt + pb, w + pl + pr
-        if wl.layout != "NCHW":
-            raise OpcError("the ascend pad kernel pads NCHW planes", arg="layout", value=wl.layout, expected="NCHW")
-        if wp > cfg["ub_tile"]:
-            raise OpcError(f"one padded row ({wp} elements) does not fit the UB tile", arg="ub_tile",
-                           value=cfg["ub_tile"], expected=f">= {wp}")
-        rows = min(hp, cfg["ub_tile"] // wp)
-        slots = 2 if cfg["double_buffer"] else 1
-        value = 0.0 if wl["fill"] == "zero" else float(np.finfo(dt).min)
-        units = [(p, r0, min(rows, hp - r0)) for p in range(n * c) for r0 in range(0, hp, rows)]
-        active = min(cfg["block_dim"], len(units))
-
-        def program(core: int):
-            kb = KernelBuilder(m, core, active)
-            x = kb.gm("x0", (n * c, h, w), dt)
-            y = kb.gm("y", (n * c, hp, wp), dt)
-            bufs = [kb.alloc("UB", f"x0_{s}", (rows, wp), dt) for s in range(slots)]
-            lo, hi = split_even(len(units), active, core)
-            for j, (p, r0, cnt) in enumerate(units[lo:hi]):
-                ub = bufs[j % slots]
-                a, b = max(r0, pt), min(r0 + cnt, pt + h)  # padded rows that hold input rows
-                if a >= b or pl or pr or a > r0 or b < r0 + cnt:
-                    kb.vec("dup", VOp(ub), (), cnt * wp, scalar=value)
-                if a < b:
-                    kb.data_move(ub, (slice(a - r0, b - r0), slice(pl, pl + w)), x, (p, slice(a - pt, b - pt),
-                                                                                    slice(None)))
-                kb.data_move(y, (p, slice(r0, r0 + cnt), slice(None)), ub, (slice(0, cnt), slice(None)))
-                kb.loop()
-            return kb.finish(gm_inputs=("x0",))
-
-        return Plan(active_cores=active, make_program=program,
-                    pack=lambda inputs: {"x0": np.ascontiguousarray(inputs[0]).reshape(n * c, h, w)},
-                    out_name="y", out_shape=(n * c, hp, wp), out_dtype=dt,
-                    unpack=lambda yv: yv.reshape(n, c, hp, wp), flops=0, unit="vector",
-                    info={"gm_layouts": {"x": "NCHW (N*C, H, W)"}, "steps": "pad",
-                          "layout_change": "none (NCHW planes)", "channel_padding_waste": 0.0})
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
