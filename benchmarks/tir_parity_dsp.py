@@ -1,10 +1,9 @@
 """dsp-sim: the shipped records' best configs measured again, route by route.
 
-conv2d has one route (TVM's TIR, lowered by the backend): each shipped best is measured again and
-set against its stored cycles (the "direct" column is the stored figure). matmul (the FC layer)
-still has two: each best is measured emitted directly (`lowering=direct`) and lowered from TIR
-(`lowering=tir`, where it covers the config). The table shows both cycle counts, their ratio or
-why a route refuses the config, and the wall time of build + measure.
+Every template has one route now (no `lowering` knob): each shipped best of conv2d and matmul is
+measured again and set against its stored cycles (the "direct" column is the stored figure,
+measured when the record was made). The table shows both cycle counts, their ratio or why the
+config is refused, and the wall time of build + measure.
 
 Before the direct conv emitter was retired this script compared it with the TIR route on the
 20 shipped conv2d bests: all within 1 % (worst +0.10 %), median 4.9 ms vs 32 ms per candidate.
@@ -67,12 +66,8 @@ def main() -> None:
             key = r.key
             wl = Workload.make(key["op"], key["params"], key["dtype"])
             cfg = dict(r.config)
-            if op == "conv2d":  # one route: the stored figure against a fresh measurement
-                d, dms, dwhy = r.cycles, 0.0, ""
-                t, tms, twhy = measure(be, wl, cfg)
-            else:
-                d, dms, dwhy = measure(be, wl, {**cfg, "lowering": "direct"})
-                t, tms, twhy = measure(be, wl, {**cfg, "lowering": "tir"})
+            d, dms, dwhy = r.cycles, 0.0, ""  # one route: the stored figure against a fresh measurement
+            t, tms, twhy = measure(be, wl, cfg)
             rows.append({"op": key["op"], "params": key["params"], "shipped": r.cycles, "direct": d, "tir": t,
                          "ratio": round(t / d, 4) if t and d else None, "why": twhy or dwhy,
                          "direct_ms": round(dms, 1), "tir_ms": round(tms, 1)})

@@ -1,8 +1,8 @@
 """VPU vector programs: the instructions one core's vector unit issues, executed and timed.
 
 The direct convolution describes its VPU pass by a micro-kernel signature (`core.mk_out`);
-the templates for pooling, grouped convolution, element-wise chains, softmax and reductions
-instead spell out the instructions themselves. A `VKernel` is one VPU pass: a sequence of loop
+the vector-nest lowerings (`tir_vector.py` and its subclasses, for pooling, grouped convolution,
+element-wise chains, softmax, reductions and data movement) emit the instructions themselves. A `VKernel` is one VPU pass: a sequence of loop
 nests (`Nest`), each a list of vector instructions (`VI`) over 32-lane registers and AM / SM
 operands (`Mem`) whose addresses are affine in the nest's loop indices.
 
