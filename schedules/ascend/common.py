@@ -1,10 +1,10 @@
 """Pieces shared by the Ascend templates: dtype rules, host-side layouts, knob ranges, the
-cube tile loop (GM -> L1 -> L0A/L0B -> cube -> L0C) and the UB epilogue (L0C -> UB -> GM).
+cube's L0 chunk rule and the UB epilogue's channel groups (TIR schedules place it with
+`tir_epilogue_at`).
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
-from typing import Callable, Mapping, Sequence
+from typing import Mapping, Sequence
 
 import numpy as np
 
@@ -113,18 +113,6 @@ def channel_op(kb: KernelBuilder, op: str, buf: Buf, off: int, rows: int, param:
                        ceil_div(rows, 8))
 
 
-@dataclass(frozen=True)
-class CubeTiles:
-    """Fractal counts of one cube tile and its L0 chunks."""
-
-    mt1: int  # M fractals per tile
-    kt1: int  # K fractals per k step (L1 tile)
-    nt1: int  # N fractals per tile
-    k0c: int  # K fractals per L0 chunk
-    n0c: int  # N fractals per L0 chunk
-    slots: int  # 2 with double buffering
-
-
 def l0_chunks(m: Machine, dtype: str, mt1: int, kt1: int, nt1: int, slots: int) -> tuple[int, int] | None:
     """The largest (k, n) fractal chunks of an L1 tile that fit L0A and L0B, or None."""
     m0, k0, n0 = m.cube[dtype]
@@ -140,30 +128,6 @@ def l0_chunks(m: Machine, dtype: str, mt1: int, kt1: int, nt1: int, slots: int) 
     if n0c <= 0:
         return None
     return k0c, n0c
-
-
-def cube_k_step(kb: KernelBuilder, t: CubeTiles, a_l1: Buf | None, b_l1: Buf, l0a: list[Buf], l0b: list[Buf],
-                l0c: Buf, kt1: int, mt1: int, nt1: int, first: bool, counter: list[int],
-                load_a: Callable[[Buf, int, int], None] | None = None, b_k_off: int = 0) -> None:
-    """One k step on the cube: L1 tiles to L0 chunks (Load2D, or Load3D via `load_a`) and MMADs.
-    `counter` alternates the L0 ping-pong slots across calls; the step's K fractals start at
-    `b_k_off` in `b_l1` (non-zero when a resident weight slice holds every k step)."""
-    for kc in range(0, kt1, t.k0c):
-        kn = min(t.k0c, kt1 - kc)
-        a = l0a[counter[0] % len(l0a)]
-        counter[0] += 1
-        if load_a is not None:
-            load_a(a, kc, kn)
-        else:
-            kb.data_move(a, (slice(0, mt1), slice(0, kn)), a_l1, (slice(0, mt1), slice(kc, kc + kn)))
-        for nc in range(0, nt1, t.n0c):
-            nn = min(t.n0c, nt1 - nc)
-            b = l0b[counter[1] % len(l0b)]
-            counter[1] += 1
-            kb.data_move(b, (slice(0, kn), slice(0, nn)), b_l1,
-                         (slice(b_k_off + kc, b_k_off + kc + kn), slice(nc, nc + nn)))
-            kb.mmad(l0c, a, b, mt1, kn, nn, c_n1_off=nc, init=first and kc == 0)
-            kb.loop()
 
 
 class AscendTemplate(Template):
@@ -189,53 +153,6 @@ class AscendTemplate(Template):
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         raise NotImplementedError
-
-
-@dataclass(frozen=True)
-class EpStep:
-    """One epilogue step in UB: `op` in (add, mul) with a per-channel parameter, or relu."""
-
-    op: str
-    param: Buf | None = None
-
-
-def epilogue(kb: KernelBuilder, l0c: Buf, nt: int, rows: int, ub_acc: list[Buf], ub_out: list[Buf] | None,
-             g: int, ecount: list[int], acc_steps: Sequence[EpStep], out_steps: Sequence[EpStep],
-             write: Callable[[Buf, int, int], None], param_n1: int = 0) -> None:
-    """L0C -> UB (V pipe), channel ops in the accumulator dtype, cast, channel ops and ReLU in
-    the output dtype, then `write(ub_buf, j, gn)` sends n1 blocks j..j+gn to GM (MTE3).
-    `rows` is the tile's M extent in L0C (a multiple of 16); parameter buffers hold channel
-    block `param_n1` at their start."""
-    for j in range(0, nt, g):
-        gn = min(g, nt - j)
-        e = ecount[0] % len(ub_acc)
-        ecount[0] += 1
-        acc = ub_acc[e]
-        mtr = acc.shape[1]
-        kb.data_move(acc, (slice(0, gn), slice(0, rows)), l0c, (slice(j, j + gn), slice(0, rows)))
-        for st in acc_steps:
-            for jj in range(gn):
-                channel_op(kb, st.op, acc, jj * mtr * 16, rows, st.param, (param_n1 + j + jj) * 16)
-        out = acc
-        if ub_out is not None:
-            out = ub_out[e]
-            if rows == mtr:
-                kb.vec("conv", VOp(out), (VOp(acc),), gn * mtr * 16)
-            else:
-                for jj in range(gn):
-                    kb.vec("conv", VOp(out, jj * mtr * 16), (VOp(acc, jj * mtr * 16),), rows * 16)
-        for st in out_steps:
-            if st.op == "relu":
-                if rows == mtr:
-                    kb.vec("relu", VOp(out), (VOp(out),), gn * mtr * 16)
-                else:
-                    for jj in range(gn):
-                        kb.vec("relu", VOp(out, jj * mtr * 16), (VOp(out, jj * mtr * 16),), rows * 16)
-            else:
-                for jj in range(gn):
-                    channel_op(kb, st.op, out, jj * mtr * 16, rows, st.param, (param_n1 + j + jj) * 16)
-        write(out, j, gn)
-        kb.loop()
 
 
 def epilogue_group(m: Machine, nt1: int, mt_rows: int, acc_isz: int, out_isz: int, slots: int,

@@ -69,11 +69,8 @@ DTYPES = {"float16": (16, "float32", 2), "int8": (32, "int32", 1)}  # C0 (K0), a
 
 def unsupported(wl: Workload) -> str | None:
     """Why the TIR path cannot lower this workload (None when it can)."""
-    p = wl.p
     if wl.op not in TIR_OPS or wl.dtype not in DTYPES or (wl.dtype == "int8" and wl.op not in INT8_OPS):
         return f"lowering=tir covers fp16 {', '.join(TIR_OPS)} and int8 {', '.join(INT8_OPS)} only"
-    if p["groups"] != 1:
-        return "lowering=tir covers groups=1 convolution only"
     return None
 
 
@@ -111,11 +108,11 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
     out += [("L0C", f"C_L0C_{i}", mt * nt * 4) for i in range(cslots)]
     out += [("UB", f"acc_UB_{i}", mt * g16 * 4) for i in range(slots)]
     out += [("UB", f"out_UB_{i}", mt * g16 * 2) for i in range(slots) if cast]
+    pn = g.groups * g.n1 * 16  # every group's per-channel parameters
     if bias:
-        out += [("UB", "bias_UB", g.n1 * 16 * (2 if cast else 4))] + ([("UB", "bias32_UB", g.n1 * 16 * 4)] if cast
-                                                                     else [])
+        out += [("UB", "bias_UB", pn * (2 if cast else 4))] + ([("UB", "bias32_UB", pn * 4)] if cast else [])
     if bn:
-        out += [("UB", "scale_UB", g.n1 * 16 * 2), ("UB", "shift_UB", g.n1 * 16 * 2)]
+        out += [("UB", "scale_UB", pn * 2), ("UB", "shift_UB", pn * 2)]
     return out
 
 
@@ -151,49 +148,109 @@ def _implicit_gemm(wl: Workload):
             sch.transform_layout(blk, ("write", 0), flat)
             sch.transform_block_layout(blk, flat)
     sch.transform_layout(conv, ("write", 0), flat)
+    grouped = wl["groups"] > 1
+    roles = ("b", "k", "y", "x", "c", "ry", "rx")
+    if grouped:  # the output channel splits into (group, channel in group): one GEMM per (image, group)
+        kg = wl["k"] // wl["groups"]
+        sch.transform_block_layout(conv, lambda b, k, y, x, c, ry, rx: (b, k // kg, k % kg, y, x, c, ry, rx))
+        roles = ("b", "g", "k", "y", "x", "c", "ry", "rx")
     for buf in (("write", 0), ("read", 0), ("read", 1)):
         sch.reindex(conv, buf)
     from tvm.tirx import IndexMap
 
-    def kidx(rest, full: bool):  # (c, ry, rx) -> FRACTAL_Z K index
-        taps = [r * s, s, 1]
-        # the data reindex drops the ry / rx axes of a 1-wide kernel (TE simplified them out of its index)
-        keep = [0, 1, 2] if full else [0] + ([1] if r > 1 else []) + ([2] if s > 1 else [])
-        terms = [v * taps[d] if taps[d] > 1 else v for v, d in zip(rest, keep)]
-        out = terms[0]
-        for t in terms[1:]:
-            out = out + t
-        return out
+    # reindex keeps, in its own order, the block axes an operand's indices use and drops those TE
+    # simplified away (a 1x1 output has no pixel axes, a 1-wide kernel no tap axes): each map is
+    # built from the axes the reindexed buffer really has
+    blk, zero = sch.get(conv), tvm.tirx.const(0, "int32")
 
-    nk = 1 + (r > 1) + (s > 1)
-    a_map = IndexMap.from_func(lambda *a: (a[0], a[1] * wo + a[2], kidx(a[3:], False)), ndim=3 + nk,
-                               index_dtype="int32")
-    w_map = IndexMap.from_func(lambda *a: (kidx(a[1:], True), a[0]), ndim=4, index_dtype="int32")
+    def axes(region) -> list[str]:
+        return [next(ro for iv, ro in zip(blk.iter_vars, roles) if iv.var.same_as(rg.min)) for rg in region]
+
+    def gemm_map(names: list[str], fn):
+        def f(*a):
+            v = dict(zip(names, a))
+            return fn(lambda ro: v.get(ro, zero))
+        return IndexMap.from_func(f, ndim=len(names), index_dtype="int32")
+
+    def kidx(v):  # (c, ry, rx) -> FRACTAL_Z K index
+        return v("c") * (r * s) + v("ry") * s + v("rx")
+
+    def lead(v):  # the GEMM's batch axes: the image (and the group)
+        return (v("b"), v("g")) if grouped else (v("b"),)
+
+    a_rd, w_rd = [rd for rd in blk.reads if not rd.source.same_as(blk.writes[0].source)]
+    a_ax, w_ax, o_ax = axes(a_rd.region), axes(w_rd.region), axes(blk.writes[0].region)
+    a_map = gemm_map(a_ax, lambda v: (*lead(v), v("y") * wo + v("x"), kidx(v)))
+    w_map = gemm_map(w_ax, lambda v: (*lead(v)[1:], kidx(v), v("k")))
     sch.transform_layout(conv, ("read", 0), a_map)
     sch.transform_layout(conv, ("read", 1), w_map)
-    sch.transform_layout(conv, ("write", 0), lambda b, k, y, x: (b, y * wo + x, k))
-    sch.transform_block_layout(conv, lambda b, k, y, x, c, ry, rx: (b, y * wo + x, k, c * r * s + ry * s + rx))
+    sch.transform_layout(conv, ("write", 0), gemm_map(o_ax, lambda v: (*lead(v), v("y") * wo + v("x"), v("k"))))
+    if grouped:  # the first transform made the unit tap axes of a 1-wide kernel spatial: leave them out of K
+        sch.transform_block_layout(conv, lambda b, g, k, y, x, c, ry, rx: (
+            b, g, y * wo + x, k, c * r * s + (ry * s if r > 1 else 0) + (rx if s > 1 else 0)))
+    else:
+        sch.transform_block_layout(conv, lambda b, k, y, x, c, ry, rx: (b, y * wo + x, k, c * r * s + ry * s + rx))
+    if ho * wo == 1:
+        _index_the_pixel(sch, conv, 2 if grouped else 1)
     shapes = [[int(d) for d in t.shape] for t in ins] + [[wl["n"], wl["k"], ho * wo]]  # output pixels flattened
     _PREFIX[key] = (sch, tuple(epi), a_map, w_map, [(sh, str(t.dtype)) for sh, t in zip(shapes, (*ins, out))])
     return _PREFIX[key]
 
 
-_NOT_EXPRESSIBLE: set[tuple] = set()
+def _index_the_pixel(sch, conv, mpos: int) -> None:
+    """A 1x1 output: reindex left the GEMM's pixel index of the output and img2col buffers the
+    constant 0 (the pixel axis has extent 1) where pad_einsum needs the block's M axis. Index them
+    by it (the same element: M's only value is 0), replacing the block through the schedule
+    state (as `tl.substitute` does)."""
+    from tvm import tirx
+    from tvm.ir import Range
+    from tvm.ir.expr import TensorLoad, TensorRegion
+    from tvm.ir.prim import expr as px
+    from tvm.s_tir import SBlock
+
+    blk = sch.get(conv)
+    mvar = blk.iter_vars[mpos].var  # M, after the image (and group) axes
+    a_src = next(rd.source for rd in blk.reads if not rd.source.same_as(blk.writes[0].source))
+    pix = (blk.writes[0].source, a_src)  # the output and img2col operands (the weights have no M)
+
+    def idx(src, ind):
+        ind = list(ind)
+        if any(src.same_as(p) for p in pix) and isinstance(ind[mpos], tirx.IntImm):
+            ind[mpos] = mvar
+        return ind
+
+    def ex(e):
+        if isinstance(e, TensorLoad):
+            return tirx.BufferLoad(e.source, idx(e.source, e.indices))
+        if isinstance(e, px.Cast):
+            return px.Cast(str(e.ty), ex(e.value))
+        if isinstance(e, (px.Add, px.Mul)):
+            return type(e)(ex(e.a), ex(e.b))
+        if isinstance(e, (tirx.IntImm, tirx.FloatImm)):
+            return e
+        raise NotImplementedError(f"conv block expression {type(e).__name__}")
+
+    def store(st):
+        return tirx.BufferStore(st.buffer, ex(st.value), idx(st.buffer, st.indices))
+
+    def region(rd):
+        rg = list(rd.region)
+        if any(rd.source.same_as(p) for p in pix):
+            rg[mpos] = Range.from_min_extent(mvar, 1)
+        return TensorRegion(rd.source, rg, rd.ty)
+
+    new = SBlock(list(blk.iter_vars), [region(rd) for rd in blk.reads], [region(rd) for rd in blk.writes],
+                 blk.name_hint, store(blk.body), store(blk.init), list(blk.alloc_buffers), list(blk.match_buffers),
+                 dict(blk.annotations))
+    sch.state.replace(sch.get_sref(conv), new, {blk: new})
 
 
-def expressible(wl: Workload) -> bool:
-    """Whether the implicit-GEMM rewrite applies to this workload (cached). TE simplifies unit
-    axes out of its indices (a 1x1 output, as a squeeze-and-excite gate's conv has), and the
-    rewrite's index maps then no longer match the buffers: such workloads take the emitter."""
-    key = (wl.op, tuple(sorted(dict(wl.params).items())), wl.dtype)
-    if key in _NOT_EXPRESSIBLE:
-        return False
-    try:
-        _implicit_gemm(wl)
-    except Exception:  # TVM's schedule errors (tvm.error.InternalError, ScheduleError)
-        _NOT_EXPRESSIBLE.add(key)
-        return False
-    return True
+def padded_workload(wl: Workload) -> Workload:
+    """The workload the schedule is built over: each group's channels padded to whole C0 / 16
+    blocks, NCHW (NHWC data is relaid out on the host, the kernel is the same)."""
+    c0, G = DTYPES[wl.dtype][0], wl["groups"]
+    return Workload.make(wl.op, {**dict(wl.p), "c": G * ceil_div(wl["c"] // G, c0) * c0,
+                                 "k": G * ceil_div(wl["k"] // G, 16) * 16, "layout": "NCHW"}, wl.dtype)
 
 
 def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident: bool, g16: int):
@@ -210,7 +267,8 @@ def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident
     sch = base.copy()
     conv = sch.get_sblock("conv2d")
     epi = [(name, sch.get_sblock(name)) for name in epi_names]
-    sch.pad_einsum(conv, [1, mt, nt, kt])
+    nlead = 2 if wl["groups"] > 1 else 1  # the GEMM's batch axes: image (and group)
+    sch.pad_einsum(conv, [1] * nlead + [mt, nt, kt])
 
     def producer(blk, idx: int):
         buf = sch.get(blk).reads[idx].source
@@ -229,14 +287,14 @@ def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident
         epi, copies = [(copies[-1], sch.get_sblock(copies[-1]))], copies[:-1]
     for name in copies:  # the first is absent when M and N needed no padding
         sch.compute_inline(sch.get_sblock(name))
-    b, i, j, k = sch.get_loops(conv)
+    *lead, i, j, k = sch.get_loops(conv)
     i0, i1 = sch.split(i, [None, mt])
     j0, j1, j2 = sch.split(j, [None, nt // nc, nc])
     k0, k1, k2 = sch.split(k, [None, kt // kc, kc])
     if resident:  # n tiles outermost: the slice stays in L1 while the pixel tiles sweep past
-        sch.reorder(j0, b, i0, k0, k1, j1, i1, j2, k2)
+        sch.reorder(j0, *lead, i0, k0, k1, j1, i1, j2, k2)
     else:  # pixel tiles outermost: the feature map stays in L1 across n tiles
-        sch.reorder(b, i0, j0, k0, k1, j1, i1, j2, k2)
+        sch.reorder(*lead, i0, j0, k0, k1, j1, i1, j2, k2)
     tile = i0 if resident else j0  # the output tile's loop
     l0c = sch.cache_write(conv, 0, "local.L0C")  # the copy block is the L0C -> UB move
     sch.set_scope(l0c, 0, "local.UB")
@@ -248,7 +306,8 @@ def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident
     sch.set_scope(wpad, 0, "local.L1")
     sch.compute_at(im2col, k1)  # consumers first
     sch.compute_at(b0, j1)
-    sch.compute_at(wpad, j0 if resident else k0)
+    # a resident slice: loaded once per n tile, per group (each group has its own weights)
+    sch.compute_at(wpad, (lead[-1] if nlead > 1 else j0) if resident else k0)
     # with padding the `pad` block is the GM -> L1 copy; without, a cache_read of the data
     padb = sch.get_sblock("pad") if wl["pad"] else sch.cache_read(im2col, 0, "local.L1")
     sch.compute_at(padb, i0)
@@ -260,14 +319,44 @@ def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident
     sch.reorder(ij[1], ij[0])
     sch.fuse(ij[0], ij[2])
     _, acc, _ = DTYPES[wl.dtype]
-    sch.tensorize(sch.get_loops(init)[-2], tl.intrin_init(mt, nt, acc, lead=True))
-    sch.tensorize(sch.get_loops(conv)[-3], tl.intrin_mmad(mt, kc, nc, wl.dtype, acc, lead=True))
-    rows = lambda inner: [inner[1].extent]
-    tl.substitute(sch, padb, 3, "fmap", rows)
+    sch.tensorize(sch.get_loops(init)[-2], tl.intrin_init(mt, nt, acc, lead=nlead))
+    sch.tensorize(sch.get_loops(conv)[-3], tl.intrin_mmad(mt, kc, nc, wl.dtype, acc, lead=nlead))
+    # compute_at leaves out unit loops (a 1x1 output's pixel, a one-row tile): the instruction is
+    # every loop under the one its block was placed at
+    tl.substitute(sch, padb, _under(sch, padb, i0), "fmap", lambda inner: [_extent_of(inner, 2)])
+    at = len(sch.get_loops(l0c)) - 2  # the epilogue's loop (the tile's, or its channel group's)
     for blk, tag in [(im2col, "load3d"), (b0, "ld_b"), (wpad, "w_res" if resident else "w_l1"), (l0c, "l0c")] + [
             (blk, EPI_TAGS[name]) for name, blk in epi]:
-        tl.substitute(sch, blk, 2, tag)
+        tl.substitute(sch, blk, len(sch.get_loops(blk)) - at if tag in EPI_TAGS.values() else 2, tag)
     return sch.mod, arg_specs
+
+
+def _extent_of(inner, axis: int):
+    """The extent of the loop (among an instruction's `inner` loops) that block axis `axis`
+    runs along; 1 when compute_at left that unit loop out."""
+    import tvm
+    from tvm import tirx
+
+    realize = inner[-1].body
+    for lp in inner:
+        ana = tvm.sym.Analyzer()
+        for other in inner:
+            ana.bind(other.loop_var, tirx.const(1 if other.same_as(lp) else 0, "int32"))
+        moved = ana.simplify(realize.iter_values[axis])
+        ana0 = tvm.sym.Analyzer()
+        for other in inner:
+            ana0.bind(other.loop_var, tirx.const(0, "int32"))
+        step = tvm.sym.Analyzer().simplify(moved - ana0.simplify(realize.iter_values[axis]))
+        if not (isinstance(step, tirx.IntImm) and step.value == 0):
+            return lp.extent
+    return tirx.const(1, "int32")
+
+
+def _under(sch, blk, loop) -> int:
+    """How many of the block's loops lie under `loop`."""
+    loops = sch.get_loops(blk)
+    at = sch.get_sref(loop)
+    return len(loops) - 1 - next(i for i, lp in enumerate(loops) if sch.get_sref(lp).same_as(at))
 
 
 def trace(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident: bool, g16: int) -> list[tuple]:
@@ -289,14 +378,15 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
     """The conv2d template's `lowering="tir"` path (see the module docstring)."""
     m = machine(target)
     p = wl.p
-    n, c, h, w, k = p["n"], p["c"], p["h"], p["w"], p["k"]
+    G = p["groups"]
+    n, c, h, w, k = p["n"], p["c"] // G, p["h"], p["w"], p["k"] // G  # channels per group
     r, s, pad = p["r"], p["s"], p["pad"]
     ho, wo = conv_out_hw(wl)
     hw = ho * wo
     c0, _, _ = DTYPES[wl.dtype]
     out_dt = "float16" if wl.dtype == "float16" else "int32"
     c1, n1 = ceil_div(c, c0), ceil_div(k, 16)
-    q_all = c1 * r * s  # K fractals (FRACTAL_Z order: c1, ry, rx)
+    q_all = c1 * r * s  # K fractals per group (FRACTAL_Z order: c1, ry, rx)
     mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
     ch = chunks(wl, target, cfg)
     resident = bool(cfg.get("w_resident"))
@@ -306,14 +396,14 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
         for level, name, nbytes in tir_buffers(wl, target, cfg):
             dry.alloc(level, name, (nbytes,), "int8")
     # channels pad and pay; NHWC data is relaid out on the host (packing), the kernel is the same
-    padded = Workload.make(wl.op, {**dict(p), "c": c1 * c0, "k": n1 * 16, "layout": "NCHW"}, wl.dtype)
+    padded = padded_workload(wl)
     geom = ConvGeom(h=h, w=w, ho=ho, wo=wo, r=r, s=s, stride=p["stride"], dilation=p["dilation"],
                     pad_top=pad, pad_left=pad)
     g16 = epilogue_channels(wl, target, cfg)
     low = tl.ConvLowering(m, trace(padded, mt, kt, nt, *ch, resident, g16), geom, n, c1, n1, (mt, kt, nt), ch,
                           2 if cfg["double_buffer"] else 1, bias=wl.op == "conv2d_bias_relu",
                           bn=wl.op in ("conv2d_bn_relu", "conv2d_bn"), resident=resident, group=g16,
-                          dtype=wl.dtype)
+                          dtype=wl.dtype, conv_groups=G)
     active = min(cfg["block_dim"], len(low.groups))
     bias, bn = low.bias, low.bn
     nhwc = p["layout"] == "NHWC"
@@ -322,16 +412,17 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
         x, wt = inputs[0], inputs[1]
         if nhwc:
             x, wt = x.transpose(0, 3, 1, 2), wt.transpose(3, 2, 0, 1)  # -> NCHW, HWIO -> OIHW
-        wp = np.zeros((n1 * 16, c1 * c0, r, s), wt.dtype)
-        wp[:k, :c] = wt
-        wz = wp.reshape(n1, 16, c1, c0, r, s).transpose(2, 4, 5, 0, 1, 3)  # (c1, ry, rx, n1, 16, c0)
-        gm = {"data": np.ascontiguousarray(to_5hd(x, "NCHW", c0).reshape(n, c1, h, w, c0)),
-              "weight": np.ascontiguousarray(wz.reshape(q_all, n1, 16, c0))}
+        xg = x.reshape(n * G, c, h, w)  # (image, group) pairs, each group's channels padded to C0
+        wp = np.zeros((G, n1 * 16, c1 * c0, r, s), wt.dtype)
+        wp[:, :k, :c] = wt.reshape(G, k, c, r, s)
+        wz = wp.reshape(G, n1, 16, c1, c0, r, s).transpose(0, 3, 5, 6, 1, 2, 4)  # (G, c1, ry, rx, n1, 16, c0)
+        gm = {"data": np.ascontiguousarray(to_5hd(xg, "NCHW", c0).reshape(n * G, c1, h, w, c0)),
+              "weight": np.ascontiguousarray(wz.reshape(G * q_all, n1, 16, c0))}
 
         def per_k(v: np.ndarray) -> np.ndarray:
-            out = np.zeros(n1 * 16, out_dt)
-            out[:k] = v
-            return out.reshape(n1, 16)
+            out = np.zeros((G, n1 * 16), out_dt)
+            out[:, :k] = v.reshape(G, k)
+            return out.reshape(G * n1, 16)
 
         if bias:
             gm["bias"] = per_k(inputs[2])
@@ -339,11 +430,14 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
             gm["scale"], gm["shift"] = per_k(inputs[2]), per_k(inputs[3])
         return gm
 
+    def unpack(y: np.ndarray) -> np.ndarray:
+        out = from_5hd(y, k, ho, wo, "NCHW").reshape(n, G * k, ho, wo)
+        return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if nhwc else out
+
     return Plan(active_cores=active, make_program=lambda core: low.program(core, active), pack=pack, out_name="out",
-                out_shape=(n, n1, hw, 16),
-                out_dtype=out_dt, unpack=lambda y: from_5hd(y, k, ho, wo, p["layout"]), flops=get_op(wl.op).flops(wl),
+                out_shape=(n * G, n1, hw, 16), out_dtype=out_dt, unpack=unpack, flops=get_op(wl.op).flops(wl),
                 unit="cube", info={"lowering": "TVM s_tir schedule (implicit GEMM), blocks -> AI Core instructions",
                                    "tir_tiles": len(low.groups),
-                                   "gm_layouts": {"data": "NC1HWC0 (channels zero-padded to 16)",
-                                                  "weight": "FRACTAL_Z (C1*R*S,K1,16,C0)",
-                                                  "out": "NC1HWC0 with H*W flattened"}})
+                                   "gm_layouts": {"data": "NC1HWC0 per group (N*G,C1,H,W,C0), channels zero-padded",
+                                                  "weight": "FRACTAL_Z per group (G*C1*R*S,K1,16,C0)",
+                                                  "out": "NC1HWC0 per group (N*G,K1,Ho*Wo,16)"}})

@@ -120,8 +120,34 @@ def _tpl_copy(lead: bool, dtype: str, src: str, dst: str, tag: str, offset: str)
     return desc2, impl2
 
 
-def _tpl_mmad(lead: bool, in_dt: str, acc_dt: str):
+def _tpl_mmad(lead: int, in_dt: str, acc_dt: str):
     from tvm.script import tirx as T
+
+    if lead == 2:  # grouped conv: A, C (image, group, M, .), B (group, K, N)
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+            A = T.match_buffer(a, (1, 1, mt, kt), in_dt, offset_factor=1, scope="local.L0A")
+            B = T.match_buffer(b, (1, kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+            C = T.match_buffer(c, (1, 1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+            with T.sblock("root"):
+                T.reads(C[0, 0, 0:mt, 0:nt], A[0, 0, 0:mt, 0:kt], B[0, 0:kt, 0:nt])
+                T.writes(C[0, 0, 0:mt, 0:nt])
+                for i, j, k in T.grid(mt, nt, kt):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        C[0, 0, vi, vj] = C[0, 0, vi, vj] + T.Cast(acc_dt, A[0, 0, vi, vk]) * T.Cast(acc_dt, B[0, vk, vj])
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+            sa, sb, sa2, sc0, sc1, sc2 = T.int32(), T.int32(), T.int32(), T.int32(), T.int32(), T.int32()
+            A = T.match_buffer(a, (1, 1, mt, kt), in_dt, offset_factor=1, scope="local.L0A", strides=[sa, sb, sa2, 1])
+            B = T.match_buffer(b, (1, kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+            C = T.match_buffer(c, (1, 1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C", strides=[sc0, sc1, sc2, 1])
+            with T.sblock("root"):
+                T.reads(C[0, 0, 0:mt, 0:nt], A[0, 0, 0:mt, 0:kt], B[0, 0:kt, 0:nt])
+                T.writes(C[0, 0, 0:mt, 0:nt])
+                T.evaluate(T.call_packed(EVENT, "mmad", C.elem_offset, sc2))
+        return desc, impl
 
     if lead:
         @T.prim_func(s_tir=True)
@@ -175,11 +201,32 @@ def _tpl_mmad(lead: bool, in_dt: str, acc_dt: str):
     return desc2, impl2
 
 
-def _tpl_init(lead: bool, acc_dt: str):
+def _tpl_init(lead: int, acc_dt: str):
     from tvm import tirx
     from tvm.script import tirx as T
 
     zero = tirx.const(0, acc_dt)
+
+    if lead == 2:
+        @T.prim_func(s_tir=True)
+        def desc(c: T.handle, mt: T.int32, nt: T.int32) -> None:
+            C = T.match_buffer(c, (1, 1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0, 0, 0:mt, 0:nt])
+                for i, j in T.grid(mt, nt):
+                    with T.sblock("init"):
+                        vi, vj = T.axis.remap("SS", [i, j])
+                        C[0, 0, vi, vj] = zero
+
+        @T.prim_func(s_tir=True)
+        def impl(c: T.handle, mt: T.int32, nt: T.int32) -> None:
+            C = T.match_buffer(c, (1, 1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+            with T.sblock("root"):
+                T.reads()
+                T.writes(C[0, 0, 0:mt, 0:nt])
+                T.evaluate(T.call_packed(EVENT, "init", C.elem_offset, 0))
+        return desc, impl
 
     if lead:
         @T.prim_func(s_tir=True)
@@ -252,15 +299,17 @@ def intrin_copy(rows: int, cols: int, dtype: str, src: str, dst: str, tag: str, 
 
 
 def intrin_mmad(mt: int, kt: int, nt: int, in_dtype: str = "float16", acc_dtype: str = "float32",
-                lead: bool = False) -> str:
+                lead: int = 0) -> str:
     """C[L0C] += A[L0A] x B[L0B] over one (mt, kt, nt) chunk; the event carries the chunk's element
-    offset in the L0C tile and the tile's row stride (its first output channel)."""
-    return _register("mmad", (lead, in_dtype, acc_dtype), (mt, kt, nt))
+    offset in the L0C tile and the tile's row stride (its first output channel). `lead` unit
+    axes lead A and C (conv: the image; grouped conv: image and group, B then leads with the
+    group)."""
+    return _register("mmad", (int(lead), in_dtype, acc_dtype), (mt, kt, nt))
 
 
-def intrin_init(mt: int, nt: int, acc_dtype: str = "float32", lead: bool = False) -> str:
+def intrin_init(mt: int, nt: int, acc_dtype: str = "float32", lead: int = 0) -> str:
     """The reduction init of an L0C tile (the tile's first MMAD overwrites)."""
-    return _register("init", (lead, acc_dtype), (mt, nt))
+    return _register("init", (int(lead), acc_dtype), (mt, nt))
 
 
 # -- blocks the structural matcher cannot take ---------------------------------------------------
@@ -509,20 +558,42 @@ class ConvLowering:
     or `w_l1` (one k step's weights GM -> L1), `load3d` (img2col of one L0 chunk), `ld_b` (one
     (k, n) chunk L1 -> L0B, at GEMM coordinates), `mmad` (its chunk's offset in the L0C tile),
     `l0c`, and the epilogue blocks. GM: data NC1HWC0, weight
-    FRACTAL_Z (C1*R*S, K1, 16, C0), out NC1HWC0 with H*W flattened, per-channel params (K1, 16)."""
+    FRACTAL_Z (C1*R*S, K1, 16, C0), out NC1HWC0 with H*W flattened, per-channel params (K1, 16).
+
+    Grouped convolution (`conv_groups` > 1): the trace's GEMMs carry a group axis (image, group,
+    M, N, K); each (image, group) pair is one GEMM over its group's channels, each group padded
+    to whole C0 / 16 blocks. GM: data (N*G, C1, H, W, C0), weight (G*C1*R*S, K1, 16, C0), out
+    (N*G, K1, H*W, 16), params (G*K1, 16), C1 and K1 per group (the direct template's layouts)."""
 
     EPILOGUE = ("bias", "cast", "bn", "relu")
 
     def __init__(self, m: Machine, events: Sequence[tuple], geom: ConvGeom, n: int, c1: int, n1: int,
                  tiles: tuple[int, int, int], chunks: tuple[int, int], slots: int, bias: bool, bn: bool,
-                 resident: bool, group: int, dtype: str = "float16"):
-        self.m, self.geom, self.n, self.c1, self.n1 = m, geom, n, c1, n1
+                 resident: bool, group: int, dtype: str = "float16", conv_groups: int = 1):
+        self.m, self.geom, self.n, self.c1, self.n1 = m, geom, n * conv_groups, c1, n1
         self.tiles, self.chunks, self.slots, self.bias, self.bn = tiles, chunks, slots, bias, bn
-        self.resident, self.g, self.dtype = resident, group // 16, dtype
+        self.resident, self.g, self.dtype, self.cg = resident, group // 16, dtype, conv_groups
         self.q_all = c1 * geom.r * geom.s  # K fractals (FRACTAL_Z order: c1, ry, rx)
+        if conv_groups > 1:
+            events = [self._ungroup(ev, c1 * (16 if dtype == "float16" else 32)) for ev in events]
         self.groups = split_groups(events, carry=("fmap", "w_res"))
         self.rows_max = max(hi - lo + 1 for lo, hi in (self.rows(st["fmap"], evs) for st, evs in self.groups))
         self.cslots = l0c_slots(m, slots == 2, tiles[0] * tiles[2] * 4)
+
+    def _ungroup(self, ev: tuple, cpg: int) -> tuple:
+        """A grouped trace's event in the ungrouped form, (image, group) as the image index
+        image*G + group; the weight events name their group last (its slice starts at group*C1*R*S
+        in GM)."""
+        tag, G = ev[0], self.cg
+        if tag == "fmap":  # (image, first channel, row, col, rows): the group is the channel block
+            return (tag, ev[1] * G + ev[2] // cpg, ev[2] % cpg, *ev[3:])
+        if tag in ("load3d", "l0c"):  # (image, group, pixel, k or n)
+            return (tag, ev[1] * G + ev[2], *ev[3:])
+        if tag == "ld_b":  # (group, K, N): the group's slice is the one in L1
+            return (tag, *ev[2:])
+        if tag in ("w_l1", "w_res"):  # (group, K, N) -> (K, N, group)
+            return (tag, *ev[2:], ev[1])
+        return ev
 
     def rows(self, ev: tuple, events: Sequence[tuple]) -> tuple[int, int]:
         """In-image input rows of a feature-map event (its rows are in padded coordinates), without
@@ -532,7 +603,10 @@ class ConvLowering:
         p0 = next((e[2] for e in events if e[0] == "load3d"), 0)
         last = min(p0 + self.tiles[0], g.ho * g.wo) - 1
         hi_real = (last // g.wo) * g.stride - g.pad_top + (g.r - 1) * g.dilation
-        return max(lo_p - g.pad_top, 0), min(lo_p + ext - 1 - g.pad_top, hi_real, g.h - 1)
+        lo, hi = max(lo_p - g.pad_top, 0), min(lo_p + ext - 1 - g.pad_top, hi_real, g.h - 1)
+        if hi < lo:  # every row the tile reads is padding: one real row in L1 for Load3D to address
+            lo = hi = min(lo, g.h - 1)
+        return lo, hi
 
     def program(self, core: int, active: int) -> Program:
         g, slots, groups, q_all, n1 = self.geom, self.slots, self.groups, self.q_all, self.n1
@@ -545,7 +619,8 @@ class ConvLowering:
         hw = g.ho * g.wo
         kb = KernelBuilder(self.m, core, active)
         X = kb.gm("data", (self.n, self.c1, g.h, g.w, k0), dt)
-        W = kb.gm("weight", (q_all, n1, 16, k0), dt)
+        G = self.cg
+        W = kb.gm("weight", (G * q_all, n1, 16, k0), dt)
         Y = kb.gm("out", (self.n, n1, hw, 16), out_dt)
         fm = [kb.alloc("L1", f"fmap_L1_{i}", (self.c1, self.rows_max, g.w, k0), dt) for i in range(slots)]
         if self.resident:
@@ -557,13 +632,14 @@ class ConvLowering:
         c0s = [kb.alloc("L0C", f"C_L0C_{i}", (nt1, mt, 16), acc_dt) for i in range(self.cslots)]
         accs = [kb.alloc("UB", f"acc_UB_{i}", (self.g, mt, 16), acc_dt) for i in range(slots)]
         o16s = [kb.alloc("UB", f"out_UB_{i}", (self.g, mt, 16), out_dt) for i in range(slots)] if cast else accs
+        pn1 = G * n1  # every group's per-channel parameters
         if self.bias:
-            bias_gm = kb.gm("bias", (n1, 16), out_dt)
-            b16 = kb.alloc("UB", "bias_UB", (n1, 16), out_dt)
-            b32 = kb.alloc("UB", "bias32_UB", (n1, 16), acc_dt) if cast else b16
+            bias_gm = kb.gm("bias", (pn1, 16), out_dt)
+            b16 = kb.alloc("UB", "bias_UB", (pn1, 16), out_dt)
+            b32 = kb.alloc("UB", "bias32_UB", (pn1, 16), acc_dt) if cast else b16
         if self.bn:
-            sc_gm, sh_gm = kb.gm("scale", (n1, 16), "float16"), kb.gm("shift", (n1, 16), "float16")
-            sc, sh = kb.alloc("UB", "scale_UB", (n1, 16), "float16"), kb.alloc("UB", "shift_UB", (n1, 16), "float16")
+            sc_gm, sh_gm = kb.gm("scale", (pn1, 16), "float16"), kb.gm("shift", (pn1, 16), "float16")
+            sc, sh = kb.alloc("UB", "scale_UB", (pn1, 16), "float16"), kb.alloc("UB", "shift_UB", (pn1, 16), "float16")
         lo_g, hi_g = split_even(len(groups), active, core)
         na = nb = nw = nfm = ne = 0
         cur_fm, cur_w, h0, f = None, None, 0, fm[0]
@@ -583,11 +659,13 @@ class ConvLowering:
                 n1s = carry["w_res"][2] // 16
                 if carry["w_res"] != cur_w:
                     nn = min(nt1, n1 - n1s)
-                    kb.data_move(wres, (slice(None), slice(0, nn)), W, (slice(None), slice(n1s, n1s + nn)))
+                    wq = carry["w_res"][3] * q_all if G > 1 else 0  # the group's slice
+                    kb.data_move(wres, (slice(None), slice(0, nn)), W,
+                                 (slice(wq, wq + q_all), slice(n1s, n1s + nn)))
                     cur_w = carry["w_res"]
             nn_t = min(nt1, n1 - n1s)
             inited: set[int] = set()
-            kn = nn = steps = qstep = gj = gn = 0
+            kn = nn = steps = qstep = gj = gn = poff = 0
             m1 = mt1
             pending: tuple | None = None
 
@@ -610,8 +688,9 @@ class ConvLowering:
                     if kq > 0:
                         wbuf = wl1[nw % slots]
                         nw += 1
+                        wq = ev[3] * q_all if G > 1 else 0  # the group's slice
                         kb.data_move(wbuf, (slice(0, kq), slice(0, nn_t)), W,
-                                     (slice(q0, q0 + kq), slice(n1s, n1s + nn_t)))
+                                     (slice(wq + q0, wq + q0 + kq), slice(n1s, n1s + nn_t)))
                 elif tag == "load3d":  # img2col of one L0 chunk of K
                     b, p0, q0 = ev[1], ev[2], ev[3] // k0
                     m1 = min(mt1, -(-(hw - p0) // 16))  # pad_einsum's pixel padding past H*W: not issued
@@ -651,12 +730,13 @@ class ConvLowering:
                         ne += 1
                         kb.data_move(acc, (slice(0, gn), slice(0, m1 * 16)), c0, (slice(gj, gj + gn), slice(0, m1 * 16)))
                         pending = (b, p0, gj, gn, o16)
+                        poff = (b % G) * n1 + n1s  # the group's first parameter block
                 elif tag in ("bias", "bn") and gn > 0 and not params:
                     # every output channel's parameters, loaded once and kept in UB (as the direct template)
                     if tag == "bias":
                         kb.data_move(b16, (slice(None),), bias_gm, (slice(None),))
                         if cast:
-                            kb.vec("conv", VOp(b32), (VOp(b16),), n1 * 16)
+                            kb.vec("conv", VOp(b32), (VOp(b16),), pn1 * 16)
                     else:
                         kb.data_move(sc, (slice(None),), sc_gm, (slice(None),))
                         kb.data_move(sh, (slice(None),), sh_gm, (slice(None),))
@@ -665,13 +745,13 @@ class ConvLowering:
                     continue
                 if tag == "bias":
                     for jj in range(gn):
-                        channel_op(kb, "add", acc, jj * mt * 16, m1 * 16, b32, (n1s + gj + jj) * 16)
+                        channel_op(kb, "add", acc, jj * mt * 16, m1 * 16, b32, (poff + gj + jj) * 16)
                 elif tag == "cast":
                     _rows_op(kb, "conv", o16, acc, gn, mt, m1 * 16)
                 elif tag == "bn":
                     for op, prm in (("mul", sc), ("add", sh)):
                         for jj in range(gn):
-                            channel_op(kb, op, o16, jj * mt * 16, m1 * 16, prm, (n1s + gj + jj) * 16)
+                            channel_op(kb, op, o16, jj * mt * 16, m1 * 16, prm, (poff + gj + jj) * 16)
                 elif tag == "relu":
                     _rows_op(kb, "relu", o16, o16, gn, mt, m1 * 16)
             if pending is not None:
