@@ -29,7 +29,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.backend.ascend.builder import Plan, ceil_div
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
@@ -38,7 +38,7 @@ from opcompiler.workload import Workload
 
 from .common import AscendTemplate, core_values, from_5hd, machine, per_channel, to_5hd
 
-MOVE_TIR = ("slice", "pad", "transpose")  # the data-movement ops on the TVM route
+MOVE_TIR = ("slice", "pad", "transpose", "concat")  # the data-movement ops on the TVM route
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 C0 = 16
 # how many extra operands each step reads: "full" (same shape as x) or "chan" (one per channel)
@@ -122,43 +122,7 @@ class AscendElemwise(AscendTemplate):
             return self._apply_flat_tir(wl, target, cfg, m)
         if kind == "channel":
             return self._apply_channel_tir(wl, target, cfg, m)
-        return self._apply_concat(wl, target, cfg, m)
-
-    def _apply_concat(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
-        """concat: per image, input i's channel block is one contiguous run of the output; each
-        run goes GM -> UB -> GM in tiles (MTE2, MTE3, no vector work)."""
-        dt = wl.dtype
-        n, c, h, w = _shape(wl)
-        slots = 2 if cfg["double_buffer"] else 1
-        tile = cfg["ub_tile"]
-        hw = h * w
-        cc = (c, wl["c1"])
-        units = [(i, (b, s), min(tile, cc[i] * hw - s)) for b in range(n) for i in range(2)
-                 for s in range(0, cc[i] * hw, tile)]
-        out_shape_gm = (n, (c + wl["c1"]) * hw)
-        active = min(cfg["block_dim"], len(units))
-
-        def program(core: int):
-            kb = KernelBuilder(m, core, active)
-            xs = [kb.gm("x0", (n, c * hw), dt), kb.gm("x1", (n, wl["c1"] * hw), dt)]
-            y = kb.gm("y", out_shape_gm, dt)
-            bufs = [kb.alloc("UB", f"x0_{s}", (tile,), dt) for s in range(slots)]
-            lo, hi = split_even(len(units), active, core)
-            for j, (plane, (b, s0), cnt) in enumerate(units[lo:hi]):
-                ub = bufs[j % slots]
-                off = (0 if plane == 0 else c * hw) + s0
-                kb.data_move(ub, (slice(0, cnt),), xs[plane], (b, slice(s0, s0 + cnt)))
-                kb.data_move(y, (b, slice(off, off + cnt)), ub, (slice(0, cnt),))
-                kb.loop()
-            return kb.finish(gm_inputs=("x0", "x1"))
-
-        def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-            return {f"x{i}": np.ascontiguousarray(x).reshape(n, -1) for i, x in enumerate(inputs)}
-
-        return Plan(active_cores=active, make_program=program, pack=pack, out_name="y", out_shape=out_shape_gm,
-                    out_dtype=dt, unpack=lambda y: y.reshape(n, c + wl["c1"], h, w), flops=get_op(wl.op).flops(wl),
-                    unit="vector", info={"gm_layouts": {"x": "flat"}, "steps": "concat", "layout_change": "none",
-                                         "channel_padding_waste": 0.0})
+        raise OpcError(f"no ascend element-wise lowering for {wl.op}", arg="op", value=wl.op)
 
     def _apply_move_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
         """Data movement through TVM: `move_tir.move_schedule` schedules the op's TE compute

@@ -1,6 +1,6 @@
-"""The data-movement ops' schedules (slice, pad, transpose): an `s_tir.Schedule` over the
-op's own TE compute, lowered by the backend's `emit_move` (DMA boxes, TBE style: nothing here
-emits instructions).
+"""The data-movement ops' schedules (slice, pad, transpose, concat): an `s_tir.Schedule` over
+the op's own TE compute (concat's written per input), lowered by the backend's `emit_move`
+(DMA boxes, TBE style: nothing here emits instructions).
 
 Each op is a copy: the schedule views the tensors as the runs the op moves (`transform_layout`
 of both sides, `transform_block_layout` of the op's block), writes the op's block into a UB
@@ -15,6 +15,11 @@ tile (`cache_write`: the block itself becomes the GM -> UB move, MTE2) and copie
     transpose   x (its leading axes, the run the permutation keeps in place), y (blocks, run):
                 tiles of ub_tile // run output blocks, one move per block in (an instruction
                 loop), one move out; a run longer than the tile goes in chunks
+    concat      a block per input (x, x1 copied into their channel ranges of the output) under
+                the image loop, all as (image, run); each input's run in tiles of ub_tile (a
+                tile loop per input, `opc.ascend.item_tiles`), the tile read into UB
+                (cache_read) and copied out; the image loop carries the cores and buffering,
+                its tile loops' iterations in order are the items (`emit_move`)
 
 The tile loop carries opc.ascend.block_dim and opc.ascend.double_buffer; the tiled module
 depends on the workload and ub_tile only (cached), cores and buffering are annotations added
@@ -28,6 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
+from opcompiler.backend.ascend.emit_move import ITEM_TILES
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
@@ -95,6 +101,8 @@ def logical_out_shape(wl: Workload) -> tuple[int, ...]:
         dims, perm = transpose_dims(wl)
         return tuple(dims[p] for p in perm)
     n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
+    if wl.op == "concat":
+        return n, c + wl["c1"], h, w
     return n, c, h + wl["pt"] + wl["pb"], w + wl["pl"] + wl["pr"]
 
 
@@ -111,6 +119,8 @@ def move_schedule(wl: Workload, cfg: Mapping):
     """The scheduled module (IRModule) of a data-movement op for this config."""
     from tvm.s_tir import Schedule
 
+    if wl.op == "concat":
+        return concat_schedule(wl, cfg)
     check(wl, cfg)
     key = wl.key_str()
     _WL[key] = wl
@@ -195,4 +205,66 @@ def _tiled(key: str, tile: int):
     return sch.mod, sch.get(copy_out).name_hint
 
 
-__all__ = ["move_schedule", "transpose_geometry", "check", "logical_out_shape"]
+@lru_cache(maxsize=64)
+def concat_func(n: int, C: int, C1: int, H: int, W: int, dtype: str):
+    """concat's compute written per input (`get_op("concat").compute` is one block selecting
+    between the inputs; here each input is its own block copying into its channel range of the
+    output, under the image loop they share)."""
+    from tvm.script import tirx as T
+
+    HW = H * W
+
+    @T.prim_func(s_tir=True)
+    def concat(x: T.Buffer((n, C, H, W), dtype), x1: T.Buffer((n, C1, H, W), dtype),
+               out: T.Buffer((n, C + C1, H, W), dtype)):
+        for b in range(n):
+            for r in range(C * HW):
+                with T.sblock("x"):
+                    vb, vr = T.axis.remap("SS", [b, r])
+                    out[vb, vr // HW, vr % HW // W, vr % W] = x[vb, vr // HW, vr % HW // W, vr % W]
+            for r in range(C1 * HW):
+                with T.sblock("x1"):
+                    vb, vr = T.axis.remap("SS", [b, r])
+                    out[vb, C + vr // HW, vr % HW // W, vr % W] = x1[vb, vr // HW, vr % HW // W, vr % W]
+    return concat
+
+
+@lru_cache(maxsize=256)
+def _concat_tiled(key: str, tile: int):
+    """x, x1 and the output as (image, run); per image each input's run in tiles of `tile`
+    (a tile loop per input, in sequence: x's tiles then x1's, as the retired emitter listed its
+    units), the tile read into UB (cache_read: MTE2) and the block's copy out of it (MTE3)."""
+    from tvm.s_tir import Schedule
+
+    wl = _WL[key]
+    H, W = int(wl["h"]), int(wl["w"])
+    sch = Schedule(concat_func(int(wl["n"]), int(wl["c"]), int(wl["c1"]), H, W, wl.dtype))
+    flat = lambda b, c, y, x: [b, (c * H + y) * W + x]  # noqa: E731
+    for nm, io in (("x", ("read", 0)), ("x", ("write", 0)), ("x1", ("read", 0))):
+        sch.transform_layout(sch.get_sblock(nm), io, flat)
+    for nm, c in (("x", int(wl["c"])), ("x1", int(wl["c1"]))):
+        blk = sch.get_sblock(nm)
+        tiles, inner = sch.split(sch.get_loops(blk)[1], [None, min(tile, c * H * W)])
+        sch.annotate(tiles, ITEM_TILES, 1)
+        sch.annotate(inner, PRAGMA, "dma_copy")
+        rb = sch.cache_read(blk, 0, UB_SCOPE)
+        sch.compute_at(rb, tiles, preserve_unit_loops=True)
+        sch.annotate(sch.get_loops(rb)[2], PRAGMA, "dma_copy")
+    return sch.mod
+
+
+def concat_schedule(wl: Workload, cfg: Mapping):
+    """The scheduled module of concat: the image loop carries the cores and buffering (its tile
+    loops' iterations, in order, are the items the cores share)."""
+    from tvm.s_tir import Schedule
+
+    key = wl.key_str()
+    _WL[key] = wl
+    sch = Schedule(_concat_tiled(key, int(cfg["ub_tile"])))
+    images = sch.get_loops(sch.get_sblock("x"))[0]
+    sch.annotate(images, CORES, int(cfg["block_dim"]))
+    sch.annotate(images, SLOTS, int(bool(cfg["double_buffer"])))
+    return sch.mod
+
+
+__all__ = ["concat_func", "concat_schedule", "move_schedule", "transpose_geometry", "check", "logical_out_shape"]

@@ -5,22 +5,25 @@ block of the output (at channel 0 or c). The blocks are cut into transfers of at
 elements, split over the cores. `path=ddr`: each transfer is one DDR -> DDR descriptor (the
 DDR channel carries its bytes twice, read and write); `path=am`: staged DDR -> AM -> DDR
 through AM buffers (double-buffered with `dbuf`), two descriptors per transfer. No VPU work.
+
+`apply` is the TVM schedule of the op's compute written per input (`move_tir.concat_schedule`:
+a stage loop per input under the image loop, the stages shared over the cores in the order
+above), lowered by the backend's data-movement lowering (`opcompiler.backend.dsp.tir_move`).
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, Program, View, dma_op
+from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+from . import move_tir
 from .common import require_fp32
-from .stream import cores_knob, group_key, share, stream
+from .stream import cores_knob, group_key, share
 
 TILES = (4096, 16384, 65536, 131072, 262144)
 
@@ -87,39 +90,8 @@ class DspConcat(Template):
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
         m = machine(target)
-        op = get_op(wl.op)
-        shares = share(self._items(wl, int(config["tile"])), int(config["cores"]), m.cores)
-        staged = config["path"] == "am"
-        nbuf = 1 + int(config["dbuf"]) if staged else 1
-        key = lambda it: it[3]  # noqa: E731
-        cache: dict = {}
-
-        def core_ops(core: int) -> list[Op]:
-            items = shares[core]
-            if not items:
-                return []
-            am = Allocator("AM", m.cap("AM"), 128)
-            bufs = [am.alloc(f"staging[{b}]", int(config["tile"])) for b in range(nbuf)] if staged else []
-
-            def stage(it, slot, first):
-                nm, s0, d0, cnt = it
-                src = View(("DDR", nm), s0, (cnt,), (1,))
-                dst = View(("DDR", "out"), d0, (cnt,), (1,))
-                if not staged:
-                    return [dma_op(m, src, dst, (), ("out",), functional, f"{nm} DDR->DDR")], [], []
-                a = View(("AM",), bufs[slot], (cnt,), (1,))
-                return ([dma_op(m, src, a, (), (f"in{slot}",), functional, f"{nm} DDR->AM")], [],
-                        [dma_op(m, a, dst, (f"in{slot}",), ("out",), functional, "AM->DDR")])
-
-            return stream(items, nbuf, functional, stage, key, cache)
-
-        in_specs = op.inputs(wl)
-        out_shape = tuple(int(v) for v in op.output_spec(wl)[0])
-        ddr = {nm: s for nm, s, _ in in_specs}
-        ddr["out"] = out_shape
-        hpre, hpost = host_ops(m, [(nm, nbytes(s)) for nm, s, _ in in_specs], [("out", nbytes(out_shape))], [])
-        return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops,
-                        group_key=lambda c: group_key(shares[c], key), pre=[], post=[], host_pre=hpre,
-                        host_post=hpost, ddr_tensors=ddr, inputs=[nm for nm, _, _ in in_specs], output="out",
-                        out_shape=out_shape, flops=0, cores_used=sum(1 for s in shares if s),
-                        info={"layout_change": "none", "path": config["path"]})
+        tile, staged = int(config["tile"]), config["path"] == "am"
+        shares = share(self._items(wl, tile), int(config["cores"]), m.cores)
+        return move_tir.build_program(wl, target, config, functional, (tile, staged), staged and bool(config["dbuf"]),
+                                      sum(1 for s in shares if s), lambda c: group_key(shares[c], lambda it: it[3]),
+                                      {"path": config["path"]})

@@ -5,9 +5,9 @@ chains, and ew_chain spells its chain out: both are TVM schedules of the op's co
 `chain_tir.py`: the tensor cut into stages of pixels / planes, split across the cores, DMAed
 DDR -> AM, computed in AM, DMAed back) lowered by the DSP backend to vector instructions
 (`opcompiler.backend.dsp.tir_vector`). Explicit padding (`pad.py`), slice and transpose
-(strided DMA, `slice.py`, `transpose.py`) are TVM schedules of their computes too (`move_tir.py`),
-lowered to DMA descriptors and fills (`opcompiler.backend.dsp.tir_move`); concat (DMA only,
-`concat.py`) is still emitted directly.
+(strided DMA, `slice.py`, `transpose.py`) and concat (DMA only, `concat.py`) are TVM schedules of
+their computes too (`move_tir.py`), lowered to DMA descriptors and fills
+(`opcompiler.backend.dsp.tir_move`).
 """
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Data movement (slice, pad, transpose) as the TVM schedules the DSP simulator executes.
+"""Data movement (slice, pad, transpose, concat) as the TVM schedules the DSP simulator executes.
 
 Built over the op's own TE compute, with the templates' knobs as schedule primitives and
 annotations:
@@ -18,6 +18,10 @@ annotations:
                 loops fused into the stage loop; the pad block (its if_then_else: the input or
                 the fill value) computed into the AM tile of whole output rows (a dma nest: the
                 input box copied, the padding filled by vector stores), written back whole
+    concat      the compute per input (a block copying x, one copying x1 into its channel range,
+                under one image loop), each input's run split by `tile`: two stage loops in
+                sequence per image; the image loop (opc.dsp.items) shared over the cores as
+                one list of stages; path=am reads the tile into AM (cache_read)
 
 `opcompiler.backend.dsp.tir_move` lowers the function; nothing here emits an instruction.
 """
@@ -30,7 +34,7 @@ from typing import Any
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.tir_lower import lowered
-from opcompiler.backend.dsp.tir_move import DMA, MoveLowerer
+from opcompiler.backend.dsp.tir_move import DMA, ITEMS, MoveLowerer
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
 from opcompiler.target import Target
@@ -171,7 +175,65 @@ def transpose_schedule(wl: Workload, j: int, cnt: int, staged: bool):
     return _stage_nests(sch, blk, stage, staged, 1)
 
 
-SCHEDULES: dict[str, Callable] = {"slice": slice_schedule, "pad": pad_schedule, "transpose": transpose_schedule}
+@lru_cache(maxsize=64)
+def _concat_func(n: int, C: int, C1: int, H: int, W: int):
+    """concat's compute written per input (`get_op("concat").compute` is one block selecting
+    between the inputs; here each input is its own block copying into its channel range of the
+    output, over the image loop they share)."""
+    from tvm.script import tirx as T
+
+    HW = H * W
+
+    @T.prim_func(s_tir=True)
+    def concat(x: T.Buffer((n, C, H, W), "float32"), x1: T.Buffer((n, C1, H, W), "float32"),
+               out: T.Buffer((n, C + C1, H, W), "float32")):
+        for b in range(n):
+            for r in range(C * HW):
+                with T.sblock("x"):
+                    vb, vr = T.axis.remap("SS", [b, r])
+                    out[vb, vr // HW, vr % HW // W, vr % W] = x[vb, vr // HW, vr % HW // W, vr % W]
+            for r in range(C1 * HW):
+                with T.sblock("x1"):
+                    vb, vr = T.axis.remap("SS", [b, r])
+                    out[vb, C + vr // HW, vr % HW // W, vr % W] = x1[vb, vr // HW, vr % HW // W, vr % W]
+    return concat
+
+
+def concat_func(wl: Workload):
+    """concat's compute per input, the PrimFunc `concat_schedule` schedules."""
+    return _concat_func(int(wl["n"]), int(wl["c"]), int(wl["c1"]), int(wl["h"]), int(wl["w"]))
+
+
+def concat_schedule(wl: Workload, tile: int, staged: bool):
+    """Per image, each input's block of c_i*h*w elements split by `tile`: a stage loop per input
+    (in image order, x's tiles then x1's, as the retired emitter listed its transfers), the image
+    loop over both marked `opc.dsp.items` (the cores take contiguous shares of all the stages it
+    holds). path=am: the input's tile read into AM at the stage (cache_read: the DMA-in), the
+    block's copy to the output the DMA-out."""
+    import tvm
+
+    sch = tvm.s_tir.Schedule(concat_func(wl))
+    H, W = int(wl["h"]), int(wl["w"])
+    hw = H * W
+    flat = lambda b, c, y, x: [b, (c * H + y) * W + x]  # noqa: E731  x, x1, the output as (image, run)
+    for nm, io in (("x", ("read", 0)), ("x", ("write", 0)), ("x1", ("read", 0))):
+        sch.transform_layout(sch.get_sblock(nm), io, flat)
+    for nm, c in (("x", int(wl["c"])), ("x1", int(wl["c1"]))):
+        blk = sch.get_sblock(nm)
+        loops = sch.get_loops(blk)
+        stage, _ = sch.split(loops[1], [None, min(tile, c * hw)])
+        sch.annotate(stage, "opc.dsp.stage", 1)
+        if staged:
+            rb = sch.cache_read(blk, 0, "local.AM")
+            sch.compute_at(rb, stage, preserve_unit_loops=True)
+            sch.annotate(sch.get_loops(rb)[2], "opc.dsp.op", DMA)
+        sch.annotate(sch.get_loops(blk)[2], "opc.dsp.op", DMA)
+    sch.annotate(sch.get_loops(sch.get_sblock("x"))[0], ITEMS, 1)
+    return sch
+
+
+SCHEDULES: dict[str, Callable] = {"slice": slice_schedule, "pad": pad_schedule, "transpose": transpose_schedule,
+                                  "concat": concat_schedule}
 _FUNCS: dict[tuple, Any] = {}
 
 
@@ -212,5 +274,5 @@ def build_program(wl: Workload, target: Target, config: Mapping[str, Any], funct
                     info={"layout_change": "none", **info, "lowering": "tir"})
 
 
-__all__ = ["build_program", "lowered_func", "pad_schedule", "slice_schedule", "transpose_schedule"]
+__all__ = ["build_program", "concat_func", "concat_schedule", "lowered_func", "pad_schedule", "slice_schedule", "transpose_schedule"]
 

@@ -1,5 +1,4 @@
-"""Data-movement ops through TVM (issue 12, Ascend vector side): slice, pad, transpose (and the
-pins for concat, still emitted directly).
+"""Data-movement ops through TVM (issue 12, Ascend vector side): slice, pad, transpose, concat.
 
 `schedules/ascend/move_tir.py` schedules the op's own TE compute (views of the runs the op moves,
 the op's block cache_written into a UB tile, tiles of ub_tile elements, dma_copy pragmas); the
@@ -7,7 +6,10 @@ backend's `emit_move` lowering (emit_insn's shaped lowering: DMA boxes, an instr
 transposed block, a vector dup then the in-image box for padding) turns it into the program.
 Outputs are copies: exact against numpy. Cycles and core-0 instruction counts below were
 measured at afeecc6 by the retired TIK-style emitter (`AscendElemwise._apply_slice / _pad /
-_transpose`, and `_apply_concat`, which concat still takes); the TVM route must not be slower.
+_transpose / _apply_concat`); the TVM route must not be slower. concat's compute is written per
+input (a block per input under the image loop, a tile loop per input: the retired emitter's
+unit order); `tik_concat_plan` below is the retired concat emitter (abb07b1), the oracle of the
+random parity check.
 """
 from __future__ import annotations
 
@@ -17,7 +19,8 @@ import numpy as np
 import pytest
 
 from opcompiler.api import run_op
-from opcompiler.backend.ascend import emit_move
+from opcompiler.backend.ascend import emit_move, scheduler
+from opcompiler.backend.ascend.builder import KernelBuilder, Plan, split_even
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 
@@ -82,7 +85,7 @@ PINNED_LONG = {
     ("pad", "n=1,c=3,h=40,w=1000,pt=1,pl=2,pb=3,pr=4,fill=lowest", "16"): (33830, 10449, 3245),
     ("pad", "n=1,c=3,h=40,w=1000,pt=1,pl=2,pb=3,pr=4,fill=lowest", "32"): (37510, 12304, 4986),
 }
-TIR_OPS = ("slice", "pad", "transpose")
+TIR_OPS = ("slice", "pad", "transpose", "concat")
 
 
 @pytest.fixture(scope="module")
@@ -165,3 +168,104 @@ def test_a_corrupted_program_gives_a_wrong_result(monkeypatch):
 def test_bad_inputs_still_raise_opc_errors(op, shape, cfg):
     with pytest.raises(OpcError):
         run_op(op, "ascend-sim", shape=shape, dtype="float16", config=cfg)
+
+
+def tik_concat_plan(wl, target, cfg) -> Plan:
+    """The retired TIK-style concat (AscendElemwise._apply_concat at abb07b1): per image, each
+    input's channel block in tiles, GM -> UB -> GM, the units shared over the cores in order."""
+    from opcompiler.schedules.ascend.common import machine
+
+    m = machine(target)
+    dt = wl.dtype
+    n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
+    slots = 2 if cfg["double_buffer"] else 1
+    tile = cfg["ub_tile"]
+    hw = h * w
+    cc = (c, wl["c1"])
+    units = [(i, (b, s), min(tile, cc[i] * hw - s)) for b in range(n) for i in range(2)
+             for s in range(0, cc[i] * hw, tile)]
+    out_shape_gm = (n, (c + wl["c1"]) * hw)
+    active = min(cfg["block_dim"], len(units))
+
+    def program(core: int):
+        kb = KernelBuilder(m, core, active)
+        xs = [kb.gm("x0", (n, c * hw), dt), kb.gm("x1", (n, wl["c1"] * hw), dt)]
+        y = kb.gm("y", out_shape_gm, dt)
+        bufs = [kb.alloc("UB", f"x0_{s}", (tile,), dt) for s in range(slots)]
+        lo, hi = split_even(len(units), active, core)
+        for j, (plane, (b, s0), cnt) in enumerate(units[lo:hi]):
+            ub = bufs[j % slots]
+            off = (0 if plane == 0 else c * hw) + s0
+            kb.data_move(ub, (slice(0, cnt),), xs[plane], (b, slice(s0, s0 + cnt)))
+            kb.data_move(y, (b, slice(off, off + cnt)), ub, (slice(0, cnt),))
+            kb.loop()
+        return kb.finish(gm_inputs=("x0", "x1"))
+
+    def pack(inputs):
+        return {f"x{i}": np.ascontiguousarray(x).reshape(n, -1) for i, x in enumerate(inputs)}
+
+    return Plan(active_cores=active, make_program=program, pack=pack, out_name="y", out_shape=out_shape_gm,
+                out_dtype=dt, unpack=lambda y: y.reshape(n, c + wl["c1"], h, w), flops=0, unit="vector")
+
+
+def test_concat_random_parity_with_the_retired_emitter(backend):
+    """Random shapes and configs: the TVM route's output bits equal the retired kernel's and
+    numpy's; cycles (functional and timing) and core-0 instruction counts equal to the retired
+    kernel's."""
+    import random
+
+    rnd = random.Random(12)
+    from opcompiler.schedules.ascend.elemwise import UB_TILES
+
+    for _ in range(24):
+        shape = (f"n={rnd.randint(1, 3)},c={rnd.randint(1, 40)},c1={rnd.randint(1, 40)},"
+                 f"h={rnd.randint(1, 40)},w={rnd.randint(1, 40)}")
+        wl = workload("concat", shape, dtype=rnd.choice(["float16", "float32"]))
+        cfg = {"ub_tile": rnd.choice(UB_TILES), "double_buffer": rnd.randint(0, 1), "block_dim": rnd.choice([1, 2, 4, 8, 32])}
+        ins = get_op("concat").make_inputs(wl, 1)
+        kern = backend.build(wl, cfg)
+        run = backend.run(kern, ins)
+        plan = tik_concat_plan(wl, backend.target, cfg)
+        prog = plan.make_program(0)
+        old_out, t = scheduler.run(plan, prog, ins)
+        assert run.outputs[0].tobytes() == old_out.tobytes() == np.concatenate(ins, axis=1).tobytes(), (shape, cfg)
+        assert run.cycles == backend.measure(kern).cycles == t.cycles, (shape, cfg, run.cycles, t.cycles)
+        assert len(kern.artifact.plan.make_program(0).instrs) == len(prog.instrs), (shape, cfg)
+
+
+def test_concat_per_input_is_the_op_s_compute():
+    """concat's PrimFunc (a block per input) computes what the op's TE compute does."""
+    import tvm
+    from tvm import te
+
+    from opcompiler.schedules.ascend.move_tir import concat_func
+
+    wl = workload("concat", "n=2,c=3,c1=5,h=4,w=7", dtype="float16")
+    ins, out = get_op("concat").compute(wl)
+    ref = tvm.compile(te.create_prim_func(list(ins) + [out]), target="llvm")
+    mine = tvm.compile(concat_func(2, 3, 5, 4, 7, "float16"), target="llvm")
+    xs = get_op("concat").make_inputs(wl, 1)
+    outs = []
+    for f in (ref, mine):
+        o = tvm.runtime.tensor(np.zeros((2, 8, 4, 7), "float16"))
+        f(*[tvm.runtime.tensor(x) for x in xs], o)
+        outs.append(o.numpy())
+    assert np.array_equal(outs[0], np.concatenate(xs, axis=1)) and np.array_equal(outs[1], outs[0])
+
+
+def test_a_corrupted_concat_program_gives_a_wrong_result(monkeypatch):
+    """The first input's move out of UB shifted by one element: a wrong result."""
+    real = emit_move.lower
+
+    def shifted(mod):
+        vk = copy.deepcopy(real(mod))
+        o = [o for o in vk.ops if o.kind == "dma" and o.dst.buf in vk.gm][0]
+        lo = o.dst.box[0].copy()
+        lo[:, -1] += 1
+        o.dst.box = (lo, o.dst.box[1])
+        return vk
+
+    assert run_op("concat", "ascend-sim", shape="n=2,c=13,c1=20,h=5,w=7", dtype="float16")["correct"]
+    monkeypatch.setattr(emit_move, "lower", shifted)
+    rep = run_op("concat", "ascend-sim", shape="n=2,c=13,c1=20,h=5,w=7", dtype="float16")
+    assert not rep["correct"]

@@ -1,4 +1,4 @@
-"""Data-movement kernels of lowered TIR (slice, pad, transpose) -> DMA descriptors and fills.
+"""Data-movement kernels of lowered TIR (slice, pad, transpose, concat) -> DMA descriptors and fills.
 
 A template (`schedules/dsp/move_tir.py`) schedules the op's own compute: the output cut into
 stage items (`opc.dsp.stage`, split over the cores by `opc.dsp.cores`), each item's copy nests
@@ -14,6 +14,10 @@ every copy nest to DMA descriptors over strided views, the way `tir_lower.Lowere
   the side columns (padding on every row that holds input, over all the stage loop's
   iterations) are filled once per buffer, in the first stage that uses the buffer, as the
   chip's kernels initialise a tile; the tile's write-back waits for both (`in` and `pad` tags).
+
+A loop marked `opc.dsp.items` (concat: per image, a stage loop per input, in sequence) makes
+its stages, in walk order, one list the cores take contiguous shares of; the AM tiles of its
+stage loops share their slots (one stage runs at a time).
 
 A copy into an AM tile is the stage's DMA-in, its write-back the DMA-out; a DDR -> DDR
 descriptor is the stage's only op. AM tiles are allocated at their size (no vector of slack: a
@@ -35,6 +39,9 @@ from .tir_eval import _bkey, _boxes, _full, _grid, _key
 from .tir_vector import VecLowerer, _Select
 
 DMA = "dma"
+# a loop over stage loops in sequence (concat: per image, x's stages then x1's): its stages, in
+# walk order, are one item list the cores take contiguous shares of
+ITEMS = "opc.dsp.items"
 
 
 def _is_load(e) -> bool:
@@ -65,7 +72,7 @@ class MoveLowerer(VecLowerer):
         self.has_shared = False
         self._ext = {}
 
-        def visit(st, in_stage: bool) -> None:
+        def visit(st, in_stage) -> None:
             name = type(st).__name__
             if name == "SBlockRealize":
                 for b in st.block.alloc_buffers:
@@ -77,14 +84,29 @@ class MoveLowerer(VecLowerer):
                     raise OpcFailure(f"tir lowering: a data-movement kernel has only dma nests, not {op!r}")
                 if op == DMA:
                     self._padded |= self._pad_value(st) is not None
-                visit(st.body, in_stage or "opc.dsp.stage" in st.annotations)
+                visit(st.body, _key(st) if "opc.dsp.stage" in st.annotations else in_stage)
             elif name == "SeqStmt":
                 for x in st.seq:
                     visit(x, in_stage)
             elif name == "IfThenElse":
                 visit(st.then_case, in_stage)
-        visit(self.func.body, False)
-        for b, in_stage in found:
+        visit(self.func.body, None)
+        # the tiles of stage loops in sequence (one stage runs at a time) share their slots: the
+        # j-th tile of every stage loop at the same offsets, sized for the largest
+        groups: dict[Any, list] = {}
+        for b, sl in found:
+            if sl is not None:
+                groups.setdefault(sl, []).append(b)
+        shared: dict[int, tuple] = {}
+        if len(groups) > 1:
+            for j in range(max(len(g) for g in groups.values())):
+                col = [g[j] for g in groups.values() if j < len(g)]
+                size = max(self._tile_size(b) for b in col)
+                offs = tuple(am.alloc(f"{col[0].name}[{i}]", size) for i in range(self.nbuf))
+                for b in col:
+                    shared[_bkey(b)] = offs
+        for b, sl in found:
+            in_stage = sl is not None
             shape = tuple(int(x) for x in b.shape)
             bk = _bkey(b)
             self.shapes[bk] = shape
@@ -95,9 +117,17 @@ class MoveLowerer(VecLowerer):
             strides = tuple(int(s) for s in b.strides) if len(b.strides) else None
             if strides is not None:
                 self.bstrides[bk] = strides
-            size = shape[0] * strides[0] if strides and shape else int(np.prod(shape))
+            if bk in shared:
+                self.space[bk] = ("AM", shared[bk], in_stage)
+                continue
             n = self.nbuf if in_stage else 1
-            self.space[bk] = ("AM", tuple(am.alloc(f"{b.name}[{i}]", size) for i in range(n)), in_stage)
+            self.space[bk] = ("AM", tuple(am.alloc(f"{b.name}[{i}]", self._tile_size(b)) for i in range(n)), in_stage)
+
+    @staticmethod
+    def _tile_size(b) -> int:
+        shape = tuple(int(x) for x in b.shape)
+        strides = tuple(int(s) for s in b.strides) if len(b.strides) else None
+        return shape[0] * strides[0] if strides and shape else int(np.prod(shape))
 
     def _pad_value(self, st) -> float | None:
         """The constant an AM-tile copy nest stores outside its input (pad), else None."""
@@ -110,8 +140,71 @@ class MoveLowerer(VecLowerer):
             raise OpcFailure("tir lowering: a dma nest's padding must be a constant")
         return c
 
+    # ---- item lists: stage loops in sequence -----------------------------------------------
+    def _split_extent(self, st) -> int | None:
+        if type(st).__name__ == "For" and ITEMS in st.annotations:
+            return len(self._items(st, {}))
+        return super()._split_extent(st)
+
+    def _items(self, st, E: dict) -> list[tuple[Any, dict, int]]:
+        """(stage loop, environment, iteration) of every stage under an items loop, in order."""
+        k = ("items", _key(st), tuple(sorted((kk, v) for kk, v in E.items() if kk != "slot")))
+        if k in self._cache:
+            return self._cache[k]
+        out: list[tuple[Any, dict, int]] = []
+
+        def visit(x, env: dict) -> None:
+            name = type(x).__name__
+            if name == "For":
+                lo, ext = self._ev(x.min, env), self._ev(x.extent, env)
+                if "opc.dsp.stage" in x.annotations:
+                    out.extend((x, env, i) for i in range(lo, lo + ext))
+                    return
+                if "opc.dsp.op" in x.annotations or "opc.dsp.cores" in x.annotations:
+                    raise OpcFailure("tir lowering: an items loop holds stage loops only")
+                for i in range(lo, lo + ext):
+                    visit(x.body, {**env, _key(x.loop_var): i})
+            elif name == "SeqStmt":
+                for y in x.seq:
+                    visit(y, env)
+            elif name == "SBlockRealize":
+                if self._ev(x.predicate, env):
+                    visit(x.block.body, env)
+            elif name == "IfThenElse":
+                if self._ev(x.condition, env):
+                    visit(x.then_case, env)
+                elif x.else_case is not None:
+                    visit(x.else_case, env)
+            else:
+                raise OpcFailure(f"tir lowering: unexpected {name} in an items loop")
+        visit(st, E)
+        self._cache[k] = out
+        return out
+
+    def _one_stage(self, st, E: dict, i: int) -> None:
+        """Iteration `i` of stage loop `st` as one stage (what the stage loop does per iteration)."""
+        self._stage_loop = st
+        if not self.fn:
+            return self._stages_timed(st, E, range(i, i + 1))
+        slot = len(self.pending) % self.nbuf
+        E2 = {**E, _key(st.loop_var): i, "slot": slot}
+        stg: list = [[], [], []]
+        self._walk(st.body, E2, stg)
+        if stg[1]:
+            stg[1] = [self._merge_vpu(stg[1], slot)]
+        self.pending.append(tuple(stg))
+        return None
+
     # ---- copies ---------------------------------------------------------------------------
     def _walk(self, st, E: dict, stage: list | None = None) -> None:
+        if type(st).__name__ == "For" and ITEMS in st.annotations:
+            if stage is not None:
+                raise OpcFailure("tir lowering: an items loop inside a stage")
+            items = self._items(st, E)
+            n = len(items)
+            for sl, env, i in items[self.core * n // self.cores:(self.core + 1) * n // self.cores]:
+                self._one_stage(sl, env, i)
+            return None
         if type(st).__name__ == "For" and "opc.dsp.stage" in st.annotations:
             self._stage_loop = st
         return super()._walk(st, E, stage)
@@ -224,4 +317,4 @@ class MoveLowerer(VecLowerer):
             self._emit(self._intern(op), stage, 2 if sspace[0] == "AM" else 0)
 
 
-__all__ = ["DMA", "MoveLowerer"]
+__all__ = ["DMA", "ITEMS", "MoveLowerer"]
