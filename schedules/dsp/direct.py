@@ -1,7 +1,7 @@
 """The VPE-vectorized direct convolution (seed 004 Algorithm 3, generalized) and the fully
 connected layer (Algorithm 2, as a 1x1 convolution over rows): geometry, config, capacity check,
-pass cost. The program itself is lowered from the TVM schedule (`tir_sched.py`, by
-`opcompiler/backend/dsp/tir_lower.py`); the reduction-split FC (`ksplit.py`) still uses `_Lowering`.
+pass cost. The program itself is lowered from the TVM schedules (`tir_sched.py`; the
+reduction-split FC: `ksplit.py`) by `opcompiler/backend/dsp/tir_lower.py` (and `tir_ksplit.py`).
 
 Data stay NHWC / HWIO in DDR (the MiniGo layout); output channels K sit on the 32 vector
 lanes (kv vectors per block; K = 2 or 1 leaves lanes idle), input scalars are loaded from SM
@@ -21,12 +21,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-import numpy as np
 
 from opcompiler.backend.dsp.core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws
 from opcompiler.backend.dsp.core import sum_costs as _sum
 from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, View
+from opcompiler.backend.dsp.program import F32
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -134,75 +133,3 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: i
         parts.append((mk_ew(m, npix * cf.kv, 1, fm, int("relu" in sp.epi), sum(EPI_REGS[e] for e in sp.epi)), 1))
         calls += 1
     return _sum(parts), calls
-
-
-
-
-class _Lowering:
-    """The VPU pass of the fully connected layer's reduction split (`ksplit.py`, the one part of the
-    FC layer still emitted directly): its cost model's inputs and its functional execution.
-    (The convolution and the row-split FC layer are lowered from TVM's TIR: `tir_sched.py`.)"""
-
-    def __init__(self, m: DspMachine, sp: ConvSpec, cf: DirectConfig, names: dict[str, str], functional: bool):
-        self.sp, self.cf = sp, cf
-        self.kbp = cf.kv * m.lanes
-
-    def _compute_fn(self, sm_off: int, w_off: int, par_am: dict[str, int], out_off: int, nr: int, nc: int,
-                    icw: int):
-        sp, kbp = self.sp, self.kbp
-        ir, ic = in_rows(sp, nr), in_cols(sp, nc)
-        x_v = View(("SM",), sm_off, (ir, ic, sp.c), (icw * sp.c, sp.c, 1))
-        w_v = View(("AM",), w_off, (sp.r, sp.s, sp.c, kbp), (sp.s * sp.c * kbp, sp.c * kbp, kbp, 1))
-        o_v = View(("AM",), out_off, (nr, nc, kbp), (nc * kbp, kbp, 1))
-        st, dl = sp.stride, sp.dil
-        epi, pw, npix = sp.epi, self.cf.pw, nr * nc
-        pix_r, pix_c = np.divmod(np.arange(npix), nc)
-
-        def epilogue(mem, acc: np.ndarray) -> None:
-            for e in epi:
-                if e == "bias":
-                    acc += mem.view(View(("AM",), par_am["bias"], (kbp,), (1,)))
-                elif e == "bn":
-                    acc *= mem.view(View(("AM",), par_am["bn"], (kbp,), (1,)))
-                    acc += mem.view(View(("AM",), par_am["bn"] + kbp, (kbp,), (1,)))
-                elif e == "relu":
-                    np.maximum(acc, 0, out=acc)
-
-        def run_out(mem) -> int:
-            """Register blocks of pw output pixels (the last one the tail), each accumulating over
-            R x S x C from the SM tile and the AM weights, epilogue in registers, stored to AM."""
-            x, wt, out = mem.view(x_v), mem.view(w_v), mem.view(o_v)
-            calls = 0
-            with np.errstate(invalid="ignore"):  # idle lanes hold garbage; they are never stored
-                for b0 in range(0, npix, pw):
-                    rr, cc = pix_r[b0:b0 + pw], pix_c[b0:b0 + pw]
-                    acc = np.zeros((len(rr), kbp), np.float32)
-                    for r in range(sp.r):
-                        for s in range(sp.s):
-                            acc += x[rr * st + r * dl, cc * st + s * dl, :] @ wt[r, s]
-                    epilogue(mem, acc)
-                    out[rr, cc] = acc
-                    calls += 1
-            return calls
-
-        def run_ws(mem) -> int:
-            """The paper's pass: per input channel, every pixel's partial sums are read from AM
-            (zero for the first channel), updated with the R x S taps, written back."""
-            x, wt, out = mem.view(x_v), mem.view(w_v), mem.view(o_v)
-            calls = 0
-            with np.errstate(invalid="ignore"):
-                for c in range(sp.c):
-                    part = np.zeros((npix, kbp), np.float32) if c == 0 else out[pix_r, pix_c]
-                    for r in range(sp.r):
-                        for s in range(sp.s):
-                            part += x[pix_r * st + r * dl, pix_c * st + s * dl, c][:, None] * wt[r, s, c][None, :]
-                    out[pix_r, pix_c] = part
-                    calls += 1
-                if epi:
-                    acc = out[pix_r, pix_c]
-                    epilogue(mem, acc)
-                    out[pix_r, pix_c] = acc
-                    calls += 1
-            return calls
-
-        return run_out if self.cf.order == "out" else run_ws

@@ -14,7 +14,7 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import Allocator, Program
+from opcompiler.backend.dsp.program import Program
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
@@ -26,8 +26,8 @@ from .common import require_fp32
 from .conv2d import DirectTemplate
 from .direct import ConvSpec, DirectConfig, check
 from .gemm import KC, MB, NB, GemmGeo, GemmLowering, check_gemm, gemm_features
-from .ksplit import chunks, footprint_k
-from .ksplit import core_ops as ksplit_ops
+from .ksplit import build_program as build_ksplit
+from .ksplit import footprint_k
 
 EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu"), "matmul_bias": ("bias",)}
 GEMM_MIN = 256  # m, n and k at least this: the template default is the blocked GEMM
@@ -181,27 +181,10 @@ class DspFullyConnected(DirectTemplate):
             return self._apply_gemm(wl, target, config, functional)
         if config.get("split") != "k":
             return super().apply(wl, target, config, functional)
-        m = machine(target)
-        sp = self.spec(wl, target)
-        cf = DirectConfig.of(config)
         why = self.check(wl, target, config)
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
-        op = get_op(wl.op)
-        in_specs = op.inputs(wl)
-        names, ddr, pre, post, out_shape = self.tensors(wl, sp)
-        gsm_base = Allocator("GSM", m.cap("GSM"), 64).alloc("partials", m.cores * cf.rows * cf.kv * m.lanes)
-        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
-        cache: dict = {}
-        ch = chunks(sp, m.cores)
-        prog = assemble(m, functional=functional, cores=m.cores,
-                        core_ops=lambda c: ksplit_ops(m, sp, cf, names, c, functional, gsm_base, cache),
-                        group_key=lambda c: (c, ch[c][1] - ch[c][0]), pre=pre, post=post, host_pre=hpre,
-                        host_post=hpost, ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs], output="out",
-                        out_shape=out_shape, flops=op.flops(wl), cores_used=sum(1 for a, b in ch if b > a))
-        prog.info = {"layout_change": "none" if not pre else "transposes by DMA (counted)",
-                     "reduction": f"split over {m.cores} cores, partials reduced through GSM"}
-        return prog
+        return build_ksplit(self, wl, target, config, functional)
 
     def _apply_gemm(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool) -> Program:
         m = machine(target)

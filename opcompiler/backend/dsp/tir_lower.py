@@ -52,7 +52,7 @@ def lowered(sch):
 
 # epilogue blocks of the conv family in the catalogue's computes, in order
 EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vrelu": "relu"}
-REDUCTIONS = ("conv2d", "matmul")  # the reduction block of each family
+REDUCTIONS = ("conv2d", "matmul", "matmul_rf_update")  # the reduction block of each family (split=k: the rfactor)
 
 
 class Lowerer:

@@ -1,0 +1,289 @@
+"""Lowering of the reduction-split fully connected layer (`split=k`) from its TVM schedule.
+
+The schedule (`schedules/dsp/ksplit.py`) rfactors the matmul's K axis into one partial per
+core and annotates the nests; this module walks the lowered TIR per core with the shared
+`Lowerer` (copies, register-block micro-kernels) and adds what the split needs:
+
+* `opc.dsp.rr` on the row-block loop: each iteration is one block of the reduction. Its first
+  statement (the `opc.dsp.cores` loop over the K parts: this core's slice of A and B, the
+  partial product in registers, the partial tile AM -> GSM) runs on every core, then a barrier;
+  the rest (the P partial tiles GSM -> AM, the reduction and epilogue, the output AM -> DDR) on
+  one core, round robin over the blocks; a barrier frees the GSM partials.
+* `opc.dsp.resident` on a copy nest: the copy is issued only when its source or destination
+  window differs from the last one this core issued for the nest (the weight slice stays in AM
+  across the row blocks: it depends on the output-feature block and the K part only).
+* `opc.dsp.op = "mk_red"`: the whole nest is one VPU pass adding the P partial tiles and
+  applying the epilogue (`core.mk_ew`); functional mode executes its blocks over the grid.
+* a register block whose reduction range is empty (a K part past the end of K) still runs its
+  init block and store: the partial tile is zero (one fill pass: no multiply-adds).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from opcompiler.errors import OpcFailure
+
+from .core import EPI_REGS, mk_ew, mk_out
+from .program import Op
+from .tir_eval import _Exec, _Zero, _bkey, _full, _key
+from .tir_lower import EPI_BLOCKS, REDUCTIONS, Lowerer, _sum
+
+
+class KsplitLowerer(Lowerer):
+    """Per-core op lists of the rfactored fully connected layer."""
+
+    def __init__(self, m, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple], kv: int,
+                 functional: bool, tamper=None):
+        super().__init__(m, func, ddr_names, ddr_shapes, kv, False, False, functional, tamper)
+        self.roles: dict[int, str] = {}
+        self._scan_roles(func.body)
+
+    # ---- dependency tags by the role of each on-chip buffer ---------------------------------
+    def _scan_roles(self, st) -> None:
+        """AM tiles: "p" the partial tile (copied to GSM), "r" the partials read back, "o" the
+        output tile (copied to DDR), "w" the rest (weight slice, epilogue vectors)."""
+        name = type(st).__name__
+        if name == "For":
+            if st.annotations.get("opc.dsp.op") in ("dma",):
+                _, _, store = self._nest(st)
+                val = store.value
+                src, dst = self._sp(_bkey(val)), self._sp(_bkey(store))
+                if src[0] == "AM" and dst[0] == "GSM":
+                    self.roles[_bkey(val)] = "p"
+                elif src[0] == "GSM" and dst[0] == "AM":
+                    self.roles[_bkey(store)] = "r"
+                elif src[0] == "AM" and dst[0] == "DDR":
+                    self.roles[_bkey(val)] = "o"
+            self._scan_roles(st.body)
+        elif name == "SBlockRealize":
+            self._scan_roles(st.block.body)
+        elif name == "SeqStmt":
+            for x in st.seq:
+                self._scan_roles(x)
+
+    def _tag(self, bk: int, slot: int) -> str:
+        sp = self._sp(bk)
+        if sp[0] == "DDR":
+            return "out" if sp[2] else ""
+        if sp[0] == "SM":
+            return "sm0"
+        if sp[0] == "GSM":
+            return "g"
+        return self.roles.get(bk, "w")
+
+    def _emit(self, op: Op, stage, where: int) -> None:
+        """A copy out of the GSM partials waits on them (the shared Lowerer orders GSM reads by
+        barriers only)."""
+        if op.kind == "dma" and op.path.startswith("GSM->") and not op.reads:
+            new = Op(op.kind, op.pipe, cycles=op.cycles, reads=("g",), writes=op.writes, nbytes=op.nbytes,
+                     path=op.path, nruns=op.nruns, cost=op.cost, fn=op.fn, label=op.label)
+            new.views = op.views
+            op = self._intern(new)
+        super()._emit(op, stage, where)
+
+    # ---- walking ------------------------------------------------------------------------------
+    def core_ops(self, core: int, cores: int, per_image: int = 1) -> list:
+        self.core, self.cores, self.per_image = core, cores, per_image
+        self.ops, self.pending, self.zeroed = [], [], {}
+        self.blk = 0
+        self.last: dict[int, tuple] = {}  # resident copy nest -> the windows last issued
+        self._walk(self.func.body, {})
+        return self.ops
+
+    def _walk(self, st, E: dict, stage: list | None = None) -> None:
+        if type(st).__name__ != "For":
+            return super()._walk(st, E, stage)
+        ann = st.annotations
+        if "opc.dsp.rr" in ann:
+            return self._rr(st, E)
+        if ann.get("opc.dsp.op") == "mk_red":
+            return self._mk_red(st, E)
+        if ann.get("opc.dsp.op") == "mk":
+            return self._mk_part(st, E)
+        if ann.get("opc.dsp.op") == "dma" and "opc.dsp.resident" in ann:
+            return self._resident(st, E)
+        return super()._walk(st, E, stage)
+
+    def _rr(self, st, E: dict) -> None:
+        lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
+        for i in range(lo, lo + ext):
+            E2 = {**E, _key(st.loop_var): i}
+            body = st.body
+            if type(body).__name__ == "SBlockRealize":
+                if not self._ev(body.predicate, E2):
+                    continue
+                body = body.block.body
+            seq = list(body.seq) if type(body).__name__ == "SeqStmt" else [body]
+            if type(seq[0]).__name__ != "For" or "opc.dsp.cores" not in seq[0].annotations:
+                raise OpcFailure("tir lowering: an opc.dsp.rr block must begin with the loop over the cores")
+            self._walk(seq[0], E2)
+            self.ops.append(Op("barrier", "sync", label="partials in GSM"))
+            if self.blk % self.cores == self.core:
+                for x in seq[1:]:
+                    self._walk(x, E2)
+            self.ops.append(Op("barrier", "sync", label="GSM partials consumed"))
+            self.blk += 1
+
+    def _resident(self, st, E: dict) -> None:
+        """Issue the copy unless the outer values its window depends on are those of the last
+        copy this core issued for the nest (nothing else writes its destination)."""
+        sig = self._windows(st, E)
+        if self.last.get(_key(st)) != sig:
+            self.last[_key(st)] = sig
+            self._dma(st, E, None)
+
+    def _windows(self, st, E: dict) -> tuple:
+        """The values of the outer variables the copy nest's indices and predicate mention."""
+        from .tir_lower import _vars
+        k = ("resident", _key(st))
+        if k not in self._cache:
+            loops, pred, store = self._nest(st)
+            inner = {_key(lp.loop_var) for lp in loops}
+            vs = _vars(pred, set()) | _vars(store, set()) | _vars(store.value, set())
+            for lp in loops:
+                vs |= _vars(lp.extent, set()) | _vars(lp.min, set())
+            self._cache[k] = tuple(sorted(vs - inner))
+        return tuple(E.get(v) for v in self._cache[k])
+
+    # ---- the partial product: register blocks ------------------------------------------------
+    def _mk_part(self, st, E: dict) -> None:
+        """Each iteration is one register block: its pixels and reduction steps are the values of
+        the pixel loop and of the K loop that the update block's predicate keeps."""
+        info = self._mk_static(st)
+        kloop = self._k_loop(st)
+        lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
+        pix, pe = info["pix"], int(info["pix"].extent)
+        ke = self._ev(kloop.extent, E)
+        calls = []
+        for i in range(lo, lo + ext):
+            E2 = {**E, _key(st.loop_var): i}
+            g = {**E2, _key(pix.loop_var): np.arange(pe)}
+            npix = int(np.count_nonzero(_full(self._pred_at(info, g), (pe,)).astype(bool)))
+            g = {**E2, _key(kloop.loop_var): np.arange(ke)}
+            steps = int(np.count_nonzero(_full(self._pred_at(info, g), (ke,)).astype(bool)))
+            if npix == 0 or steps == 0:
+                continue
+            key = ("part", npix, steps)
+            if key not in self._costs:
+                self._costs[key] = mk_out(self.m, npix, self.kv, steps, info["epi"])
+            calls.append(self._costs[key])
+        if calls:
+            cost = _sum([(c, 1) for c in calls])
+            f = self._exec_fn(st, E, len(calls))
+            self.ops.append(self._intern(Op("vpu", "vpu", cycles=cost.cycles, reads=("sm0", "w"), writes=("p",),
+                                            cost=cost, nruns=len(calls), fn=f, label="partial product")))
+            return
+        # an empty K part: the register blocks only run their init and store (a zero partial tile)
+        npix = self._init_pixels(st, E)
+        if npix:
+            cyc = npix * self.kv  # one vector store per register of the tile
+            f = self._exec_fn(st, E, 1)
+            self.ops.append(self._intern(Op("fill", "vpu", cycles=cyc, writes=("p",), fn=f,
+                                            label="zero partial")))
+
+    def _k_loop(self, st):
+        """The reduction loop of the update block (the innermost loop around it)."""
+        k = ("kloop", _key(st))
+        if k not in self._cache:
+            found = []
+
+            def scan(x, loops):
+                name = type(x).__name__
+                if name == "For":
+                    scan(x.body, loops + [x])
+                elif name == "SBlockRealize":
+                    if x.block.name_hint in REDUCTIONS and not found:
+                        found.append(loops[-1])
+                    scan(x.block.body, loops)
+                elif name == "SeqStmt":
+                    for y in x.seq:
+                        scan(y, loops)
+            scan(st, [])
+            self._cache[k] = found[0]
+        return self._cache[k]
+
+    def _init_pixels(self, st, E: dict) -> int:
+        """Register-block pixels (over the whole nest) the init block's predicate keeps."""
+        k = ("init", _key(st))
+        if k not in self._cache:
+            found = []
+
+            def scan(x, loops):
+                name = type(x).__name__
+                if name == "For":
+                    scan(x.body, loops + [x])
+                elif name == "SBlockRealize":
+                    if x.block.name_hint.endswith("_init") and not found:
+                        found.append((loops, self.comp.fn(x.predicate)))
+                    scan(x.block.body, loops)
+                elif name == "SeqStmt":
+                    for y in x.seq:
+                        scan(y, loops)
+            scan(st, [])
+            if not found:
+                self._cache[k] = None
+            else:
+                loops, fp = found[0]
+                self._cache[k] = (loops[:2], fp)
+        got = self._cache[k]
+        if got is None:
+            return 0
+        (outer, pix), fp = got
+        lo, ext = self._ev(outer.min, E), self._ev(outer.extent, E)
+        pe = self._ev(pix.extent, E)
+        n = 0
+        for i in range(lo, lo + ext):
+            g = {**E, _key(outer.loop_var): i, _key(pix.loop_var): np.arange(pe)}
+            n += int(np.count_nonzero(_full(fp(_Zero(g), None), (pe,)).astype(bool)))
+        return n
+
+    def _exec_fn(self, st, E: dict, n: int):
+        if not self.fn:
+            return None
+
+        def f(mem, st=st, E=dict(E), n=n) -> int:
+            _Exec(self, mem, 0).run(st, E)
+            return n
+        return f
+
+    # ---- the reduction of the partials --------------------------------------------------------
+    def _mk_red(self, st, E: dict) -> None:
+        """One element-wise pass: P partial vectors added per output vector, the epilogue applied."""
+        k = ("red", _key(st))
+        if k not in self._cache:
+            names: list[str] = []
+            preds: list = []
+
+            def scan(x) -> None:
+                name = type(x).__name__
+                if name == "For":
+                    scan(x.body)
+                elif name == "SBlockRealize":
+                    names.append(x.block.name_hint)
+                    if x.block.name_hint == "matmul":  # the reduction over the K parts
+                        preds.append(x.predicate)
+                    scan(x.block.body)
+                elif name == "SeqStmt":
+                    for y in x.seq:
+                        scan(y)
+            scan(st)
+            self._cache[k] = (tuple(EPI_BLOCKS[n] for n in names if n in EPI_BLOCKS),
+                              int(st.annotations["opc.dsp.parts"]), self.comp.fn(preds[0]))
+        epi, nparts, fpred = self._cache[k]
+        pe = self._ev(st.extent, E)
+        g = {**E, _key(st.loop_var): np.arange(pe)}
+        rows = int(np.count_nonzero(_full(fpred(_Zero(g), None), (pe,)).astype(bool)))
+        if rows == 0:
+            return
+        key = ("red", rows, epi, nparts)
+        if key not in self._costs:
+            fm = (nparts - 1) + ("bias" in epi)
+            self._costs[key] = mk_ew(self.m, rows * self.kv, nparts, fm, int("relu" in epi),
+                                     sum(EPI_REGS[e] for e in epi))
+        cost = self._costs[key]
+        self.ops.append(self._intern(Op("vpu", "vpu", cycles=cost.cycles, reads=("r", "w"), writes=("o",),
+                                        cost=cost, nruns=1, fn=self._exec_fn(st, E, 1),
+                                        label="reduce partials")))
+
