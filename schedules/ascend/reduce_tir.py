@@ -30,6 +30,7 @@ _WL: dict[str, Workload] = {}
 _CASTS = ("sum_in", "sum_out", "cast_to", "cast_to_1")
 _REDUCTIONS = ("sum", "reduce_max")
 ROWS = "opc.ascend.row_loop"  # marks the row loop (kept when a tile has one row)
+KEEP = "opc.ascend.keep"  # any annotation keeps a unit loop through LowerOpaqueBlock
 
 
 @lru_cache(maxsize=64)
@@ -70,6 +71,8 @@ def _tiled(key: str, rows_tile: int):
                 sch.annotate(sch.get_loops(b)[-2], ROWS, 1)
         elif nm in _CASTS and two_d:  # one nest over the tile's rows
             sch.annotate(sch.get_loops(b)[-2], PRAGMA, "vector_auto")
+            if wl["n"] == 1:  # keep the unit column loop: the nest still walks whole aligned rows
+                sch.annotate(sch.get_loops(b)[-1], KEEP, 1)
         else:  # one row (softmax), or the tile's elements (a 1-D cast)
             sch.annotate(sch.get_loops(b)[-1], PRAGMA, "vector_auto")
         if nm == "vdiv":

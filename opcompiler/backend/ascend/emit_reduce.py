@@ -309,6 +309,9 @@ class _RowLowering:
         holder: dict[str, str | None] = {n: (None if n in out_rows else n) for n in tiles2}  # row slot -> holder
         where: dict[str, tuple[str, int]] = {}  # row-local -> (tile buffer or SCALAR, offset of the row)
         scalar_holder: str | None = None
+        # a row's scalars are what its folds produce (the max, the sum); a one-element row of a
+        # one-column tile (n = 1) is still a row
+        scalars = {st.dst.buf for st in steps if st.kind == "fold"}
 
         def dies(name: str, i: int) -> bool:
             return uses[name][-1] == i and (info[name].where == "row" or name not in self.after_rows)
@@ -318,7 +321,7 @@ class _RowLowering:
             d = st.dst.buf
             if d in local and d not in where:
                 b = info[d]
-                if int(np.prod(b.shape)) == 1:
+                if d in scalars:
                     if scalar_holder is not None:
                         raise OpcFailure(f"emit_reduce: two row scalars live at once ({scalar_holder}, {d})")
                     if self.scalar_dt not in (None, b.dtype):
@@ -367,6 +370,9 @@ class _RowLowering:
             parts = _seq(stmt)
             if len(parts) == 2 and isinstance(parts[0], T.IfThenElse):
                 init, stmt = parts[0].then_case, parts[1]
+            elif len(parts) == 2 and isinstance(parts[0], T.BufferStore) and len(loops) == 1 \
+                    and int(loops[0].extent) == 1:  # a reduction of one element: `k == 0` always holds
+                init, stmt = parts[0], parts[1]
             elif len(parts) == 1:
                 stmt = parts[0]
             if not isinstance(stmt, T.BufferStore) or len(loops) != 1:
