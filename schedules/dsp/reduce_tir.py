@@ -65,14 +65,17 @@ def reduce_schedule(wl: Workload, rows: int, acc: int, lanes: int):
 _FUNCS: dict[tuple, Any] = {}
 
 
-def lowered_func(wl: Workload, target: Target, rows: int, acc: int, lanes: int) -> Any:
+def lowered_func(wl: Workload, target: Target, rows: int, acc: int, lanes: int,
+                 schedule: Callable = reduce_schedule) -> Any:
+    """The lowered function of a row schedule (this module's, or softmax_tir's), cached per
+    workload, target and tiling."""
     from opcompiler.backend.dsp.tir_lower import lowered
 
-    key = (wl.key_str(), getattr(target, "digest", target.name), rows, acc, lanes)
+    key = (schedule.__name__, wl.key_str(), getattr(target, "digest", target.name), rows, acc, lanes)
     if key not in _FUNCS:
         if len(_FUNCS) >= 256:
             _FUNCS.clear()
-        _FUNCS[key] = lowered(reduce_schedule(wl, rows, acc, lanes))
+        _FUNCS[key] = lowered(schedule(wl, rows, acc, lanes))
     return _FUNCS[key]
 
 

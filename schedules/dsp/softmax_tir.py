@@ -72,18 +72,10 @@ def softmax_schedule(wl: Workload, rows: int, acc: int, lanes: int):
     return sch
 
 
-_FUNCS: dict[tuple, Any] = {}
-
-
 def lowered_func(wl: Workload, target: Target, rows: int, acc: int, lanes: int) -> Any:
-    from opcompiler.backend.dsp.tir_lower import lowered
+    from .reduce_tir import lowered_func as _lowered
 
-    key = (wl.key_str(), getattr(target, "digest", target.name), rows, acc, lanes)
-    if key not in _FUNCS:
-        if len(_FUNCS) >= 256:
-            _FUNCS.clear()
-        _FUNCS[key] = lowered(softmax_schedule(wl, rows, acc, lanes))
-    return _FUNCS[key]
+    return _lowered(wl, target, rows, acc, lanes, schedule=softmax_schedule)
 
 
 def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
