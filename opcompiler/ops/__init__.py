@@ -8,6 +8,7 @@ with defaults, and its unfused decomposition when it is a fusion.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
@@ -21,6 +22,26 @@ from .registry import _OPS, OpDef, Step, register_op
 
 def _load() -> None:
     from . import catalogue  # noqa: F401  (defines the built-in ops; imported once, even after a user's register_op)
+
+
+_PRIM_WL: dict[str, Workload] = {}  # workload key -> workload (the cache below is keyed by the string)
+
+
+def op_prim_func(wl: Workload):
+    """The op's TE compute as a PrimFunc, built once per workload: a simulator template's
+    configs change only the schedule applied to it."""
+    key = wl.key_str()
+    _PRIM_WL[key] = wl
+    return _op_prim_func(key)
+
+
+@lru_cache(maxsize=128)
+def _op_prim_func(key: str):
+    from tvm import te
+
+    wl = _PRIM_WL[key]
+    ins, out = get_op(wl.op).compute(wl)
+    return te.create_prim_func(list(ins) + [out])
 
 
 def get_op(name: str) -> OpDef:
@@ -97,4 +118,4 @@ def fold_bn(gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray, var: np.ndarr
     return scale.astype(gamma.dtype), (beta - mean * scale).astype(gamma.dtype)
 
 
-__all__ = ["OpDef", "Step", "get_op", "list_ops", "register_op", "workload", "default_dtype", "fold_bn", "PRESETS"]
+__all__ = ["OpDef", "Step", "get_op", "op_prim_func", "list_ops", "register_op", "workload", "default_dtype", "fold_bn", "PRESETS"]

@@ -28,7 +28,7 @@ import numpy as np
 
 from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
+from opcompiler.ops import op_prim_func
 from opcompiler.workload import Workload
 
 _WL: dict[str, Workload] = {}  # workload key -> workload (the caches below are keyed by the key string)
@@ -38,16 +38,6 @@ def _folded(name: str) -> bool:
     """Stages a schedule folds into their consumers (no vector work of their own): scalar
     broadcasts (clip bounds) become instruction immediates; views and broadcasts of operands."""
     return name.startswith("broadcast") or name.endswith("_view")
-
-
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    """The op's TE compute as a PrimFunc (per workload; a config only changes the schedule)."""
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
 
 
 def flat_schedule(wl: Workload, cfg: Mapping, inline: bool = False):
@@ -73,7 +63,7 @@ def _tiled(key: str, ub_tile: int, inline: bool):
     """(module, name of the copy-out block): the schedule of one workload and UB tile size."""
     from tvm.s_tir import Schedule
 
-    sch = Schedule(_prim_func(key))
+    sch = Schedule(op_prim_func(_WL[key]))
     wl_op = _WL[key].op
     fn = sch.mod["main"]
     params = list(fn.params)

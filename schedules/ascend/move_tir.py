@@ -32,10 +32,11 @@ from typing import Mapping
 
 import numpy as np
 
+from opcompiler.ops.concat_blocks import concat_per_input
 from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
 from opcompiler.backend.ascend.emit_move import ITEM_TILES
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
+from opcompiler.ops import op_prim_func
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
 from opcompiler.workload import Workload
 
@@ -106,15 +107,6 @@ def logical_out_shape(wl: Workload) -> tuple[int, ...]:
     return n, c, h + wl["pt"] + wl["pb"], w + wl["pl"] + wl["pr"]
 
 
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
-
-
 def move_schedule(wl: Workload, cfg: Mapping):
     """The scheduled module (IRModule) of a data-movement op for this config."""
     from tvm.s_tir import Schedule
@@ -152,7 +144,7 @@ def _tiled(key: str, tile: int):
     from tvm.s_tir import Schedule
 
     wl = _WL[key]
-    sch = Schedule(_prim_func(key))
+    sch = Schedule(op_prim_func(_WL[key]))
     op = wl.op
     blk = sch.get_sblock({"slice": "slice", "pad": "pad_out", "transpose": "transpose"}[op])
     if op == "slice":
@@ -205,28 +197,7 @@ def _tiled(key: str, tile: int):
     return sch.mod, sch.get(copy_out).name_hint
 
 
-@lru_cache(maxsize=64)
-def concat_func(n: int, C: int, C1: int, H: int, W: int, dtype: str):
-    """concat's compute written per input (`get_op("concat").compute` is one block selecting
-    between the inputs; here each input is its own block copying into its channel range of the
-    output, under the image loop they share)."""
-    from tvm.script import tirx as T
-
-    HW = H * W
-
-    @T.prim_func(s_tir=True)
-    def concat(x: T.Buffer((n, C, H, W), dtype), x1: T.Buffer((n, C1, H, W), dtype),
-               out: T.Buffer((n, C + C1, H, W), dtype)):
-        for b in range(n):
-            for r in range(C * HW):
-                with T.sblock("x"):
-                    vb, vr = T.axis.remap("SS", [b, r])
-                    out[vb, vr // HW, vr % HW // W, vr % W] = x[vb, vr // HW, vr % HW // W, vr % W]
-            for r in range(C1 * HW):
-                with T.sblock("x1"):
-                    vb, vr = T.axis.remap("SS", [b, r])
-                    out[vb, C + vr // HW, vr % HW // W, vr % W] = x1[vb, vr // HW, vr % HW // W, vr % W]
-    return concat
+concat_func = concat_per_input  # (n, C, C1, H, W, dtype): the per-input PrimFunc
 
 
 @lru_cache(maxsize=256)

@@ -22,7 +22,7 @@ from typing import Mapping
 
 from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
 from opcompiler.backend.ascend.emit_reduce import REDUCE
-from opcompiler.ops import get_op
+from opcompiler.ops import op_prim_func
 from opcompiler.workload import Workload
 
 ROW_ALIGN = 16  # elements: rows of every 2-D UB tile buffer start on a 32 B block of fp16 (64 B of fp32)
@@ -33,22 +33,13 @@ ROWS = "opc.ascend.row_loop"  # marks the row loop (kept when a tile has one row
 KEEP = "opc.ascend.keep"  # any annotation keeps a unit loop through LowerOpaqueBlock
 
 
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
-
-
 @lru_cache(maxsize=256)
 def _tiled(key: str, rows_tile: int):
     """(module, name of the copy-out block) for one workload and row tile."""
     from tvm.s_tir import Schedule
 
     wl = _WL[key]
-    sch = Schedule(_prim_func(key))
+    sch = Schedule(op_prim_func(_WL[key]))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     last = names[-1]
     copy_out = sch.cache_write(sch.get_sblock(last), 0, UB_SCOPE)

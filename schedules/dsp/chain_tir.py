@@ -28,7 +28,6 @@ here emits an instruction.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from functools import lru_cache
 from typing import Any
 
 from opcompiler.backend.dsp.tir_lower import lowered
@@ -36,21 +35,11 @@ from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.tir_vector import VEC, VecLowerer
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
+from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
 _WL: dict[str, Workload] = {}
-
-
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    """The op's TE compute as a PrimFunc (per workload; a config only changes the schedule)."""
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
 
 
 def chain_schedule(wl: Workload, mode: str, batch: bool, per: int, chunk: int, lanes: int):
@@ -61,7 +50,7 @@ def chain_schedule(wl: Workload, mode: str, batch: bool, per: int, chunk: int, l
 
     key = wl.key_str()
     _WL[key] = wl
-    sch = tvm.s_tir.Schedule(_prim_func(key))
+    sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
     root = sch.get_sblock("root")
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
     for nm in names[:-1]:

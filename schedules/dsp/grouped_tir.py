@@ -29,27 +29,17 @@ with the grouped template's knobs (`grouped.py`) as schedule primitives and anno
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from functools import lru_cache
 from typing import Any
 
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.tir_gconv import GCONV, GConvLowerer
 from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, lowered
-from opcompiler.ops import get_op
+from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
 _WL: dict[str, Workload] = {}
-
-
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
 
 
 def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool, pitch: int, lanes: int):
@@ -58,7 +48,7 @@ def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool
 
     key = wl.key_str()
     _WL[key] = wl
-    sch = tvm.s_tir.Schedule(_prim_func(key))
+    sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
     p = wl.p
     kg = p["k"] // p["groups"]
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]

@@ -28,14 +28,14 @@ annotations:
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from functools import lru_cache
 from typing import Any
 
+from opcompiler.ops.concat_blocks import concat_per_input
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.tir_lower import lowered
 from opcompiler.backend.dsp.tir_move import DMA, ITEMS, MoveLowerer
-from opcompiler.ops import get_op
+from opcompiler.ops import get_op, op_prim_func
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
 from opcompiler.target import Target
 from opcompiler.workload import Workload
@@ -43,22 +43,12 @@ from opcompiler.workload import Workload
 _WL: dict[str, Workload] = {}
 
 
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    """The op's TE compute as a PrimFunc (per workload; a config only changes the schedule)."""
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
-
-
 def _schedule(wl: Workload):
     import tvm
 
     key = wl.key_str()
     _WL[key] = wl
-    return tvm.s_tir.Schedule(_prim_func(key))
+    return tvm.s_tir.Schedule(op_prim_func(_WL[key]))
 
 
 def _flat(ix, dims):
@@ -175,33 +165,11 @@ def transpose_schedule(wl: Workload, j: int, cnt: int, staged: bool):
     return _stage_nests(sch, blk, stage, staged, 1)
 
 
-@lru_cache(maxsize=64)
-def _concat_func(n: int, C: int, C1: int, H: int, W: int):
-    """concat's compute written per input (`get_op("concat").compute` is one block selecting
-    between the inputs; here each input is its own block copying into its channel range of the
-    output, over the image loop they share)."""
-    from tvm.script import tirx as T
-
-    HW = H * W
-
-    @T.prim_func(s_tir=True)
-    def concat(x: T.Buffer((n, C, H, W), "float32"), x1: T.Buffer((n, C1, H, W), "float32"),
-               out: T.Buffer((n, C + C1, H, W), "float32")):
-        for b in range(n):
-            for r in range(C * HW):
-                with T.sblock("x"):
-                    vb, vr = T.axis.remap("SS", [b, r])
-                    out[vb, vr // HW, vr % HW // W, vr % W] = x[vb, vr // HW, vr % HW // W, vr % W]
-            for r in range(C1 * HW):
-                with T.sblock("x1"):
-                    vb, vr = T.axis.remap("SS", [b, r])
-                    out[vb, C + vr // HW, vr % HW // W, vr % W] = x1[vb, vr // HW, vr % HW // W, vr % W]
-    return concat
 
 
 def concat_func(wl: Workload):
     """concat's compute per input, the PrimFunc `concat_schedule` schedules."""
-    return _concat_func(int(wl["n"]), int(wl["c"]), int(wl["c1"]), int(wl["h"]), int(wl["w"]))
+    return concat_per_input(int(wl["n"]), int(wl["c"]), int(wl["c1"]), int(wl["h"]), int(wl["w"]), wl.dtype)
 
 
 def concat_schedule(wl: Workload, tile: int, staged: bool):

@@ -25,27 +25,17 @@ with the pooling template's knobs (`pool.py`) as schedule primitives and annotat
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from functools import lru_cache
 from typing import Any
 
 from opcompiler.backend.dsp.tir_lower import lowered
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.tir_vector import VEC, VecLowerer
-from opcompiler.ops import get_op
+from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
 _WL: dict[str, Workload] = {}
-
-
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
 
 
 def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, lanes: int):
@@ -54,7 +44,7 @@ def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, l
 
     key = wl.key_str()
     _WL[key] = wl
-    sch = tvm.s_tir.Schedule(_prim_func(key))
+    sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
     avg = wl["mode"] == "avg"
     red = sch.get_sblock("pool2d")
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]

@@ -15,26 +15,16 @@ DSP simulator executes: the op's own TE compute with the reduce template's knobs
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Mapping
-from functools import lru_cache
 from typing import Any
 
 from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.tir_vector import VEC, VecLowerer
-from opcompiler.ops import get_op
+from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
 _WL: dict[str, Workload] = {}
-
-
-@lru_cache(maxsize=64)
-def _prim_func(key: str):
-    from tvm import te
-
-    wl = _WL[key]
-    ins, out = get_op(wl.op).compute(wl)
-    return te.create_prim_func(list(ins) + [out])
 
 
 def reduce_schedule(wl: Workload, rows: int, acc: int, lanes: int):
@@ -42,7 +32,7 @@ def reduce_schedule(wl: Workload, rows: int, acc: int, lanes: int):
 
     key = wl.key_str()
     _WL[key] = wl
-    sch = tvm.s_tir.Schedule(_prim_func(key))
+    sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
     root = sch.get_sblock("root")
     blk = sch.get_child_blocks(root)[-1]
     i, k = sch.get_loops(blk)

@@ -24,10 +24,11 @@ from collections.abc import Callable, Hashable, Mapping
 from typing import Any
 
 from opcompiler.backend.dsp.tir_vector import VEC
+from opcompiler.ops import op_prim_func
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
-from .reduce_tir import _WL, _prim_func
+from .reduce_tir import _WL
 
 
 def softmax_schedule(wl: Workload, rows: int, acc: int, lanes: int):
@@ -35,7 +36,7 @@ def softmax_schedule(wl: Workload, rows: int, acc: int, lanes: int):
 
     key = wl.key_str()
     _WL[key] = wl
-    sch = tvm.s_tir.Schedule(_prim_func(key))
+    sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
     b = {n: sch.get_sblock(n) for n in ("reduce_max", "broadcast", "vsub", "vexp", "sum", "broadcast_1", "vdiv")}
     for n in ("broadcast", "vsub", "broadcast_1"):
         sch.compute_inline(b[n])
