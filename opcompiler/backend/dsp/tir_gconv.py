@@ -44,7 +44,7 @@ from . import vector as vx
 from .machine import DspMachine
 from .program import Op, dma_op
 from .tir_eval import _bkey, _boxes, _full, _key, _Zero
-from .tir_vector import VecLowerer
+from .tir_vector import VecLowerer, repacked
 
 GCONV = "gconv"  # the opc.dsp.op value of a register-blocked convolution nest
 X_REGS = 4  # tap loads in flight (register names rotate)
@@ -144,11 +144,7 @@ class GConvLowerer(VecLowerer):
             for d, ix in enumerate(load.indices):
                 v = np.asarray(self.comp.fn(ix)(g, None))
                 ext.append(min(shape[d], int(v.max()) - int(v.min()) + 1))
-            new_st = list(strides)
-            for d in range(len(shape) - 2, -1, -1):
-                if strides[d] == shape[d + 1] * strides[d + 1]:  # not aligned: packed over the axis below
-                    new_st[d] = ext[d + 1] * new_st[d + 1]
-            return tuple(ext), tuple(new_st)
+            return tuple(ext), repacked(shape, strides, ext)
         return shape, strides
 
     def _walk(self, st, E: dict, stage: list | None = None) -> None:

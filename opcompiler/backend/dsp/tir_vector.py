@@ -72,6 +72,16 @@ from .tir_lower import Lowerer
 VEC = "vec"  # the opc.dsp.op value of a vector nest
 
 
+def repacked(shape: tuple, strides: tuple, ext: list) -> tuple:
+    """The strides of a tile narrowed from `shape` to `ext`: strides the schedule aligned stay,
+    the ones that were packed over the axis below are recomputed over the narrowed extents."""
+    new_st = list(strides)
+    for d in range(len(shape) - 2, -1, -1):
+        if strides[d] == shape[d + 1] * strides[d + 1]:  # not aligned: packed over the axis below
+            new_st[d] = ext[d + 1] * new_st[d + 1]
+    return tuple(new_st)
+
+
 class VecLowerer(Lowerer):
     """The Lowerer of kernels whose VPU passes are vector nests (element-wise chains)."""
 
@@ -350,11 +360,7 @@ class VecLowerer(Lowerer):
                     continue
                 v = np.asarray(self.comp.fn(ix)(g, None))
                 ext.append(min(shape[d], int(v.max()) - int(v.min()) + 1))
-            new_st = list(strides)
-            for d in range(len(shape) - 2, -1, -1):
-                if strides[d] == shape[d + 1] * strides[d + 1]:  # not aligned: packed over the axis below
-                    new_st[d] = ext[d + 1] * new_st[d + 1]
-            return tuple(ext), tuple(new_st)
+            return tuple(ext), repacked(shape, strides, ext)
         return shape, strides
 
     def _window_space(self, w: _Win, am: Allocator, sm: Allocator) -> None:
