@@ -43,6 +43,7 @@ import numpy as np
 from opcompiler.backend.ascend import tir_lower as tl
 from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div
 from opcompiler.backend.ascend.isa import ConvGeom
+from opcompiler.errors import OpcFailure
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
@@ -228,7 +229,8 @@ def _index_the_pixel(sch, conv, mpos: int) -> None:
             return type(e)(ex(e.a), ex(e.b))
         if isinstance(e, (tirx.IntImm, tirx.FloatImm)):
             return e
-        raise NotImplementedError(f"conv block expression {type(e).__name__}")
+        raise OpcFailure(f"conv2d_tir: the 1x1-output rewrite met a {type(e).__name__} in the conv block "
+                         f"(the catalogue's conv compute holds loads, casts, adds and multiplies only)")
 
     def store(st):
         return tirx.BufferStore(st.buffer, ex(st.value), idx(st.buffer, st.indices))
