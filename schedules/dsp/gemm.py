@@ -20,21 +20,31 @@ spelled out as vector instructions (`opcompiler.backend.dsp.vector`).
   `pw x kv` FMAs (3 FMACs, 6-cycle latency: pw x kv >= 18 independent chains keep them busy),
   then the accumulators are stored back (after the bias add / ReLU in the last K block).
 
-Edges (M, N, K not multiples of the blocks) run smaller register blocks and shorter loops; lanes
-beyond N compute on whatever the AM tile holds and are never stored. Functional mode executes
-every instruction on the simulated memories; timing list-schedules the same streams and runs
-the DMA program on the shared channels (`engine.timing`).
+The template is a TVM schedule of the op's own compute (`gemm_schedule`): the C blocks, K
+blocks, A stages and register blocks are splits of its loops, the tiles are `cache_read` /
+`cache_write` stages in `local.GSM` / `local.AM` / `local.SM`, and the loops carry `opc.dsp.*`
+annotations; the backend's `tir_gemm.GemmLowerer` lowers it (copies to DMA descriptors, the
+register-block nest to vector instructions, the software pipeline above). Edges (M, N, K not
+multiples of the blocks) are the block predicates: smaller register blocks and shorter loops;
+lanes beyond N compute on whatever the AM tile holds and are never stored. Functional mode
+executes every instruction on the simulated memories; timing list-schedules the same streams
+and runs the DMA program on the shared channels (`engine.timing`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import lru_cache
 from typing import Any, Mapping
 
+from opcompiler.backend.dsp.assemble import Relayout, assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Allocator, Op, View, compress, dma_op
-from opcompiler.backend.dsp.vector import VI, Mem, Nest, VKernel
+from opcompiler.backend.dsp.program import F32, Program
+from opcompiler.backend.dsp.tir_gemm import GemmLowerer
+from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, lowered
+from opcompiler.ops import get_op, op_prim_func, workload
+from opcompiler.workload import Workload
 
-from .stream import cdiv, vpu_op
+from .stream import cdiv
 
 KC = (32, 64, 96, 128, 192, 256)
 MB = (32, 64, 96, 128, 192, 256, 384, 512)
@@ -131,231 +141,92 @@ def gemm_features(m: DspMachine, g: GemmGeo) -> dict[str, float]:
             "barriers": float(rounds * nk if g.w_path == "gsm" else 0), "kc": float(g.kc)}
 
 
-def _nests(g: GemmGeo, a0: int, b0: int, c0: int, rows: int, cols: int, kcv: int, first: bool, last: bool,
-           bias0: int) -> tuple[Nest, ...]:
-    """The register-blocked pass over `rows` x `cols` of the C tile (A stage at SM a0, pitch kc;
-    B tile at AM b0; C at AM c0; pitch nbp) for `kcv` reduction steps."""
-    L, kcp, nbp = g.L, g.kc, g.nbp
-    nvec = cdiv(cols, L)
-    out = []
-    rfull, rtail = divmod(rows, g.pw)
-    cfull, ctail = divmod(nvec, g.kv)
-    for nr, pw, r0 in ((rfull, g.pw, 0), (1 if rtail else 0, rtail, rfull * g.pw)):
-        for nc, kv, v0 in ((cfull, g.kv, 0), (1 if ctail else 0, ctail, cfull * g.kv)):
-            if not (nr and nc and pw and kv):
-                continue
-            acc = [[f"c{p}_{v}" for v in range(kv)] for p in range(pw)]
-            cmem = [[Mem("AM", c0 + (r0 + p) * nbp + (v0 + v) * L, (pw * nbp, kv * L, 0)) for v in range(kv)]
-                    for p in range(pw)]
-            pre = tuple(VI("vmov", acc[p][v], (0.0,)) if first else VI("vld", acc[p][v], (cmem[p][v],))
-                        for p in range(pw) for v in range(kv))
-            body = tuple(VI("vld", f"b{v}", (Mem("AM", b0 + (v0 + v) * L, (0, kv * L, nbp)),)) for v in range(kv))
-            body += tuple(VI("sld", f"a{p}", (Mem("SM", a0 + (r0 + p) * kcp, (pw * kcp, 0, 1), 0),)) for p in range(pw))
-            body += tuple(VI("vfma", acc[p][v], (f"a{p}", f"b{v}", acc[p][v])) for p in range(pw) for v in range(kv))
-            post: tuple = ()
-            if last and g.bias:
-                post += tuple(VI("vld", f"bias{v}", (Mem("AM", bias0 + (v0 + v) * L, (0, kv * L, 0)),))
-                              for v in range(kv))
-                post += tuple(VI("vadd", acc[p][v], (acc[p][v], f"bias{v}")) for p in range(pw) for v in range(kv))
-            if last and "relu" in g.epi:
-                post += tuple(VI("vmax", acc[p][v], (acc[p][v], 0.0)) for p in range(pw) for v in range(kv))
-            post += tuple(VI("vst", cmem[p][v], (acc[p][v],)) for p in range(pw) for v in range(kv))
-            out.append(Nest(outer=(nr, nc), inner=(kcv,), pre=pre, body=body, post=post, contract=True))
-    return tuple(out)
+def gemm_schedule(wl: Workload, g: GemmGeo):
+    """The blocked GEMM as a TVM schedule of the op's own compute (see the module docstring)::
+
+        blocks (N blocks outer, M blocks inner; opc.dsp.blocks): the C tile in local.AM
+          [bias -> local.AM]
+          ko (K blocks of kc; opc.dsp.kblock): B block -> [local.GSM ->] local.AM
+            stages of `rows` rows (opc.dsp.stage): A rows -> local.SM
+              register blocks of pw rows (opc.dsp.op = mk_gemm)
+                vb (kv*32 columns), ki (steps), pr (rows), vl (lanes): C += A * B
+          bias, ReLU over the tile (fused into the last K block by the lowering)
+          output tile local.AM -> DDR
+    """
+    import tvm
+
+    base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n")}, dtype=wl.dtype)
+    sch = tvm.s_tir.Schedule(op_prim_func(base))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    epi = [b for b in names if b in EPI_BLOCKS]
+    mm = sch.get_sblock("matmul")
+    last = sch.get_sblock(epi[-1]) if epi else mm
+    i, j, k = sch.get_loops(mm)
+    io, ii = sch.split(i, [None, g.mb])
+    jo, ji = sch.split(j, [None, g.nb])
+    ko, ki = sch.split(k, [None, g.kc])
+    sch.reorder(jo, io, ko, ii, ji, ki)
+    blk = sch.fuse(jo, io)
+    st, ip = sch.split(ii, [None, g.ms])
+    rb, pr = sch.split(ip, [None, g.pw])
+    vb, vl = sch.split(ji, [None, g.kv * g.L])
+    sch.reorder(rb, vb, ki, pr, vl)
+    sch.annotate(blk, "opc.dsp.blocks", 1)
+    sch.annotate(blk, "opc.dsp.tiles", {"acc": [g.mb, g.nbp], "b": [g.kc, g.nbp], "a": [g.ms, g.kc], "bias": [g.nbp]})
+    sch.annotate(ko, "opc.dsp.kblock", 1)
+    sch.annotate(st, "opc.dsp.stage", 1)
+    sch.annotate(rb, "opc.dsp.op", "mk_gemm")
+    for lp, ax in ((vb, "vb"), (ki, "ki"), (pr, "pr"), (vl, "vl")):
+        sch.annotate(lp, "opc.dsp.ax", ax)
+    if epi:  # the sum and the epilogue's tiles in AM (the lowering keeps them in the C tile)
+        for b in ["matmul"] + epi[:-1]:
+            sch.set_scope(sch.get_sblock(b), 0, "local.AM")
+        for b in epi:
+            sch.reverse_compute_at(sch.get_sblock(b), blk)
+    out = sch.cache_write(last, 0, "local.AM")
+    sch.reverse_compute_at(out, blk)
+    copies = [(out, 1)]  # (copy block, depth of its outermost loop)
+    b_am = sch.cache_read(mm, 1, "local.AM")
+    sch.compute_at(b_am, ko)
+    copies.append((b_am, 2))
+    if g.w_path == "gsm":
+        b_gsm = sch.cache_read(b_am, 0, "local.GSM")
+        sch.compute_at(b_gsm, ko)
+        copies.append((b_gsm, 2))
+    a_sm = sch.cache_read(mm, 0, "local.SM")
+    sch.compute_at(a_sm, st)
+    copies.append((a_sm, 3))
+    if "bias" in g.epi:
+        bias = sch.cache_read(sch.get_sblock("matmul_bias"), 1, "local.AM")
+        sch.compute_at(bias, blk)
+        copies.append((bias, 1))
+    for c, depth in copies:
+        lps = sch.get_loops(c)
+        sch.annotate(lps[depth] if len(lps) > depth else sch.add_unit_loop(c), "opc.dsp.op", "dma")
+    return sch
 
 
-class GemmLowering:
-    """Builds every core's op list for `algo=gemm`."""
+@lru_cache(maxsize=128)
+def _lowered(wl: Workload, g: GemmGeo):
+    """The lowered TIR of one config (`dbuf` is the lowering's: the schedule does not depend on it)."""
+    import dataclasses
+    return lowered(gemm_schedule(wl, dataclasses.replace(g, dbuf=0)))
 
-    def __init__(self, m: DspMachine, g: GemmGeo, names: dict[str, str], functional: bool):
-        self.m, self.g, self.names, self.fn = m, g, names, functional
-        self.cache: dict[tuple, Any] = {}  # timing mode: ops of the same kind share Op objects
-        blocks = g.blocks()
-        self.rounds = [blocks[i:i + m.cores] for i in range(0, len(blocks), m.cores)]
-        self.nk = cdiv(g.K, g.kc)
 
-    # -- one op, shared between identical uses in timing mode -----------------------------
-
-    def _op(self, key: tuple, make) -> Op:
-        if self.fn:
-            return make()
-        if key not in self.cache:
-            self.cache[key] = make()
-        return self.cache[key]
-
-    def group_key(self, core: int) -> tuple:
-        """What a core's timing depends on: its blocks' shapes round by round and its slices of
-        the B blocks it brings into GSM."""
-        kks = {self.g.kc, self.g.K - (self.nk - 1) * self.g.kc}
-        m = self.m
-        return (tuple((r[core][1], r[core][3]) if core < len(r) else None for r in self.rounds),
-                tuple((core + 1) * kk // m.cores - core * kk // m.cores for kk in sorted(kks)))
-
-    def core_ops(self, core: int) -> list:
-        m, g = self.m, self.g
-        am, smem = Allocator("AM", m.cap("AM"), 128), Allocator("SM", m.cap("SM"), 8)
-        nbuf = 1 + g.dbuf
-        c_am = am.alloc("C tile", g.mb * g.nbp)
-        b_am = [am.alloc(f"B tile[{i}]", g.kc * g.nbp) for i in range(nbuf)]
-        bias_am = am.alloc("bias", g.nbp) if g.bias else 0
-        a_sm = [smem.alloc(f"A stage[{i}]", g.ms * g.kc) for i in range(nbuf)]
-        panels = g.panels(m.cores)
-        gsm = Allocator("GSM", m.cap("GSM"), 64)
-        g_b = [[gsm.alloc(f"B panel {p} [{i}]", g.kc * g.nbp) for p in range(panels)] for i in range(2)] \
-            if g.w_path == "gsm" else []
-        # the K blocks of every round this core takes part in, in order
-        steps: list[tuple[int, int]] = [(r, t) for r in range(len(self.rounds)) for t in range(self.nk)]
-        blocks: list[tuple] = []  # the prologue, then per K step: its ops
-
-        def mine(r: int):
-            rnd = self.rounds[r]
-            return rnd[core] if core < len(rnd) else None
-
-        def panel_of(r: int, n0: int) -> int:
-            return sorted({b[2] for b in self.rounds[r]}).index(n0)
-
-        def a_stages(r: int, t: int) -> list[tuple[int, int]]:
-            blk = mine(r)
-            if blk is None:
-                return []
-            return [(s0, min(g.ms, blk[1] - s0)) for s0 in range(0, blk[1], g.ms)]
-
-        def kcv(t: int) -> int:
-            return min(g.kc, g.K - t * g.kc)
-
-        # -- DMA ops -------------------------------------------------------------------
-        def a_dma(r: int, t: int, s0: int, ns: int, slot: int) -> Op:
-            m0 = mine(r)[0]
-            kk = kcv(t)
-            return self._op(("a", slot, ns, kk), lambda: dma_op(
-                m, View(("DDR", self.names["data"]), (m0 + s0) * g.K + t * g.kc, (ns, kk), (g.K, 1)),
-                View(("SM",), a_sm[slot], (ns, kk), (g.kc, 1)), (), (f"a{slot}",), self.fn, "A stage DDR->SM"))
-
-        def slice_rows(kk: int) -> tuple[int, int]:
-            return core * kk // m.cores, (core + 1) * kk // m.cores
-
-        def b_to_gsm(i: int) -> list[Op]:
-            """This core's slice of K step i (round r, K block t) of every B panel of the round,
-            DDR -> GSM (GSM buffer i % 2)."""
-            if g.w_path != "gsm":
-                return []
-            r, t = steps[i]
-            kk = kcv(t)
-            lo, hi = slice_rows(kk)
-            ops = []
-            for p, n0 in enumerate(sorted({b[2] for b in self.rounds[r]})):
-                nv = min(g.nb, g.N - n0)
-                if hi > lo:
-                    ops.append(self._op(("bg", i % 2, p, hi - lo, nv), lambda n0=n0, nv=nv, p=p: dma_op(
-                        m, View(("DDR", self.names["weight"]), (t * g.kc + lo) * g.N + n0, (hi - lo, nv), (g.N, 1)),
-                        View(("GSM",), g_b[i % 2][p] + lo * g.nbp, (hi - lo, nv), (g.nbp, 1)), (),
-                        (f"g{i % 2}",), self.fn, "B slice DDR->GSM")))
-            return ops
-
-        def b_to_am(i: int) -> list[Op]:
-            """K step i's B block for this core's C block -> AM buffer i % nbuf."""
-            r, t = steps[i]
-            blk = mine(r)
-            if blk is None:
-                return []
-            kk, nv, slot = kcv(t), blk[3], i % nbuf
-            if g.w_path == "gsm":
-                p = panel_of(r, blk[2])
-                return [self._op(("ba", slot, i % 2, p, kk, nv), lambda: dma_op(
-                    m, View(("GSM",), g_b[i % 2][p], (kk, nv), (g.nbp, 1)),
-                    View(("AM",), b_am[slot], (kk, nv), (g.nbp, 1)), (f"g{i % 2}",), (f"b{slot}",), self.fn,
-                    "B block GSM->AM"))]
-            n0 = blk[2]
-            return [self._op(("bd", slot, kk, nv), lambda: dma_op(
-                m, View(("DDR", self.names["weight"]), t * g.kc * g.N + n0, (kk, nv), (g.N, 1)),
-                View(("AM",), b_am[slot], (kk, nv), (g.nbp, 1)), (), (f"b{slot}",), self.fn, "B block DDR->AM"))]
-
-        def bias_dma(r: int) -> list[Op]:
-            blk = mine(r)
-            if not g.bias or blk is None:
-                return []
-            n0, nv = blk[2], blk[3]
-            return [self._op(("bias", nv), lambda: dma_op(
-                m, View(("DDR", self.names["bias"]), n0, (nv,), (1,)), View(("AM",), bias_am, (nv,), (1,)), (),
-                ("bias",), self.fn, "bias -> AM"))]
-
-        def c_out(r: int, s0: int, ns: int) -> Op:
-            m0, _, n0, nv = mine(r)
-            return self._op(("c", s0, ns, nv), lambda: dma_op(
-                m, View(("AM",), c_am + s0 * g.nbp, (ns, nv), (g.nbp, 1)),
-                View(("DDR", self.names["out"]), (m0 + s0) * g.N + n0, (ns, nv), (g.N, 1)),
-                (f"c{s0}",), ("out",), self.fn, "C rows AM->DDR"))
-
-        def vpu(i: int, s0: int, ns: int, slot: int) -> Op:
-            r, t = steps[i]
-            blk = mine(r)
-            kk, first, last = kcv(t), t == 0, t == self.nk - 1
-            bslot = i % nbuf
-            reads = (f"a{slot}", f"b{bslot}") + (("bias",) if last and g.bias else ())
-
-            def make():
-                k = VKernel(_nests(g, a_sm[slot], b_am[bslot], c_am + s0 * g.nbp, ns, blk[3], kk, first, last, bias_am),
-                            f"gemm {ns}x{blk[3]}x{kk}")
-                return vpu_op(m, k, reads, (f"c{s0}",), self.fn, k.label)
-            return self._op(("v", slot, bslot, s0, ns, blk[3], kk, first, last), make)
-
-        # -- program order ---------------------------------------------------------------
-        # prologue: K block 0 (and 1) of the first round into GSM, block 0 into AM, first A stage
-        pending_a: list[tuple] = []  # A stages in issue order: (r, t, s0, ns)
-        for r, t in steps:
-            pending_a += [(r, t, s0, ns) for s0, ns in a_stages(r, t)]
-        a_slot = {}
-        for i, st in enumerate(pending_a):
-            a_slot[st] = i % nbuf
-        a_iter = iter(pending_a)
-        nxt = [next(a_iter, None)]
-
-        def issue_a() -> list[Op]:
-            st = nxt[0]
-            if st is None:
-                return []
-            nxt[0] = next(a_iter, None)
-            return [a_dma(*st, a_slot[st])]
-
-        gsm_mode = g.w_path == "gsm"
-        n = len(steps)
-        head: list[Op] = []
-        if gsm_mode:
-            head += b_to_gsm(0)
-            head.append(Op("barrier", "sync", label="B K-block 0 in GSM"))
-        head += bias_dma(steps[0][0]) + b_to_am(0)
-        if gsm_mode and n > 1:
-            head += b_to_gsm(1)
-        if g.dbuf:
-            head += issue_a()  # the first A stage; later ones go one stage ahead of the VPU
-        if gsm_mode:
-            head.append(Op("barrier", "sync", label="B K-block 1 in GSM"))
-        blocks.append(tuple(head))
-        for i, (r, t) in enumerate(steps):
-            ops: list[Op] = []
-            if i + 1 < n and g.dbuf:
-                ops += b_to_am(i + 1)  # next K block's B into the other AM buffer, during this one
-            # K step i+2's B slice goes into the GSM buffer every core finished reading before the
-            # last barrier; issued after this step's first stage, so the DMA queue first fetches
-            # what the VPU needs next
-            to_gsm = b_to_gsm(i + 2) if gsm_mode and i + 2 < n else []
-            for j, (s0, ns) in enumerate(a_stages(r, t)):
-                ops += issue_a()  # dbuf: the next stage's A (other SM buffer); else this stage's
-                ops.append(vpu(i, s0, ns, a_slot[(r, t, s0, ns)]))
-                if t == self.nk - 1:
-                    ops.append(c_out(r, s0, ns))  # final rows leave while the next stage computes
-                if j == 0:
-                    ops += to_gsm
-                    to_gsm = []
-            ops += to_gsm  # (a core without a block this round)
-            if i + 1 < n:
-                if not g.dbuf:
-                    ops += b_to_am(i + 1)
-                if steps[i + 1][1] == 0:
-                    ops += bias_dma(steps[i + 1][0])  # after the last reads of this block's bias
-                if gsm_mode:
-                    ops.append(Op("barrier", "sync", label="B K-block in GSM"))
-            blocks.append(tuple(ops))
-        if self.fn:
-            return [op for b in blocks for op in b]
-        return compress(blocks, (2, 1))
+def build_program(m: DspMachine, wl: Workload, g: GemmGeo, names: dict[str, str], ddr: dict, pre: list[Relayout],
+                  out_shape: tuple, functional: bool, tamper=None) -> Program:
+    """The cluster program: per-core ops lowered from the schedule by the backend's `GemmLowerer`,
+    framed as the other matmul routes (transposed operands relaid by DMA, host work)."""
+    op = get_op(wl.op)
+    in_specs = op.inputs(wl)
+    func = _lowered(wl, g)
+    params = [p.name for p in func.params]
+    ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
+    if g.bias:
+        ddr_names[params[2]] = names["bias"]
+    low = GemmLowerer(m, func, ddr_names, ddr, bool(g.dbuf), functional, tamper)
+    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
+    return assemble(m, functional=functional, cores=m.cores, core_ops=low.core_ops, group_key=low.group_key,
+                    pre=pre, post=[], host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
+                    inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, flops=op.flops(wl),
+                    cores_used=min(m.cores, len(g.blocks())))

@@ -21,11 +21,12 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import Relayout, assemble, host_ops, nbytes
+from opcompiler.backend.dsp.assemble import Relayout
 from .common import require_fp32
 from .conv2d import DirectTemplate
 from .direct import ConvSpec, DirectConfig, check
-from .gemm import KC, MB, NB, GemmGeo, GemmLowering, check_gemm, gemm_features
+from .gemm import KC, MB, NB, GemmGeo, check_gemm, gemm_features
+from .gemm import build_program as build_gemm
 from .ksplit import build_program as build_ksplit
 from .ksplit import footprint_k
 
@@ -192,16 +193,9 @@ class DspFullyConnected(DirectTemplate):
         why = self.check(wl, target, config)
         if why:
             raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
-        op = get_op(wl.op)
-        in_specs = op.inputs(wl)
-        names, ddr, pre, post, out_shape = self.tensors(wl, sp)
+        names, ddr, pre, _, out_shape = self.tensors(wl, sp)
         g = self._geo(wl, target, config)
-        low = GemmLowering(m, g, names, functional)
-        hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
-        prog = assemble(m, functional=functional, cores=m.cores, core_ops=low.core_ops, group_key=low.group_key,
-                        pre=pre, post=post, host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
-                        inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, flops=op.flops(wl),
-                        cores_used=min(m.cores, len(g.blocks())))
+        prog = build_gemm(m, wl, g, names, ddr, pre, out_shape, functional)
         prog.info = {"layout_change": "transposes by DMA (counted)" if pre else "none",
                      "algo": f"gemm: C blocks {g.mb}x{g.nb} in AM, B blocks {g.kc}x{g.nb} via {g.w_path.upper()}, "
                              f"A stages {g.ms}x{g.kc} in SM, register blocks {g.pw}x{g.kv * m.lanes}"}
