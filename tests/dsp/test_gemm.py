@@ -166,7 +166,7 @@ def test_small_shapes_keep_the_fully_connected_default() -> None:
         assert TM.default(wl, TGT)["algo"] == "fc"
     wl = workload("matmul_bias_relu", preset="minigo.fc1", batch=96, dtype="float32")
     k = BE.build(wl, {"pw": 6, "kv": 4, "rows": 8, "w_path": "gsm"})
-    assert k.config["algo"] == "fc" and k.template_version == 3
+    assert k.config["algo"] == "fc" and k.template_version == 4
 
 
 def test_gemm_configs_that_cannot_run_say_why() -> None:
