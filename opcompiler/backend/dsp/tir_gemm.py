@@ -90,7 +90,6 @@ class GemmLowerer(Lowerer):
 
     def __init__(self, m, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple], dbuf: bool,
                  functional: bool, tamper=None):
-        self.cores_ = m.cores
         super().__init__(m, func, ddr_names, ddr_shapes, 0, dbuf, False, functional, tamper)
         self.memo: dict[tuple, Op] = {}  # timing mode: ops of one kind and shape share one object
         self._block_info()
@@ -101,7 +100,6 @@ class GemmLowerer(Lowerer):
         self.loops: dict[str, object] = {}
         self.copies: list = []  # copy nests: (role, loop)
         self.epi: list[str] = []
-        self.epi_loads: dict[str, object] = {}
         self.allocs: dict[int, object] = {}
         stores: dict[str, object] = {}
 
@@ -320,7 +318,7 @@ class GemmLowerer(Lowerer):
         vb, vk, vs = (_key(L[k].loop_var) for k in ("blocks", "kblock", "stage"))
         self.vars = (vb, vk, vs)
         nblk, self.nk, nst = int(L["blocks"].extent), int(L["kblock"].extent), int(L["stage"].extent)
-        info = self._mk_static()
+        info = self._gemm_static()
         self.cols: list[int] = []
         self.panel: list[int] = []
         self.stages: list[list[tuple[int, int, int]]] = []  # (stage, first row, rows)
@@ -340,7 +338,7 @@ class GemmLowerer(Lowerer):
             self.panel.append(int(fsrc({vb: b, vk: 0, vs: 0, **corner}, None)))
         self.shape = [(sum(n for _, _, n in st), c) for st, c in zip(self.stages, self.cols)]
         self.kk = [self._counts(info, {vb: 0, vk: t, vs: self.stages[0][0][0]})[2] for t in range(self.nk)]
-        cores = self.cores_
+        cores = self.m.cores
         self.rounds = [list(range(i, min(i + cores, nblk))) for i in range(0, nblk, cores)]
         self.gsm_bases: list[int] = []
         self.npanels = max((len({self.panel[b] for b in r}) for r in self.rounds), default=1)
@@ -351,12 +349,12 @@ class GemmLowerer(Lowerer):
     def group_key(self, core: int) -> tuple:
         """What a core's timing depends on: its blocks' shapes round by round and its slices of the
         B panels it brings into GSM."""
-        cores = self.cores_
+        cores = self.m.cores
         return (tuple(self.shape[r[core]] if core < len(r) else None for r in self.rounds),
                 tuple((core + 1) * kk // cores - core * kk // cores for kk in sorted(set(self.kk))))
 
     # ---- the micro-kernel pass -------------------------------------------------------------------
-    def _mk_static(self, _st=None) -> dict:
+    def _gemm_static(self) -> dict:
         k = ("mk_gemm",)
         if k in self._cache:
             return self._cache[k]
@@ -445,8 +443,8 @@ class GemmLowerer(Lowerer):
         steps = count([ax["ki"]])
         return rows, cols, steps
 
-    def _kernel(self, E: dict, a_slot: int, b_slot: int, last: bool) -> tuple[VKernel, tuple[int, int, int, bool]]:
-        info = self._mk_static()
+    def _kernel(self, E: dict, a_slot: int, b_slot: int, last: bool) -> VKernel:
+        info = self._gemm_static()
         rows, cols, steps = self._counts(info, E)
         ax, rb = info["ax"], info["rb"]
         zero = {rb: 0, **{v: 0 for v, _ in ax.values() if v is not None}}
@@ -487,7 +485,7 @@ class GemmLowerer(Lowerer):
         if "bias" in epi:
             bias = self._bias_affine(info, E, zero, c0, dc)
         nests = register_nests(L, pw, kv, rows, cols, steps, first, epi, a, b, c, bias)
-        return VKernel(nests, f"gemm {rows}x{cols}x{steps}"), (rows, cols, steps, first)
+        return VKernel(nests, f"gemm {rows}x{cols}x{steps}")
 
     def _bias_affine(self, info, E: dict, zero: dict, c0: int, dc: dict):
         """The bias vector's address for a C element: the epilogue nest's bias index at the
@@ -547,7 +545,7 @@ class GemmLowerer(Lowerer):
         return self.memo[key]
 
     def core_ops(self, core: int) -> list:
-        cores, nbuf = self.cores_, self.nbuf
+        cores, nbuf = self.m.cores, self.nbuf
         self.core, self.cores = core, cores
         vb, vk, vs = self.vars
         gsm_mode = self.g_copy is not None
@@ -619,7 +617,7 @@ class GemmLowerer(Lowerer):
             reads = (f"a{slot}", f"b{bslot}") + (("bias",) if last and self.bias_copy is not None else ())
 
             def make():
-                k, _ = self._kernel({vb: b, vk: t, vs: s}, slot, bslot, last)
+                k = self._kernel({vb: b, vk: t, vs: s}, slot, bslot, last)
                 cost = vx.kernel_cost(self.m, k)
                 fn = (lambda mem, k=k: vx.execute(mem, k, self.m.lanes)) if self.fn else None
                 return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=(f"c{s0}",), cost=cost,
