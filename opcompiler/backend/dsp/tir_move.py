@@ -36,7 +36,8 @@ from . import vector as vx
 from .machine import DspMachine
 from .program import Allocator, Op, dma_op
 from .tir_eval import _bkey, _boxes, _full, _grid, _key
-from .tir_vector import VecLowerer, _Select
+from .tir_vector import VecLowerer
+from .tir_vselect import _Select
 
 DMA = "dma"
 # a loop over stage loops in sequence (concat: per image, x's stages then x1's): its stages, in

@@ -1,0 +1,263 @@
+"""Static analysis of the vector nests `tir_vector.py` lowers: what a nest is, whatever the iteration.
+
+Each function reads one loop nest of the lowered TIR once (cached in the lowering's `_cache`
+under the nest's loop variable) and returns what its lowering needs at every visit: the loops,
+the predicate as a function, the accesses (buffer, flat index function, level; the store first)
+and the selected instructions (`tir_vselect.py`):
+
+* `_static` -> `_Nest`: an element-wise vector nest (loops over one store);
+* `_rowstatic` -> `_Rows`: a row nest (`opc.dsp.rows`: (rows, vectors / acc, acc, lanes) over
+  one element-wise store, optionally a fused `+` / `max` reduction of the stored element);
+* `_window` -> `_Win` or None: a window reduction (a store reducing a load of its own buffer
+  over loops its index does not mention: pooling, `opc.dsp.reduce_lanes` lane reductions), its
+  spatial and tap loops, the reducing instruction, avg's divisor and `opc.dsp.separable`.
+
+Unsupported shapes are one-line OpcFailures naming the nest. Nothing here emits an op.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+import numpy as np
+
+from opcompiler.errors import OpcFailure
+
+from .tir_eval import _bkey, _key
+from .tir_vselect import _isload, _RowSelect, _Select
+
+if TYPE_CHECKING:
+    from .tir_vector import VecLowerer
+
+class _Rows:
+    """What a row nest lowers to: its four loops, the rows' predicate, the element-wise store's
+    accesses and instructions (as `_Nest`), the fused reduction (buffer, store access, load of
+    the stored element, opcode, identity) or None."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+
+
+def _rowstatic(low: VecLowerer, st) -> _Rows:
+    k = ("rows", _key(st))
+    if k in low._cache:
+        return low._cache[k]
+    loops, s = [], st
+    while type(s).__name__ == "For":
+        loops.append(s)
+        s = s.body
+    label = f"row nest over {', '.join(lp.loop_var.name for lp in loops)}"
+    if len(loops) != 4:
+        raise OpcFailure(f"tir lowering: {label}: a row nest is (rows, vectors / acc, acc, lanes) loops")
+    items = list(s.seq) if type(s).__name__ == "SeqStmt" else [s]
+    if type(items[0]).__name__ != "SBlockRealize" or type(items[0].block.body).__name__ != "BufferStore" \
+            or len(items) > 2:
+        raise OpcFailure(f"tir lowering: {label}: one element-wise store, then at most one reduction of it")
+    pred, S = items[0].predicate, items[0].block.body
+    red = None
+    if len(items) == 2:
+        stores: list = []
+
+        def collect(x, init):
+            n = type(x).__name__
+            if n == "For":
+                if type(x.extent).__name__ != "IntImm" or int(x.extent) != 1:
+                    raise OpcFailure(f"tir lowering: {label}: the fused reduction must sit at the lanes loop")
+                collect(x.body, init)
+            elif n == "SBlockRealize":
+                collect(x.block.body, init)
+            elif n == "SeqStmt":
+                for y in x.seq:
+                    collect(y, init)
+            elif n == "IfThenElse":
+                collect(x.then_case, True)
+            elif n == "BufferStore":
+                stores.append((x, init))
+            else:
+                raise OpcFailure(f"tir lowering: {label}: unexpected {n} in the fused reduction")
+        collect(items[1], False)
+        main = [x for x, i in stores if not i]
+        inits = [_Select.const(x.value) for x, i in stores if i]
+        R = main[0] if len(main) == 1 else None
+        v = R.value if R is not None else None
+        ops = {"Add": "vadd", "Max": "vmax"}
+        ok = v is not None and type(v).__name__ in ops and len(inits) == 1 and inits[0] is not None
+        ld = None
+        if ok:
+            for a, b in ((v.a, v.b), (v.b, v.a)):
+                if _isload(a) and _bkey(a) == _bkey(R) and _isload(b) and _bkey(b) == _bkey(S):
+                    ld = b
+        if ld is None:
+            raise OpcFailure(f"tir lowering: {label}: after the store only a reduction (+ / max with a constant "
+                             "init) of the stored element maps")
+        c = low.comp
+        rb = _bkey(R)
+        red = (rb, (rb, c.flat_fn(rb, R.indices), low._sp(rb)[0]),
+               (_bkey(ld), c.flat_fn(_bkey(ld), ld.indices), low._sp(_bkey(ld))[0]), ops[type(v).__name__], inits[0])
+    sel = _RowSelect(low, label + f" ({low.names.get(_bkey(S), '?')})", S)
+    sel.run()
+    pf = None if pred is None or (type(pred).__name__ == "IntImm" and int(pred.value)) else low.comp.fn(pred)
+    r = _Rows(name=sel.name, loops=loops, pred=pf, accesses=sel.accesses, code=sel.code, red=red)
+    low._cache[k] = r
+    return r
+
+
+class _Nest:
+    """What one vector nest lowers to, whatever the enclosing iteration: its loops, predicate,
+    accesses (buffer, flat index function, level; the store first) and instructions (with
+    ("mem", access) placeholders)."""
+
+    def __init__(self, name: str, loops: list, pred, accesses: list, code: list):
+        self.name, self.loops, self.pred, self.accesses, self.code = name, loops, pred, accesses, code
+
+
+def _static(low: VecLowerer, st) -> _Nest:
+    k = ("vec", _key(st))
+    if k in low._cache:
+        return low._cache[k]
+    loops, pred, s = [], None, st
+    while True:
+        name = type(s).__name__
+        if name == "For":
+            loops.append(s)
+            s = s.body
+        elif name == "SBlockRealize":
+            if pred is not None:
+                raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name}: nested blocks")
+            pred = s.predicate
+            s = s.block.body
+        elif name == "BufferStore":
+            break
+        else:
+            raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name} must be loops over one store, "
+                             f"found {name}")
+    label = f"vector nest over {', '.join(lp.loop_var.name for lp in loops)} ({low.names.get(_bkey(s), '?')})"
+    sel = _Select(low, label, s)
+    sel.run()
+    pf = None if pred is None or (type(pred).__name__ == "IntImm" and int(pred.value)) else low.comp.fn(pred)
+    nest = _Nest(label, loops, pf, sel.accesses, sel.code)
+    low._cache[k] = nest
+    return nest
+
+
+def _vars(e, acc: set) -> set:
+    name = type(e).__name__
+    if name == "Var":
+        acc.add(_key(e))
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
+            _vars(getattr(e, attr), acc)
+    for x in getattr(e, "args", ()):
+        _vars(x, acc)
+    return acc
+
+
+def _nodes(e, out: list) -> list:
+    out.append(e)
+    for attr in ("a", "b", "value"):
+        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
+            _nodes(getattr(e, attr), out)
+    for x in getattr(e, "args", ()):
+        _nodes(x, out)
+    return out
+
+
+class _Win:
+    """A window reduction nest: spatial loops (the last one on the lanes), reduction loops (the
+    taps), the predicate, the tap load and the store (buffer, flat index, level), the reducing
+    instruction, avg's divisor (rows factor, lanes factor, the row index) and `separable`."""
+
+    def __init__(self, **kw):
+        self.__dict__.update(kw)
+        self.divk = None
+        self.scratch = ()
+        self.hp = 0
+
+
+def _window(low: VecLowerer, st) -> _Win | None:
+    """The window reduction under a vector nest (a store reducing a load of its own buffer with
+    max / + over loops its index does not mention), or None for an element-wise nest."""
+    if int(st.annotations.get("opc.dsp.rows", 0)):
+        return None
+    k = ("win", _key(st))
+    if k in low._cache:
+        return low._cache[k]
+    stores: list = []
+
+    def collect(s, path, preds, init):
+        n = type(s).__name__
+        if n == "For":
+            collect(s.body, path + [s], preds, init)
+        elif n == "SBlockRealize":
+            collect(s.block.body, path, preds + [s.predicate], init)
+        elif n == "SeqStmt":
+            for x in s.seq:
+                collect(x, path, preds, init)
+        elif n == "IfThenElse":
+            collect(s.then_case, path, preds, True)
+        elif n == "BufferStore":
+            stores.append((s, path, preds, init))
+    collect(st, [], [], False)
+    main = [x for x in stores if not x[3]]
+    R = None
+    for s, path, preds, _ in main:
+        v = s.value
+        if type(v).__name__ in ("Max", "Add"):
+            for a, b in ((v.a, v.b), (v.b, v.a)):
+                if _isload(a) and _bkey(a) == _bkey(s) and _isload(b):
+                    R = (s, path, b, "vmax" if type(v).__name__ == "Max" else "vadd")
+    if R is None:
+        low._cache[k] = None
+        return None
+    F, fpath, fpreds, _ = main[-1]
+    fv: set = set()
+    for ix in F.indices:
+        _vars(ix, fv)
+    spatial = [lp for lp in fpath if _key(lp.loop_var) in fv]
+    if int(st.annotations.get("opc.dsp.reduce_lanes", 0)) and len(fpath) == 4:
+        spatial = fpath[:1]  # (rows, vectors / acc, acc, lanes): the rows loop even when unit (no index left)
+    label = f"window nest over {', '.join(lp.loop_var.name for lp in R[1])} ({low.names.get(_bkey(F), '?')})"
+    if spatial != fpath[:len(spatial)] or [_key(x.loop_var) for x in R[1][:len(spatial)]] != \
+            [_key(x.loop_var) for x in spatial]:
+        raise OpcFailure(f"tir lowering: {label}: the output loops must enclose the window loops")
+    red = R[1][len(spatial):]
+    preds = [p for p in fpreds if not (type(p).__name__ == "IntImm" and int(p.value))]
+    fns = [low.comp.fn(p) for p in preds]
+    pred = None
+    if fns:
+        pred = (lambda E, L, fs=tuple(fns): np.logical_and.reduce([np.asarray(f(E, L), bool) for f in fs])
+                if len(fs) > 1 else fs[0](E, L))
+    div = None
+    if F is not R[0]:
+        v = F.value
+        if not (type(v).__name__ == "Div" and _isload(v.a) and _bkey(v.a) == _bkey(R[0])):
+            raise OpcFailure(f"tir lowering: {label}: after the window only a division of its result maps")
+        d = v.b
+        if type(d).__name__ == "Cast":
+            d = d.value
+        lane = _key(spatial[-1].loop_var)
+        if type(d).__name__ != "Mul":
+            raise OpcFailure(f"tir lowering: {label}: the divisor must be (rows factor) * (columns factor)")
+        A, B = (d.a, d.b) if lane not in _vars(d.a, set()) else (d.b, d.a)
+        if lane in _vars(A, set()) or _vars(B, set()) - {lane}:
+            raise OpcFailure(f"tir lowering: {label}: the divisor must be (rows factor) * (columns factor)")
+        av = _vars(A, set())
+        cands = [n for n in _nodes(A, []) if av and _vars(n, set()) == av]
+        Y = None
+        if cands:
+            small = min(len(str(n)) for n in cands)
+            ys = {str(n) for n in cands if len(str(n)) == small}
+            if len(ys) == 1:
+                Y = next(n for n in cands if len(str(n)) == small)
+        div = (A, B, Y)
+    tap = R[2]
+    sep = bool(int(st.annotations.get("opc.dsp.separable", 0))) and len(red) > 0
+    inits = [_Select.const(x[0].value) for x in stores if x[3] and _bkey(x[0]) == _bkey(R[0])]
+    ident = inits[0] if inits and inits[0] is not None else None
+    lanes_red = bool(int(st.annotations.get("opc.dsp.reduce_lanes", 0)))
+    w = _Win(name=label, spatial=spatial, red=red, pred=pred, op=R[3],
+             tap=(_bkey(tap), low.comp.flat_fn(_bkey(tap), tap.indices), low._sp(_bkey(tap))[0]),
+             tap_idx=[low.comp.fn(i) for i in tap.indices],
+             store=(_bkey(F), low.comp.flat_fn(_bkey(F), F.indices), low._sp(_bkey(F))[0]), div=div, sep=sep,
+             ident=ident, lanes_red=lanes_red)
+    low._cache[k] = w
+    return w

@@ -1,0 +1,235 @@
+"""Instruction selection for vector nests (`tir_vector.py`): one stored expression -> VPU instructions.
+
+`_Select` walks the expression a vector nest stores and emits `vector.VI`s with ("mem", i)
+placeholders for the nest's accesses (the store first): loads (`vld` from AM, `sld` from SM,
+broadcast), constants as immediates, `a * b + c` as one vfma (b and c both immediates or both
+per-channel loads), `+ - * max min` as vadd / vsub / vmul / vmax / vmin, `exp`, `log` and `1 / x`
+as the math-library sequences (`vector.emit_exp`, `emit_log`, `emit_rcp`). Inner nodes live in
+pool temporaries v0, v1, ... (freed when their last reader has issued; a one-instruction node
+overwrites an operand that dies there); a binary node's second operand, when a load, gets a
+register named by its role (full-shape vectors alternate f0 / f1, a per-channel operand p), an
+FMA's two per-channel operands two temporaries. `_RowSelect` is the row nests' variant (a
+division by a buffer holding its reciprocal is a multiplication). `_reduce` and `_combine` are
+the reduction sequences the window and row nests append (taps through rotating registers; a
+tree over accumulators).
+
+It knows the lowering only through `low` (its buffers' spaces, shapes and index functions), so
+it imports nothing above it: `tir_vector.py` and `tir_vscan.py` import it.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING, Any
+
+from opcompiler.errors import OpcFailure
+
+from . import vector as vx
+from .tir_eval import _bkey
+
+if TYPE_CHECKING:
+    from .tir_vector import VecLowerer
+
+POOL = "pool"  # an operand register taken from the temporaries (an FMA's per-channel operands)
+_ARITH = {"Add": "vadd", "Sub": "vsub", "Mul": "vmul", "Max": "vmax", "Min": "vmin"}
+_COMMUTES = {"Add", "Mul", "Max", "Min"}
+
+
+class _Select:
+    """Instruction selection for one stored expression (see the module docstring)."""
+
+    def __init__(self, low: VecLowerer, name: str, store):
+        self.low, self.name, self.store = low, name, store
+        self.out_shape = low.shapes.get(_bkey(store))
+        self.accesses: list[tuple] = []
+        self.code: list[vx.VI] = []
+        self.live: list[str] = []  # pool temporaries in use
+        self.made = 0
+        self.fulls = 0
+
+    def fail(self, what: str) -> OpcFailure:
+        return OpcFailure(f"tir lowering: {self.name}: {what}")
+
+    def run(self) -> None:
+        self.access(self.store, store=True)
+        r = self.reg(self.store.value)
+        self.code.append(vx.VI("vst", ("mem", 0), (r,)))
+
+    # registers
+    def temp(self) -> str:
+        names = [f"v{i}" for i in range(self.made + 1)]
+        r = next(n for n in names if n not in self.live)
+        self.made = max(self.made, int(r[1:]) + 1)
+        self.live.append(r)
+        return r
+
+    def free(self, r) -> None:
+        if r in self.live:
+            self.live.remove(r)
+
+    def access(self, e, store: bool = False) -> tuple:
+        bk = _bkey(e)
+        sp = self.low._sp(bk)
+        if sp[0] not in ("AM", "SM"):
+            raise self.fail(f"{'writes' if store else 'reads'} {self.low.names.get(bk)} in {sp[0]}: vector "
+                            "instructions address AM and SM (cache_read / cache_write it there)")
+        if store and sp[0] != "AM":
+            raise self.fail("stores go to AM")
+        self.accesses.append((bk, self.low.comp.flat_fn(bk, e.indices), sp[0]))
+        return ("mem", len(self.accesses) - 1)
+
+    def load(self, e, dst: str) -> str:
+        m = self.access(e)
+        self.code.append(vx.VI("sld" if self.accesses[m[1]][2] == "SM" else "vld", dst, (m,)))
+        return dst
+
+    @staticmethod
+    def const(e) -> float | None:
+        name = type(e).__name__
+        if name in ("FloatImm", "IntImm"):
+            return float(e.value)
+        if name == "Cast" and type(e.value).__name__ in ("FloatImm", "IntImm"):
+            return float(e.value.value)
+        return None
+
+    def is_load(self, e) -> bool:
+        return type(e).__name__ in ("BufferLoad", "TensorLoad")
+
+    def full(self, e) -> bool:
+        return self.low.shapes.get(_bkey(e)) == self.out_shape
+
+    def operand(self, e, role: str | None = None) -> Any:
+        """The second operand of a node: an immediate, a load into its role register, or a
+        subexpression in a temporary."""
+        c = self.const(e)
+        if c is not None:
+            return c
+        if self.is_load(e):
+            if self.full(e):
+                self.fulls += 1
+                return self.load(e, f"f{(self.fulls - 1) % 2}")
+            return self.load(e, self.temp() if role == POOL else role or "p")
+        return self.reg(e)
+
+    def into(self, src: str) -> str:
+        """The destination of a one-instruction node reading `src`: src itself when it is a
+        temporary (it dies here), else a new temporary."""
+        return src if src in self.live else self.temp()
+
+    def reg(self, e) -> str:
+        """Instructions leaving e's value in a register (a temporary) it returns."""
+        name = type(e).__name__
+        if self.is_load(e):
+            return self.load(e, self.temp())
+        if name == "Cast":
+            if str(e.dtype) != "float32" or str(e.value.dtype) != "float32":
+                raise self.fail(f"no conversion {e.value.dtype} -> {e.dtype} on the VPU (fp32 only)")
+            return self.reg(e.value)
+        if self.const(e) is not None:
+            r = self.temp()
+            self.code.append(vx.VI("vmov", r, (self.const(e),)))
+            return r
+        if name == "Call":
+            op = e.op.name
+            if op in ("tirx.exp", "tirx.log"):
+                src = self.reg(e.args[0])
+                dst = self.temp()
+                self.code += vx.emit_exp(src, dst, "r", "n") if op == "tirx.exp" else vx.emit_log(src, dst, "n")
+                self.free(src)
+                return dst
+            raise self.fail(f"no vector instruction for {op}")
+        if name == "Div":
+            if self.const(e.a) == 1.0:
+                return self.rcp(e.b)
+            c = self.const(e.b)
+            if c is not None and c != 0.0:
+                src = self.reg(e.a)
+                dst = self.into(src)
+                self.code.append(vx.VI("vmul", dst, (src, 1.0 / c)))
+                return dst
+            src = self.reg(e.a)
+            r = self.rcp(e.b)
+            dst = self.into(src)
+            self.code.append(vx.VI("vmul", dst, (src, r)))
+            self.free(r)
+            return dst
+        if name not in _ARITH:
+            raise self.fail(f"no vector instruction for {name} ({e})")
+        a, b = e.a, e.b
+        if name in _COMMUTES and self.const(a) is not None:
+            a, b = b, a
+        if self.const(a) is not None:  # c - x
+            if name != "Sub":
+                raise self.fail(f"constant expression not folded: {e}")
+            src = self.reg(b)
+            dst = self.into(src)
+            self.code += [vx.VI("vmul", dst, (src, -1.0)), vx.VI("vadd", dst, (dst, self.const(a)))]
+            return dst
+        if name == "Add" and type(b).__name__ == "Mul" and type(a).__name__ != "Mul":
+            a, b = b, a
+        if name == "Add" and type(a).__name__ == "Mul" and self.fma(a.b, b):
+            src = self.reg(a.a)
+            m = self.operand(a.b, POOL)
+            c = self.operand(b, POOL)
+            dst = self.into(src)
+            self.code.append(vx.VI("vfma", dst, (src, m, c)))
+            for r in (m, c):
+                if isinstance(r, str):
+                    self.free(r)
+            return dst
+        src = self.reg(a)
+        y = self.operand(b)
+        dst = self.into(src)
+        self.code.append(vx.VI(_ARITH[name], dst, (src, y)))
+        if isinstance(y, str):
+            self.free(y)
+        return dst
+
+    def fma(self, m, c) -> bool:
+        """a * m + c is one FMA when m and c are both immediates or both per-channel loads."""
+        if self.const(m) is not None and self.const(c) is not None:
+            return True
+        return self.is_load(m) and self.is_load(c) and not self.full(m) and not self.full(c)
+
+    def rcp(self, d) -> str:
+        src = self.reg(d)
+        dst, scratch = self.temp(), self.temp()
+        self.code += vx.emit_rcp(src, dst, scratch)
+        self.free(scratch)
+        self.free(src)
+        return dst
+
+
+class _RowSelect(_Select):
+    """`_Select`, with x / d a multiplication when d's buffer holds its reciprocal (`_recip`)."""
+
+    def reg(self, e) -> str:
+        if type(e).__name__ == "Div" and _isload(e.b) and _bkey(e.b) in self.low._recip:
+            src = self.reg(e.a)
+            y = self.operand(e.b)
+            dst = self.into(src)
+            self.code.append(vx.VI("vmul", dst, (src, y)))
+            if isinstance(y, str):
+                self.free(y)
+            return dst
+        return super().reg(e)
+
+
+def _reduce(op: str, taps: list) -> list:
+    """acc <- op over the taps, loads rotating over 4 registers."""
+    out = [vx.VI("vld", "acc", (taps[0],))]
+    for t, m in enumerate(taps[1:]):
+        r = f"x{t % 4}"
+        out += [vx.VI("vld", r, (m,)), vx.VI(op, "acc", ("acc", r))]
+    return out
+
+
+def _combine(op: str, A: int) -> list:
+    """s0 <- s0 op s1 op ... (a tree over the accumulators)."""
+    out, k = [], 1
+    while k < A:
+        out += [vx.VI(op, f"s{a}", (f"s{a}", f"s{a + k}")) for a in range(0, A, 2 * k)]
+        k *= 2
+    return out
+
+
+def _isload(e) -> bool:
+    return type(e).__name__ in ("BufferLoad", "TensorLoad")
