@@ -40,10 +40,11 @@ from opcompiler.backend.dsp.assemble import Relayout, assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import DspMachine
 from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.backend.dsp.tir_gemm import GemmLowerer
-from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, lowered
-from opcompiler.ops import get_op, op_prim_func, workload
+from opcompiler.backend.dsp.tir_lower import lowered
+from opcompiler.ops import get_op
 from opcompiler.workload import Workload
 
+from .common import matmul_schedule
 from .stream import cdiv
 
 KC = (32, 64, 96, 128, 192, 256)
@@ -153,14 +154,7 @@ def gemm_schedule(wl: Workload, g: GemmGeo):
           bias, ReLU over the tile (fused into the last K block by the lowering)
           output tile local.AM -> DDR
     """
-    import tvm
-
-    base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n")}, dtype=wl.dtype)
-    sch = tvm.s_tir.Schedule(op_prim_func(base))
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    epi = [b for b in names if b in EPI_BLOCKS]
-    mm = sch.get_sblock("matmul")
-    last = sch.get_sblock(epi[-1]) if epi else mm
+    sch, epi, mm, last = matmul_schedule(wl)
     i, j, k = sch.get_loops(mm)
     io, ii = sch.split(i, [None, g.mb])
     jo, ji = sch.split(j, [None, g.nb])

@@ -21,12 +21,12 @@ from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
 from opcompiler.backend.dsp.machine import DspMachine, machine
 from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.backend.dsp.tir_ksplit import KsplitLowerer
-from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, lowered
-from opcompiler.ops import get_op, workload
+from opcompiler.backend.dsp.tir_lower import lowered
+from opcompiler.ops import get_op
 from opcompiler.workload import Workload
 
+from .common import matmul_schedule
 from .direct import ConvSpec, DirectConfig
-from .tir_sched import prim_func
 
 
 def footprint_k(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]:
@@ -105,14 +105,7 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
             P partial tiles GSM -> local.AM; mk_red: their sum (matmul), bias, ReLU -> local.AM
             output tile -> DDR
     """
-    import tvm
-
-    base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n")}, dtype=wl.dtype)
-    sch = tvm.s_tir.Schedule(prim_func(base))
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    epi = [b for b in names if b in EPI_BLOCKS]
-    mm = sch.get_sblock("matmul")
-    last = sch.get_sblock(epi[-1]) if epi else mm
+    sch, epi, mm, last = matmul_schedule(wl)
     o = sch.cache_write(last, 0, "local.AM")
     _, _, k = sch.get_loops(mm)
     kc, _ = sch.split(k, [cores, None])
@@ -145,7 +138,7 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
     # under io: the K parts, the rows, the features (TVM leaves out a loop of one iteration)
     lp = sch.get_loops(mm)[2:]
     rk = lp[0]
-    if min(rows, base["m"]) > 1:
+    if min(rows, wl["m"]) > 1:
         ri = lp[1]
         sch.reorder(ri, rk)
     else:
