@@ -57,14 +57,37 @@ def prim_func(wl: Workload):
     return _PRIMS[key]
 
 
-def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
-    """The scheduled, annotated s_tir.Schedule of one direct-convolution config."""
-    import tvm
+_STAGED: dict[tuple, tuple] = {}  # (workload, staging knobs) -> the schedule up to its register blocks
 
+
+def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
+    """The scheduled, annotated s_tir.Schedule of one direct-convolution config: a copy of the
+    staged schedule every config with its (order, kv, rows, cols, split, out_path) shares
+    (`_out_staged` / `_ws_staged`, cached: the splits and compute_at's there are most of the
+    scheduling time), then the register-block split (`pw`, order=out) and the weights' path
+    (`w_path`)."""
     if get_op(wl.op).family == "matmul":
         return fc_schedule(wl, target, config)
-    if config["order"] == "ws":
-        return ws_schedule(wl, target, config)
+    key = (wl.op, tuple(sorted(wl.params)), wl.dtype, getattr(target, "digest", target.name),
+           *(config[k] for k in ("order", "kv", "rows", "cols", "split", "out_path")))
+    if key not in _STAGED:
+        if len(_STAGED) >= 64:  # each holds a whole schedule state; the oldest goes first
+            _STAGED.pop(next(iter(_STAGED)))
+        _STAGED[key] = (_ws_staged if config["order"] == "ws" else _out_staged)(wl, target, config)
+    base, conv, ko, pixels, epi = _STAGED[key]
+    sch = base.copy()  # the copy keeps the random variables (blocks, loops) valid
+    if pixels is not None:
+        blk, _ = sch.split(pixels, [None, config["pw"]])  # register blocks of pw pixels of the flattened tile
+        sch.annotate(blk, "opc.dsp.op", "mk")
+    _weights(sch, conv, ko, config, epi)
+    return sch
+
+
+def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
+    """order=out up to the register blocks: (schedule, conv block, channel-block loop, the tile's
+    flattened pixel loop, epilogue block names)."""
+    import tvm
+
     base = nhwc_workload(wl)
     sch = tvm.s_tir.Schedule(prim_func(base))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
@@ -74,7 +97,7 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     lanes = machine(target).lanes
     p = base.p
     wo = (p["w"] + 2 * p["pad"] - p["dilation"] * (p["s"] - 1) - 1) // p["stride"] + 1
-    cols, pw = min(config["cols"], wo), config["pw"]
+    cols = min(config["cols"], wo)
     ko, _, yi, xi, item, pad, o = _tiles(sch, conv, last, names, config, cols, lanes, ws=False)
     if not epi:  # plain conv: accumulate in registers, then store the block to the AM tile
         st = sch.cache_write(conv, 0, "local.REG")
@@ -94,10 +117,7 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
         sch.annotate(sch.get_loops(g)[depth], "opc.dsp.op", "dma")
     sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
     sch.annotate(sch.get_loops(pad)[depth], "opc.dsp.op", "dma")
-    blk, _ = sch.split(pixels, [None, pw])  # register blocks of pw pixels of the flattened tile
-    sch.annotate(blk, "opc.dsp.op", "mk")
-    _weights(sch, conv, ko, config, epi)
-    return sch
+    return sch, conv, ko, pixels, epi
 
 
 def _tiles(sch, conv, last, names: list[str], config: Mapping[str, Any], cols: int, lanes: int, ws: bool):
@@ -134,11 +154,13 @@ def _tiles(sch, conv, last, names: list[str], config: Mapping[str, Any], cols: i
     return ko, rc, yi, xi, item, pad, o
 
 
-def ws_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
-    """Seed 004's weight-stationary pass (order=ws): per tile, one micro-kernel call per input
-    channel (`opc.dsp.op = mk_ws`: the channel's R*S x kv weight vectors stay in registers while
-    every pixel of the tile accumulates into its partial sums in the AM output tile), then one
-    element-wise call applying the epilogue (`mk_ew`). Staging as `conv_schedule`."""
+def _ws_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
+    """Seed 004's weight-stationary pass (order=ws), all but the weights' path: per tile, one
+    micro-kernel call per input channel (`opc.dsp.op = mk_ws`: the channel's R*S x kv weight
+    vectors stay in registers while every pixel of the tile accumulates into its partial sums in
+    the AM output tile), then one element-wise call applying the epilogue (`mk_ew`). Staging as
+    order=out; there are no register blocks (`pw` plays no part). Returns what `_out_staged` does,
+    the pixel loop None."""
     import tvm
 
     base = nhwc_workload(wl)
@@ -178,8 +200,7 @@ def ws_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
         sch.annotate(sch.get_loops(g)[depth], "opc.dsp.op", "dma")
     sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
     sch.annotate(sch.get_loops(pad)[depth], "opc.dsp.op", "dma")
-    _weights(sch, conv, ko, config, epi)
-    return sch
+    return sch, conv, ko, None, epi
 
 
 def _weights(sch, red, ko, config, epi: list[str]) -> None:
@@ -262,7 +283,8 @@ _FUNCS: dict[tuple, Any] = {}  # (workload, tiling knobs) -> lowered function: s
 def lowered_func(wl, target, config: Mapping[str, Any]):
     """The lowered TIR of this config (cached per process)."""
     key = (wl.op, tuple(sorted(wl.params)), getattr(target, "digest", target.name),
-           tuple((k, config[k]) for k in ("pw", "kv", "rows", "cols", "order", "w_path", "out_path", "split")))
+           tuple((k, config[k]) for k in ("pw", "kv", "rows", "cols", "order", "w_path", "out_path", "split")
+                 if k != "pw" or config.get("order") != "ws"))  # order=ws has no register blocks
     if key not in _FUNCS:
         if len(_FUNCS) >= 256:  # a tuning run sees many configs; keep the cache bounded
             _FUNCS.clear()

@@ -145,3 +145,77 @@ def test_without_a_lowering_knob_conv_takes_the_tir_route():
     grouped = run_op("conv2d", "ascend-sim", shape="n=1,c=32,h=8,w=8,k=32,r=3,s=3,pad=1,groups=2",
                      dtype="float16")
     assert grouped["correct"] and grouped["lowering"].startswith("TVM s_tir")  # groups > 1 too
+
+
+def _native_and_vectorised(mod, arg_specs) -> tuple[list[tuple], list[tuple]]:
+    (func,) = tl._lower(mod).functions.values()
+    return tl._run_llvm(mod, arg_specs), tl._evaluate(func)
+
+
+@pytest.mark.parametrize("op,shape,cfg", [
+    ("conv2d_bn_relu", "n=2,c=13,h=9,w=11,k=40,r=3,s=3,pad=1,stride=2",
+     {"m_tile": 32, "k_tile": 64, "n_tile": 32, "double_buffer": 1, "block_dim": 4, "w_resident": 1}),
+    ("conv2d", "n=1,c=32,h=15,w=15,k=32,r=3,s=3,pad=1,stride=2,groups=32",
+     {"m_tile": 32, "k_tile": 16, "n_tile": 16, "double_buffer": 0, "block_dim": 2, "w_resident": 0}),
+    ("conv2d", "n=1,c=64,h=1,w=1,k=48,r=1,s=1", {}),
+    ("matmul_bias_relu", "m=70,k=96,n=80", {"m_tile": 32, "k_tile": 32, "n_tile": 64, "a_layout": "ND"}),
+])
+def test_the_vectorised_trace_is_the_native_run(backend, monkeypatch, op, shape, cfg):
+    """The lowered kernel evaluated in vectorised form records the event stream a native LLVM run
+    records: every event, its arguments and their order (tails, padding, groups, a 1x1 output)."""
+    seen = []
+
+    def both(key, schedule):
+        native, vectorised = _native_and_vectorised(*schedule())
+        seen.append(len(native))
+        assert vectorised == native
+        return native
+
+    monkeypatch.setattr(tl, "trace", both)
+    backend.build(workload(op, shape, dtype="float16"), cfg)
+    assert seen and seen[0] >= 8  # the 1x1 output (one tile) has the shortest stream here
+
+
+def test_the_vectorised_trace_orders_ragged_loops_and_branches():
+    """Loop extents that depend on outer loops, both arms of a branch, and bindings in a sequence."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def f(a: T.handle) -> None:
+        A = T.match_buffer(a, (4,), "int32")
+        for i in range(4):
+            for j in range(i + 1):
+                if (i + j) % 2 == 0:
+                    T.evaluate(T.call_packed(tl.EVENT, "even", i, j * 3 - i))
+                else:
+                    T.evaluate(T.call_packed(tl.EVENT, "odd", T.max(i, j), T.floordiv(i - 5, 2)))
+            T.evaluate(T.call_packed(tl.EVENT, "row", i))
+        A[0] = 1
+
+    native, vectorised = _native_and_vectorised(tvm.IRModule({"main": f}), [((4,), "int32")])
+    assert vectorised == native
+    assert native[:4] == [("even", 0, 0), ("row", 0), ("odd", 1, -2), ("even", 1, 2)]
+    assert len(native) == 4 + 10
+
+
+def test_a_kernel_the_evaluation_does_not_model_is_compiled_and_run():
+    """An event argument read from memory: the vectorised evaluation declines, the trace is the
+    native run's (the inputs are zeros)."""
+    import tvm
+    from tvm.script import tirx as T
+
+    @T.prim_func(s_tir=True)
+    def f(a: T.handle) -> None:
+        A = T.match_buffer(a, (3,), "int32")
+        for i in range(3):
+            T.evaluate(T.call_packed(tl.EVENT, "load", A[i] + i))
+
+    mod = tvm.IRModule({"main": f})
+    with pytest.raises(tl._Opaque):
+        tl._evaluate(next(iter(tl._lower(mod).functions.values())))
+    key = ("test", "opaque kernel")
+    try:
+        assert tl.trace(key, lambda: (mod, [((3,), "int32")])) == [("load", 0), ("load", 1), ("load", 2)]
+    finally:
+        tl.TRACES.pop(key, None)

@@ -37,3 +37,27 @@ def test_schedule_built_for_the_host_computes_the_op(op, shape, knobs):
     args = [tvm.runtime.tensor(x) for x in xs] + [tvm.runtime.tensor(np.zeros(ref.shape, "float32"))]
     ex(*args)
     assert compare(args[-1].numpy(), ref)[0]
+
+
+def test_configs_sharing_their_staging_share_its_schedule_and_lower_alike():
+    """Configs that differ only in `pw` and `w_path` continue one cached staged schedule; what
+    they lower to is what a schedule built from scratch lowers to. order=ws has no register
+    blocks: its `pw` does not make another lowered function."""
+    from opcompiler.backend.dsp.tir_lower import lowered
+    from opcompiler.schedules.dsp import tir_sched as ts
+
+    t = load_target("dsp-sim")
+    wl = workload("conv2d_bn_relu", shape="n=2,c=5,h=9,w=13,k=40,r=3,s=3,pad=1,layout=NHWC")
+    tm = get_template("conv2d", "dsp")
+    base = tm.config(wl, t, {"rows": 2, "cols": 4, "pw": 3, "order": "out", "w_path": "gsm"})
+    ts._STAGED.clear()
+    scripts = {}
+    for pw, w_path in ((3, "gsm"), (5, "ddr"), (2, "gsm")):
+        scripts[pw, w_path] = lowered(ts.conv_schedule(wl, t, {**base, "pw": pw, "w_path": w_path})).script()
+    assert len(ts._STAGED) == 1
+    for (pw, w_path), text in scripts.items():
+        ts._STAGED.clear()
+        assert lowered(ts.conv_schedule(wl, t, {**base, "pw": pw, "w_path": w_path})).script() == text
+    assert scripts[3, "gsm"] != scripts[5, "ddr"]
+    ws = {**base, "order": "ws"}
+    assert ts.lowered_func(wl, t, {**ws, "pw": 1}) is ts.lowered_func(wl, t, {**ws, "pw": 4})

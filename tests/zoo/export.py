@@ -23,9 +23,9 @@ import torch
 
 if __package__ in (None, ""):  # run as a script: make `zoo` importable from tests/
     sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
-    from zoo.models import MODELS, build, example_input
+    from zoo.models import build, example_input
 else:
-    from .models import MODELS, build, example_input
+    from .models import build, example_input
 
 # Each architecture's export opset (spread over 11..17 as models in the wild are).
 OPSETS = {"resnet18": 13, "resnet50": 17, "mobilenet_v2": 12, "squeezenet1_1": 11, "vgg11": 14,

@@ -30,7 +30,7 @@ from __future__ import annotations
 
 from ...sim.profile import Profile, Timing
 from ...sim.scoreboard import Scoreboard, barrier
-from ...sim.trace import BARRIER, STALL, WORK as EV_WORK, Event, Trace
+from ...sim.trace import STALL, WORK as EV_WORK, Event, Trace
 from .builder import Plan, Program
 from .isa import Barrier, DataMove, Load3D, Memory, Mmad, Scalar, Vec
 from .machine import PIPES
