@@ -11,6 +11,7 @@ import pytest
 
 from opcompiler.api import run_op
 from opcompiler.backend.ascend import tir_lower as tl
+from opcompiler.backend.ascend import tir_trace as tt
 from opcompiler.ops import get_op, workload
 from opcompiler.verify import compare
 
@@ -148,8 +149,8 @@ def test_without_a_lowering_knob_conv_takes_the_tir_route():
 
 
 def _native_and_vectorised(mod, arg_specs) -> tuple[list[tuple], list[tuple]]:
-    (func,) = tl._lower(mod).functions.values()
-    return tl._run_llvm(mod, arg_specs), tl._evaluate(func)
+    (func,) = tt._lower(mod).functions.values()
+    return tt._run_llvm(mod, arg_specs), tt._evaluate(func)
 
 
 @pytest.mark.parametrize("op,shape,cfg", [
@@ -212,8 +213,8 @@ def test_a_kernel_the_evaluation_does_not_model_is_compiled_and_run():
             T.evaluate(T.call_packed(tl.EVENT, "load", A[i] + i))
 
     mod = tvm.IRModule({"main": f})
-    with pytest.raises(tl._Opaque):
-        tl._evaluate(next(iter(tl._lower(mod).functions.values())))
+    with pytest.raises(tt._Opaque):
+        tt._evaluate(next(iter(tt._lower(mod).functions.values())))
     key = ("test", "opaque kernel")
     try:
         assert tl.trace(key, lambda: (mod, [((3,), "int32")])) == [("load", 0), ("load", 1), ("load", 2)]
