@@ -29,9 +29,11 @@ from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import View
 from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, Lowerer
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op, workload
+from opcompiler.ops import get_op, op_prim_func, workload
 from opcompiler.target import Target
 from opcompiler.workload import Workload
+
+from .common import matmul_schedule
 
 
 def nhwc_workload(wl: Workload) -> Workload:
@@ -39,22 +41,6 @@ def nhwc_workload(wl: Workload) -> Workload:
     p = dict(wl.params)
     p["layout"] = "NHWC"
     return workload(wl.op, p, dtype=wl.dtype)
-
-
-_PRIMS: dict[tuple, Any] = {}  # workload -> its TE compute as a PrimFunc (the same for every config)
-
-
-def prim_func(wl: Workload):
-    """The op's TE compute as an (unscheduled, immutable) PrimFunc, built once per workload."""
-    from tvm import te
-
-    key = (wl.op, tuple(sorted(wl.params)), wl.dtype)
-    if key not in _PRIMS:
-        if len(_PRIMS) >= 256:
-            _PRIMS.clear()
-        ins, out = get_op(wl.op).compute(wl)
-        _PRIMS[key] = te.create_prim_func(list(ins) + [out])
-    return _PRIMS[key]
 
 
 _STAGED: dict[tuple, tuple] = {}  # (workload, staging knobs) -> the schedule up to its register blocks
@@ -89,7 +75,7 @@ def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     import tvm
 
     base = nhwc_workload(wl)
-    sch = tvm.s_tir.Schedule(prim_func(base))
+    sch = tvm.s_tir.Schedule(op_prim_func(base))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     epi = [b for b in names if b in EPI_BLOCKS]
     conv = sch.get_sblock("conv2d")
@@ -164,7 +150,7 @@ def _ws_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     import tvm
 
     base = nhwc_workload(wl)
-    sch = tvm.s_tir.Schedule(prim_func(base))
+    sch = tvm.s_tir.Schedule(op_prim_func(base))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     epi = [b for b in names if b in EPI_BLOCKS]
     conv = sch.get_sblock("conv2d")
@@ -234,17 +220,10 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     """The fully connected layer (matmul, matmul_bias_relu) as the direct path treats it: row
     blocks of A (items across the cores) staged in local.SM, B's output-feature blocks in
     local.AM, register blocks of pw rows accumulating over K, the output tile in local.AM."""
-    import tvm
-
-    if config.get("split") == "k":
-        raise OpcError("lowering=tir covers split=items of the fully connected layer", arg="--config",
+    if config.get("split") == "k":  # the reduction split is its own schedule (ksplit.py)
+        raise OpcError("this schedule covers split=items of the fully connected layer", arg="--config",
                        value=dict(config), expected="split=items")
-    base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n")}, dtype=wl.dtype)
-    sch = tvm.s_tir.Schedule(prim_func(base))
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    epi = [b for b in names if b in EPI_BLOCKS]
-    mm = sch.get_sblock("matmul")
-    last = sch.get_sblock(epi[-1]) if epi else mm
+    sch, epi, mm, last = matmul_schedule(wl)
     i, j, k = sch.get_loops(mm)
     io, ii = sch.split(i, [None, config["rows"]])
     jo, ji = sch.split(j, [None, config["kv"] * machine(target).lanes])
