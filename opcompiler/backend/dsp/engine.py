@@ -17,11 +17,13 @@ hold the two to each other. `report` builds the run's metrics from the typed `Pr
 """
 from __future__ import annotations
 
+import sys
 from collections import defaultdict
 from dataclasses import dataclass, field
 from typing import Callable, Sequence
 
 import numpy as np
+from tqdm import tqdm
 
 from ...errors import OpcFailure
 from ...sim.profile import Profile, Timing
@@ -226,6 +228,9 @@ class Memory:
         return np.lib.stride_tricks.as_strided(arr[v.offset:], v.shape, tuple(s * F32 for s in v.strides))
 
 
+PROGRESS_OPS = 20_000  # functional runs of more ops than this show a progress bar
+
+
 def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
             record: Callable[[int, Op], None] | None = None) -> tuple[np.ndarray, Counters]:
     """Run the program on real values; cores run phase by phase between barriers (`record`,
@@ -238,9 +243,14 @@ def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
     mem = Memory(m, ddr, len(prog.cores))
     counters = Counters()
     pos = [0] * len(prog.cores)
+    total = sum(len(ops) for ops in prog.cores)
+    # a large kernel (a 4096^3 GEMM issues about 100k ops) takes minutes to execute: show progress
+    bar = tqdm(total=total, desc="dsp-sim functional", unit="op", leave=False, disable=total < PROGRESS_OPS,
+               file=sys.stderr)
     while any(p < len(ops) for p, ops in zip(pos, prog.cores)):
         for c, ops in enumerate(prog.cores):
             mem.core = c
+            start = pos[c]
             while pos[c] < len(ops):
                 op = ops[pos[c]]
                 pos[c] += 1
@@ -252,6 +262,8 @@ def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
                     raise OpcFailure(f"op {op.kind} {op.label} has no functional body (built for timing only)")
                 done = op.execute(mem)  # a VPU pass returns the micro-kernel calls it executed
                 counters.add_op(op, 1, done if isinstance(done, int) else None)
+            bar.update(pos[c] - start)
+    bar.close()
     _host_bytes(prog, counters)
     return ddr[prog.output].reshape(prog.out_shape).copy(), counters
 

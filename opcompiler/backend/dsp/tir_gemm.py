@@ -92,6 +92,7 @@ class GemmLowerer(Lowerer):
                  functional: bool, tamper=None):
         super().__init__(m, func, ddr_names, ddr_shapes, 0, dbuf, False, functional, tamper)
         self.memo: dict[tuple, Op] = {}  # timing mode: ops of one kind and shape share one object
+        self.costs: dict[tuple, vx.MkCost] = {}  # pass shape -> its cycles
         self._block_info()
 
     # ---- the loop structure ------------------------------------------------------------------
@@ -236,8 +237,7 @@ class GemmLowerer(Lowerer):
 
     def _box(self, lp, E: dict, limit: tuple | None = None) -> tuple | None:
         """The copied box of a copy nest at E ((lo, hi) per loop): the predicate along each loop
-        from the corner (a product of intervals; checked on the whole grid in functional mode and
-        once per box shape in timing mode), within `limit` ((lo, hi) or None per loop): the part
+        from the corner (a product of intervals; checked on the whole grid once per box shape), within `limit` ((lo, hi) or None per loop): the part
         of the tile its consumer or producer touches (TVM's regions of a split that does not
         divide over-approximate it)."""
         loops, fpred, *_ = self._copy_static(lp)
@@ -262,7 +262,7 @@ class GemmLowerer(Lowerer):
             box.append((lo[d], lo[d] + n))
         box = tuple(box)
         ck = ("box", _key(lp), tuple(b - a for a, b in box))
-        if self.fn or ck not in self._checked:
+        if ck not in self._checked:
             self._checked.add(ck)
             g = _grid([(x.loop_var, e - a) for x, a, e in zip(loops, lo, ext)], E)
             for x, a in zip(loops, lo):
@@ -443,9 +443,10 @@ class GemmLowerer(Lowerer):
         steps = count([ax["ki"]])
         return rows, cols, steps
 
-    def _kernel(self, E: dict, a_slot: int, b_slot: int, last: bool) -> VKernel:
+    def _kernel(self, E: dict, a_slot: int, b_slot: int, last: bool, counts: tuple[int, int, int]) -> VKernel:
+        """The pass at E: `counts` are its (rows, columns, steps), as `_counts` finds them."""
         info = self._gemm_static()
-        rows, cols, steps = self._counts(info, E)
+        rows, cols, steps = counts
         ax, rb = info["ax"], info["rb"]
         zero = {rb: 0, **{v: 0 for v, _ in ax.values() if v is not None}}
         first = bool(info["init"]({**E, **zero}, None)) if info["init"] is not None else False
@@ -512,10 +513,11 @@ class GemmLowerer(Lowerer):
         return bias
 
     def _check_affine(self, info, E: dict, zero: dict) -> None:
-        """The operands' index expressions are affine over the register-block loops (once per
-        nest in timing mode, every pass in functional mode)."""
+        """The operands' index expressions are affine over the register-block loops (checked on
+        the first pass: the loops' extents and the expressions are the same for every pass, and
+        functional mode's values against numpy catch an address that moves otherwise)."""
         ck = ("mk_affine",)
-        if not self.fn and ck in self._checked:
+        if ck in self._checked:
             return
         self._checked.add(ck)
         ax, rb = info["ax"], info["rb"]
@@ -617,8 +619,11 @@ class GemmLowerer(Lowerer):
             reads = (f"a{slot}", f"b{bslot}") + (("bias",) if last and self.bias_copy is not None else ())
 
             def make():
-                k = self._kernel({vb: b, vk: t, vs: s}, slot, bslot, last)
-                cost = vx.kernel_cost(self.m, k)
+                k = self._kernel({vb: b, vk: t, vs: s}, slot, bslot, last, (ns, self.cols[b], self.kk[t]))
+                ck = (ns, self.cols[b], self.kk[t], t == 0, last)  # the cost does not depend on addresses
+                if ck not in self.costs:
+                    self.costs[ck] = vx.kernel_cost(self.m, k)
+                cost = self.costs[ck]
                 fn = (lambda mem, k=k: vx.execute(mem, k, self.m.lanes)) if self.fn else None
                 return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=(f"c{s0}",), cost=cost,
                           nruns=len(k.nests), fn=fn, label=k.label)
