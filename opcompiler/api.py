@@ -34,9 +34,11 @@ def build(wl: Workload, target: Target, config: Any = None) -> Kernel:
 
 def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, Any] | None = None,
            preset: str | None = None, batch: int | None = None, dtype: str | None = None,
-           config: Any = None, seed: int = 0, backend: Any = None) -> dict[str, Any]:
+           config: Any = None, seed: int = 0, backend: Any = None, verify: bool = True) -> dict[str, Any]:
     """Build `op` for `target`, run it on random inputs, check against numpy, and report.
-    `backend` overrides the target's own (e.g. an `opcompiler.rpc.RpcBackend`)."""
+    `backend` overrides the target's own (e.g. an `opcompiler.rpc.RpcBackend`). With `verify`
+    False the kernel is only timed (`Backend.measure`: a simulator's timing mode, which does not
+    execute it) and the report's `correct` is None."""
     tgt = target if isinstance(target, Target) else load_target(target)
     wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype or default_dtype(op, tgt))
     d = get_op(op)
@@ -44,6 +46,8 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
     chosen = choose(wl, tgt, parse_config(config) if isinstance(config, str) else config)
     kernel = backend.build(wl, chosen.spec)
     inputs = d.make_inputs(wl, seed)
+    if not verify:
+        return report(wl, tgt, kernel, backend.measure(kernel, inputs), None, None, config_source=chosen.source)
     res: RunResult = backend.run(kernel, inputs)
     ref = d.reference(wl, inputs)
     if res.outputs is None:
@@ -74,14 +78,15 @@ def run_unfused(wl: Workload, target: str | Target, inputs: list[np.ndarray], co
     return out.reshape(shape), steps
 
 
-def report(wl: Workload, target: Target, kernel: Kernel, res: RunResult, correct: bool, max_abs_err: float,
-           config_source: str = "") -> dict[str, Any]:
+def report(wl: Workload, target: Target, kernel: Kernel, res: RunResult, correct: bool | None,
+           max_abs_err: float | None, config_source: str = "") -> dict[str, Any]:
+    """The run's report; `correct` / `max_abs_err` None when the outputs were not checked."""
     d = get_op(wl.op)
     flops = d.flops(wl)
     out: dict[str, Any] = {
         "op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
         "template": kernel.template, "config": kernel.config, "config_source": config_source,
-        "correct": bool(correct), "max_abs_err": max_abs_err,
+        "correct": None if correct is None else bool(correct), "max_abs_err": max_abs_err,
         "seconds": res.seconds, "flops": flops, "gflops": flops / res.seconds / 1e9 if res.seconds > 0 else 0.0,
     }
     if res.cycles is not None:
