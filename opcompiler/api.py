@@ -38,16 +38,16 @@ def run_op(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, A
     """Build `op` for `target`, run it on random inputs, check against numpy, and report.
     `backend` overrides the target's own (e.g. an `opcompiler.rpc.RpcBackend`). With `verify`
     False the kernel is only timed (`Backend.measure`: a simulator's timing mode, which does not
-    execute it) and the report's `correct` is None."""
+    execute it; a device runs it) and the report's `correct` is None."""
     tgt = target if isinstance(target, Target) else load_target(target)
     wl = workload(op, shape, preset=preset, batch=batch, dtype=dtype or default_dtype(op, tgt))
     d = get_op(op)
     backend = backend or get_backend(tgt)
     chosen = choose(wl, tgt, parse_config(config) if isinstance(config, str) else config)
     kernel = backend.build(wl, chosen.spec)
+    if not verify:  # (no inputs made: a measuring device makes its own)
+        return report(wl, tgt, kernel, backend.measure(kernel), None, None, config_source=chosen.source)
     inputs = d.make_inputs(wl, seed)
-    if not verify:
-        return report(wl, tgt, kernel, backend.measure(kernel, inputs), None, None, config_source=chosen.source)
     res: RunResult = backend.run(kernel, inputs)
     ref = d.reference(wl, inputs)
     if res.outputs is None:

@@ -124,16 +124,22 @@ def keep_heap() -> None:
     allocates and frees about 8.5 MB. glibc serves a block that large by mmap and unmaps it on
     free, so every proof pays some 2,000 fresh page faults (about 10 ms). Serving blocks up to
     32 MB from the heap and trimming the heap only past 128 MB free lets later proofs reuse
-    pages already mapped: a res2_3x3 schedule drops from about 50 to 30 ms. Results are not
-    affected (allocation only); elsewhere than glibc this does nothing."""
+    pages already mapped (a ResNet-50 3x3 conv's Ascend schedule: about 50 -> 30 ms, measured
+    with `benchmarks/sim_speed.py`). Results are not affected (allocation only). It changes the
+    process's malloc settings: only on glibc, and not at all with OPCOMPILER_KEEP_HEAP=0."""
     if _HEAP["kept"]:
         return
     _HEAP["kept"] = True
+    import os
+    import platform
+
+    if os.environ.get("OPCOMPILER_KEEP_HEAP", "1") == "0" or platform.libc_ver()[0] != "glibc":
+        return
     import ctypes
 
     try:
         mallopt = ctypes.CDLL(None).mallopt
-    except (OSError, AttributeError):  # not glibc
+    except (OSError, AttributeError, TypeError):
         return
     m_trim_threshold, m_mmap_threshold = -1, -3
     mallopt(m_mmap_threshold, 32 << 20)

@@ -24,8 +24,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    help="dsp-sim only: operands already in DSP-visible DDR (shared, default) or copied (copy)")
     p.add_argument("--rpc", help="HOST:PORT:KEY of a TVM RPC tracker: run on the device it hands out (cpu, cuda)")
     p.add_argument("--timing-only", action="store_true",
-                   help="time the kernel without checking its values (simulators: timing mode only; a 4096^3 "
-                        "GEMM's functional run on dsp-sim takes minutes)")
+                   help="time the kernel without checking its values (on the simulators it is not executed: "
+                        "timing mode only; a 4096^3 GEMM's functional run on dsp-sim takes minutes)")
     p.set_defaults(func=cmd_run)
 
 

@@ -32,6 +32,7 @@ and runs the DMA program on the shared channels (`engine.timing`).
 """
 from __future__ import annotations
 
+import dataclasses
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any, Mapping
@@ -202,9 +203,9 @@ def gemm_schedule(wl: Workload, g: GemmGeo):
 
 @lru_cache(maxsize=128)
 def _lowered(wl: Workload, g: GemmGeo):
-    """The lowered TIR of one config (`dbuf` is the lowering's: the schedule does not depend on it)."""
-    import dataclasses
-    return lowered(gemm_schedule(wl, dataclasses.replace(g, dbuf=0)))
+    """The lowered TIR of one config (called with dbuf=0: double buffering is the lowering's, the
+    schedule does not depend on it)."""
+    return lowered(gemm_schedule(wl, g))
 
 
 def build_program(m: DspMachine, wl: Workload, g: GemmGeo, names: dict[str, str], ddr: dict, pre: list[Relayout],
@@ -213,7 +214,7 @@ def build_program(m: DspMachine, wl: Workload, g: GemmGeo, names: dict[str, str]
     framed as the other matmul routes (transposed operands relaid by DMA, host work)."""
     op = get_op(wl.op)
     in_specs = op.inputs(wl)
-    func = _lowered(wl, g)
+    func = _lowered(wl, dataclasses.replace(g, dbuf=0))
     params = [p.name for p in func.params]
     ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
     if g.bias:

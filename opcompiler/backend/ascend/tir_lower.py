@@ -321,18 +321,6 @@ def substitute(sch, blk, n_inner: int, tag: str, extra: Callable[[list], Sequenc
     sch.state.replace(sch.get_sref(loops[-n_inner]), new)
 
 
-# -- compile and trace ---------------------------------------------------------------------------
-#
-# The event stream is what a native run of the lowered kernel would record. Rather than compile it
-# with LLVM and run it (the JIT alone cost about 45 ms a candidate), `_evaluate` executes the
-# lowered function in vectorised form: every loop nest becomes a table of its iterations (one
-# numpy array per loop variable), each event's arguments are evaluated over the rows of its nest
-# at once, and the events are put in program order by sorting the rows on their path through the
-# statement tree (statement index, loop value, ...). A function it has no rule for (a buffer
-# load in an event or a loop bound, a while loop, a vector expression) is compiled and run
-# instead, so the stream is always the one the native run records.
-
-
 def split_groups(events: Sequence[tuple], carry: tuple[str, ...] = ()) -> list[tuple[dict, list[tuple]]]:
     """The events of each output tile (a tile starts at its reduction init), with the last event
     of each `carry` tag seen before it (e.g. the feature-map DMA a pixel tile shares)."""

@@ -244,9 +244,21 @@ def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
     counters = Counters()
     pos = [0] * len(prog.cores)
     total = sum(len(ops) for ops in prog.cores)
-    # a large kernel (a 4096^3 GEMM issues about 100k ops) takes minutes to execute: show progress
-    bar = tqdm(total=total, desc="dsp-sim functional", unit="op", leave=False, disable=total < PROGRESS_OPS,
-               file=sys.stderr)
+    # a large kernel (the 4096^3 GEMM's default issues 85,544 ops) takes minutes to execute: show
+    # progress on a terminal (tqdm turns itself off when stderr is not one)
+    bar = tqdm(total=total, desc="dsp-sim functional", unit="op", leave=False,
+               disable=True if total < PROGRESS_OPS else None, file=sys.stderr)
+    try:
+        _execute_phases(prog, mem, counters, pos, record, bar)
+    finally:
+        bar.close()
+    _host_bytes(prog, counters)
+    return ddr[prog.output].reshape(prog.out_shape).copy(), counters
+
+
+def _execute_phases(prog: Program, mem: Memory, counters: Counters, pos: list[int],
+                    record: Callable[[int, Op], None] | None, bar: tqdm) -> None:
+    """Every core's ops, core by core up to its next barrier, until all are done."""
     while any(p < len(ops) for p, ops in zip(pos, prog.cores)):
         for c, ops in enumerate(prog.cores):
             mem.core = c
@@ -263,9 +275,6 @@ def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
                 done = op.execute(mem)  # a VPU pass returns the micro-kernel calls it executed
                 counters.add_op(op, 1, done if isinstance(done, int) else None)
             bar.update(pos[c] - start)
-    bar.close()
-    _host_bytes(prog, counters)
-    return ddr[prog.output].reshape(prog.out_shape).copy(), counters
 
 
 def replay(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, Counters, Timing]:

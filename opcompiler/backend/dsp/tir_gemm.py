@@ -42,7 +42,7 @@ from opcompiler.errors import OpcFailure
 from . import vector as vx
 from .program import Allocator, Op, compress, dma_op
 from .tir_eval import _bkey, _full, _grid, _key
-from .tir_lower import EPI_BLOCKS, Lowerer
+from .tir_lower import EPI_BLOCKS, Lowerer, _vars
 from .vector import VI, Mem, Nest, VKernel
 
 
@@ -54,8 +54,9 @@ def register_nests(lanes: int, pw: int, kv: int, rows: int, cols: int, steps: in
                    epi: tuple[str, ...], a, b, c, bias=None) -> tuple[Nest, ...]:
     """The vector nests of one VPU pass over `rows` x `cols` of the C tile for `steps` reduction
     steps, in register blocks of `pw` rows x `kv` vectors (tails for the rest). `a`, `b`, `c`,
-    `bias`: functions (row block, vector block, row, vector, step) -> (address, steps per
-    (row block, vector block, step), lane stride), from the operands' index expressions."""
+    `bias`: functions (row block, vector block, row in the block, vector in the block) ->
+    (address, its steps along (row blocks, vector blocks, reduction steps), lane stride), from
+    the operands' index expressions."""
     nvec = cdiv(cols, lanes)
     out = []
     rfull, rtail = divmod(rows, pw)
@@ -100,7 +101,6 @@ class GemmLowerer(Lowerer):
         """Find the annotated loops, the copy nests and the epilogue nests; give buffers roles."""
         self.loops: dict[str, object] = {}
         self.copies: list = []  # copy nests: (role, loop)
-        self.epi: list[str] = []
         self.allocs: dict[int, object] = {}
         stores: dict[str, object] = {}
 
@@ -162,7 +162,7 @@ class GemmLowerer(Lowerer):
             elif dscope == "local.AM":
                 r = "bias" if src == bias_param else "b"
                 role[dst] = r
-                if r == "b" and src not in (w_param,) and self.allocs.get(src) is None:
+                if r == "b" and src != w_param and self.allocs.get(src) is None:
                     raise OpcFailure("tir lowering: a GEMM B tile must come from B or its GSM panel")
             elif dscope == "DDR":
                 r = "c"
@@ -217,9 +217,7 @@ class GemmLowerer(Lowerer):
         return (level,), offs[slot % len(offs)]
 
     def _gsm_base(self, slot: int) -> int:
-        """GSM panel buffer `slot` (K-step parity x panels + panel)."""
-        while slot >= len(self.gsm_bases):
-            self.gsm_bases.append(self.gsm_alloc.alloc(f"B panel[{len(self.gsm_bases)}]", self.gsm_size))
+        """GSM panel buffer `slot` (K-step parity x panels + panel; `_block_info` allocates them)."""
         return self.gsm_bases[slot]
 
     # ---- copy windows --------------------------------------------------------------------------
@@ -237,9 +235,10 @@ class GemmLowerer(Lowerer):
 
     def _box(self, lp, E: dict, limit: tuple | None = None) -> tuple | None:
         """The copied box of a copy nest at E ((lo, hi) per loop): the predicate along each loop
-        from the corner (a product of intervals; checked on the whole grid once per box shape), within `limit` ((lo, hi) or None per loop): the part
-        of the tile its consumer or producer touches (TVM's regions of a split that does not
-        divide over-approximate it)."""
+        from the corner (a product of intervals; checked on the whole grid once per box shape),
+        within `limit`: (lo, hi) or None per dimension of the on-chip tile (`_copy_dims` maps the
+        loops to them), the part of the tile its consumer or producer touches (TVM's regions of a
+        split that does not divide over-approximate it)."""
         loops, fpred, *_ = self._copy_static(lp)
         lo = [0] * len(loops)
         ext = [int(x.extent) for x in loops]
@@ -279,13 +278,14 @@ class GemmLowerer(Lowerer):
         of a dimension of one element, e.g. the rows of a one-row tile)."""
         k = ("dims", _key(lp))
         if k not in self._cache:
-            from .tir_lower import _vars
             loops, _, store = self._nest(lp)
             onchip = store if self._sp(_bkey(store))[0] != "DDR" else store.value
             dims = []
             for d, x in enumerate(loops):
                 at = [i for i, e in enumerate(onchip.indices) if _key(x.loop_var) in _vars(e, set())]
-                dims.append(at[0] if len(at) == 1 else d)
+                if len(at) != 1:
+                    raise OpcFailure(f"tir lowering: copy loop {x.loop_var.name} must walk one dimension of the tile")
+                dims.append(at[0])
             self._cache[k] = dims
         return self._cache[k]
 
@@ -338,13 +338,16 @@ class GemmLowerer(Lowerer):
             self.panel.append(int(fsrc({vb: b, vk: 0, vs: 0, **corner}, None)))
         self.shape = [(sum(n for _, _, n in st), c) for st, c in zip(self.stages, self.cols)]
         self.kk = [self._counts(info, {vb: 0, vk: t, vs: self.stages[0][0][0]})[2] for t in range(self.nk)]
+        # the K blocks whose passes start from zero: where the reduction's init block runs
+        zero = {info["rb"]: 0, **{v: 0 for v, _ in info["ax"].values() if v is not None}}
+        self.first = [info["init"] is not None and bool(info["init"]({vb: 0, vk: t, vs: 0, **zero}, None))
+                      for t in range(self.nk)]
         cores = self.m.cores
         self.rounds = [list(range(i, min(i + cores, nblk))) for i in range(0, nblk, cores)]
         self.gsm_bases: list[int] = []
         self.npanels = max((len({self.panel[b] for b in r}) for r in self.rounds), default=1)
         if self.g_copy is not None:
-            for _ in range(2 * self.npanels):
-                self._gsm_base(len(self.gsm_bases))
+            self.gsm_bases = [self.gsm_alloc.alloc(f"B panel[{i}]", self.gsm_size) for i in range(2 * self.npanels)]
 
     def group_key(self, core: int) -> tuple:
         """What a core's timing depends on: its blocks' shapes round by round and its slices of the
@@ -449,7 +452,7 @@ class GemmLowerer(Lowerer):
         rows, cols, steps = counts
         ax, rb = info["ax"], info["rb"]
         zero = {rb: 0, **{v: 0 for v, _ in ax.values() if v is not None}}
-        first = bool(info["init"]({**E, **zero}, None)) if info["init"] is not None else False
+        first = self.first[E[self.vars[1]]]
         L = self.m.lanes
         pw, kv = ax["pr"][1], ax["vl"][1] // L
         names = ("rb", "vb", "pr", "vl", "ki")
@@ -548,7 +551,6 @@ class GemmLowerer(Lowerer):
 
     def core_ops(self, core: int) -> list:
         cores, nbuf = self.m.cores, self.nbuf
-        self.core, self.cores = core, cores
         vb, vk, vs = self.vars
         gsm_mode = self.g_copy is not None
         steps = [(r, t) for r in range(len(self.rounds)) for t in range(self.nk)]
@@ -620,14 +622,14 @@ class GemmLowerer(Lowerer):
 
             def make():
                 k = self._kernel({vb: b, vk: t, vs: s}, slot, bslot, last, (ns, self.cols[b], self.kk[t]))
-                ck = (ns, self.cols[b], self.kk[t], t == 0, last)  # the cost does not depend on addresses
+                ck = (ns, self.cols[b], self.kk[t], self.first[t], last)  # the cost does not depend on addresses
                 if ck not in self.costs:
                     self.costs[ck] = vx.kernel_cost(self.m, k)
                 cost = self.costs[ck]
                 fn = (lambda mem, k=k: vx.execute(mem, k, self.m.lanes)) if self.fn else None
                 return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=(f"c{s0}",), cost=cost,
                           nruns=len(k.nests), fn=fn, label=k.label)
-            return self._op(("v", slot, bslot, s0, ns, self.shape[b][1], self.kk[t], t == 0, last), make)
+            return self._op(("v", slot, bslot, s0, ns, self.shape[b][1], self.kk[t], self.first[t], last), make)
 
         # A stages in issue order, with their SM buffers
         pending_a = [(r, t, s, s0, ns) for r, t in steps if mine(r) is not None
