@@ -275,3 +275,18 @@ class _Exec:
                 arr[i0] += vs
             else:
                 arr[i0[m0]] += vs[m0]
+
+
+def _vars(e, acc: set[int]) -> set[int]:
+    """The loop / let variables (by handle) an expression mentions, load indices included."""
+    name = type(e).__name__
+    if name == "Var":
+        acc.add(_key(e))
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
+            _vars(getattr(e, attr), acc)
+    for attr in ("args", "indices"):
+        if hasattr(e, attr):
+            for x in getattr(e, attr):
+                _vars(x, acc)
+    return acc

@@ -43,7 +43,7 @@ from opcompiler.errors import OpcFailure
 from . import vector as vx
 from .machine import DspMachine
 from .program import Op, dma_op
-from .tir_eval import _bkey, _boxes, _full, _key, _Zero
+from .tir_eval import _bkey, _boxes, _full, _key, _vars, _Zero
 from .tir_vector import VecLowerer, repacked
 
 GCONV = "gconv"  # the opc.dsp.op value of a register-blocked convolution nest
@@ -52,17 +52,6 @@ X_REGS = 4  # tap loads in flight (register names rotate)
 
 def _isload(e) -> bool:
     return type(e).__name__ in ("BufferLoad", "TensorLoad")
-
-
-def _vars(e, acc: set) -> set:
-    if type(e).__name__ == "Var":
-        acc.add(_key(e))
-    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
-            _vars(getattr(e, attr), acc)
-    for x in list(getattr(e, "args", ())) + list(getattr(e, "indices", ())):
-        _vars(x, acc)
-    return acc
 
 
 def _const(e) -> float | None:

@@ -41,8 +41,8 @@ from opcompiler.errors import OpcFailure
 
 from . import vector as vx
 from .program import Allocator, Op, compress, dma_op
-from .tir_eval import _bkey, _full, _grid, _key
-from .tir_lower import EPI_BLOCKS, Lowerer, _vars
+from .tir_eval import _bkey, _full, _grid, _key, _vars
+from .tir_lower import EPI_BLOCKS, Lowerer
 from .vector import VI, Mem, Nest, VKernel
 
 

@@ -27,7 +27,7 @@ from opcompiler.errors import OpcFailure
 
 from .core import EPI_REGS, mk_ew, mk_out
 from .program import Op
-from .tir_eval import _Exec, _Zero, _bkey, _full, _key
+from .tir_eval import _Exec, _Zero, _bkey, _full, _key, _vars
 from .tir_lower import EPI_BLOCKS, REDUCTIONS, Lowerer, _sum
 
 
@@ -136,7 +136,6 @@ class KsplitLowerer(Lowerer):
 
     def _windows(self, st, E: dict) -> tuple:
         """The values of the outer variables the copy nest's indices and predicate mention."""
-        from .tir_lower import _vars
         k = ("resident", _key(st))
         if k not in self._cache:
             loops, pred, store = self._nest(st)

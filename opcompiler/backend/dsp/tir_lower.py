@@ -36,7 +36,7 @@ from .program import F32, Allocator, Op, View, dma_op
 
 from .core import sum_costs as _sum
 from .program import stage_order
-from .tir_eval import _bkey, _boxes, _Compiler, _Exec, _full, _grid, _key, _Zero
+from .tir_eval import _bkey, _boxes, _Compiler, _Exec, _full, _grid, _key, _vars, _Zero
 
 def lowered(sch):
     """A scheduled module as this lowering walks it: init blocks lowered, allocations placed where
@@ -613,20 +613,6 @@ class Lowerer:
         op = Op("vpu", "vpu", cycles=cost.cycles, reads=(f"sm{slot}", "w"), writes=(f"amo{slot}",), cost=cost,
                 nruns=len(calls), fn=f, label=f"VPU pass out {len(calls)} blocks")
         return self._intern(op)
-
-
-def _vars(e, acc: set[int]) -> set[int]:
-    name = type(e).__name__
-    if name == "Var":
-        acc.add(_key(e))
-    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
-            _vars(getattr(e, attr), acc)
-    for attr in ("args", "indices"):
-        if hasattr(e, attr):
-            for x in getattr(e, attr):
-                _vars(x, acc)
-    return acc
 
 
 def _outer_terms(e, inner: set[int], out: dict[str, Any]) -> None:

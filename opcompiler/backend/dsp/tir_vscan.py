@@ -140,6 +140,8 @@ def _static(low: VecLowerer, st) -> _Nest:
 
 
 def _vars(e, acc: set) -> set:
+    """The variables an expression mentions, without entering load indices (`tir_eval._vars`
+    enters them)."""
     name = type(e).__name__
     if name == "Var":
         acc.add(_key(e))
