@@ -45,22 +45,10 @@ from .machine import DspMachine
 from .program import Op, dma_op
 from .tir_eval import _bkey, _boxes, _full, _key, _vars, _Zero
 from .tir_vector import VecLowerer, repacked
+from .tir_vselect import _isload, _Select
 
 GCONV = "gconv"  # the opc.dsp.op value of a register-blocked convolution nest
 X_REGS = 4  # tap loads in flight (register names rotate)
-
-
-def _isload(e) -> bool:
-    return type(e).__name__ in ("BufferLoad", "TensorLoad")
-
-
-def _const(e) -> float | None:
-    name = type(e).__name__
-    if name in ("FloatImm", "IntImm"):
-        return float(e.value)
-    if name == "Cast" and type(e.value).__name__ in ("FloatImm", "IntImm"):
-        return float(e.value.value)
-    return None
 
 
 def _nest_pred(st):
@@ -254,7 +242,7 @@ class GConvLowerer(VecLowerer):
             return []
 
         def param(x):
-            c = _const(x)
+            c = _Select.const(x)
             if c is not None:
                 return c
             if not _isload(x) or self._sp(_bkey(x))[0] != "SM":
@@ -274,7 +262,7 @@ class GConvLowerer(VecLowerer):
             return code + [("vfma", param(s), param(c))]
         if name in ops:
             a, b = e.a, e.b
-            if _const(a) is not None or (_isload(a) and self._sp(_bkey(a))[0] == "SM"):
+            if _Select.const(a) is not None or (_isload(a) and self._sp(_bkey(a))[0] == "SM"):
                 a, b = b, a
             return self._select(st, a, prev, S) + [(ops[name], param(b))]
         raise self._fail(st, f"no vector instruction for {name} ({e})")
