@@ -42,8 +42,8 @@ from ..workload import Workload
 from .process import BackendSpec, MeasureResult, _ENV_LOCK, _KEEP_METRICS, _clean_sys_path, _context, _one_line
 
 # imported once by the forkserver, so each build process starts with them (TVM's CUDA tensor
-# intrinsics take tens of seconds to register on a slow machine)
-BUILDER_PRELOAD = ("opcompiler.backend.cuda", "opcompiler.tune.gpu_runner", "tvm.s_tir.tensor_intrin.cuda")
+# intrinsics, through schedules/cuda/intrin.py, still take seconds to register)
+BUILDER_PRELOAD = ("opcompiler.backend.cuda", "opcompiler.tune.gpu_runner", "opcompiler.schedules.cuda.intrin")
 
 # a CUDA error in these words leaves the context unusable: the runner must be replaced
 _CUDA_ERROR_WORDS = ("cuda", "illegal memory access", "illegal address", "misaligned address",

@@ -9,7 +9,7 @@ Then one of two schedules tiles it:
   each warp owning `warp_row_tiles x warp_col_tiles` 16x16 accumulator fragments; A and B
   staged through shared memory `chunk` 16-wide K slices at a time with vectorized loads;
   fragments loaded, multiplied and stored with TVM's registered WMMA intrinsics
-  (`tvm.s_tir.tensor_intrin.cuda`, m16n16k16, fp16 in, fp32 accumulate), the same fractal
+  (`tvm.s_tir.tensor_intrin.cuda`, imported through `intrin.py`; m16n16k16, fp16 in, fp32 accumulate), the same fractal
   idea as the Ascend cube. With `stages` > 1 the K loop is software-pipelined
   (`software_pipeline_stage` / `_order` / `_async_stages`): the A and B tiles are
   multi-buffered and filled with `cp.async` (predicated zero-fill for the padded im2col gather)
@@ -251,7 +251,7 @@ def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cf
                          vecs: tuple[int, int]) -> None:
     """Tile the normalized GEMM for WMMA fragments (see the module docstring); `vecs` are the
     A and B load widths (`operand_vectors`)."""
-    from tvm.s_tir.tensor_intrin.cuda import get_wmma_intrin_group
+    from .intrin import get_wmma_intrin_group
     brw, bcw = cfg["block_row_warps"], cfg["block_col_warps"]
     wr, wc, chunk = cfg["warp_row_tiles"], cfg["warp_col_tiles"], cfg["chunk"]
     warps = brw * bcw
