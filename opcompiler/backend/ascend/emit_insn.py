@@ -577,39 +577,71 @@ class _SCtx:
         self.run = self.ext[-1] if self.ext else 1  # elements per run: the innermost loop
         self.mask = np.ones(self.shape, bool) if pred is None else self.eval(pred).astype(bool)
         self.counts = self.mask.reshape(self.U, -1).sum(axis=1)
+        # no predicate holds anything back: the checks below read the index arrays before they
+        # are broadcast over the whole nest (a 25M-element BN nest: 21 s -> a few)
+        self.full = bool(self.counts.sum() == self.U * self.n_el)
 
     def eval(self, e) -> np.ndarray:
         return np.broadcast_to(self.low._eval(e, self.env, self.name), self.shape)
 
-    def coords(self, buffer, indices, bname: str, mask: np.ndarray | None = None) -> list[np.ndarray]:
+    def _raw(self, buffer, indices, bname: str, mask: np.ndarray | None) -> list[np.ndarray]:
+        """Each index evaluated (broadcastable to the nest, padded to its rank), checked in bounds
+        where `mask` holds (None: the nest's predicate)."""
         shape = self.low.shape_of(buffer)
         if len(indices) != len(shape):
             raise OpcFailure(f"emit_insn: {self.name}: {bname} indexed with {len(indices)} indices, shape {shape}")
+        full = mask is None and self.full
+        nd = len(self.shape)
         out = []
         for d, (ix, n) in enumerate(zip(indices, shape)):
-            v = self.eval(ix)
-            if ((v < 0) | (v >= n))[self.mask if mask is None else mask].any():
+            r = np.asarray(self.low._eval(ix, self.env, self.name), dtype=np.int64)
+            r = r.reshape((1,) * (nd - r.ndim) + r.shape)
+            bad = bool(r.min() < 0 or r.max() >= n)  # the bounds of the unbroadcast values, every element
+            if bad and not full:  # ... or only where the predicate holds
+                v = np.broadcast_to(r, self.shape)
+                bad = bool(((v < 0) | (v >= n))[self.mask if mask is None else mask].any())
+            if bad:
                 raise OpcFailure(f"emit_insn: {self.name}: {bname} axis {d} indexed outside 0..{n - 1}")
-            out.append(v)
+            out.append(r)
         return out
 
+    def coords(self, buffer, indices, bname: str, mask: np.ndarray | None = None) -> list[np.ndarray]:
+        return [np.broadcast_to(r, self.shape) for r in self._raw(buffer, indices, bname, mask)]
+
     def flat(self, buffer, indices, bname: str, mask: np.ndarray | None = None) -> np.ndarray:
-        off = np.zeros(self.shape, np.int64)
-        for v, n in zip(self.coords(buffer, indices, bname, mask), self.low.shape_of(buffer)):
+        off = np.zeros((1,) * len(self.shape), np.int64)
+        for v, n in zip(self._raw(buffer, indices, bname, mask), self.low.shape_of(buffer)):
             off = off * n + v
-        m = self.mask if mask is None else mask
-        if m.any():
-            self.low.reach[bname] = max(self.low.reach.get(bname, 0), int(off[m].max()) + 1)
-        return off.reshape(self.U, -1)
+        if mask is None and self.full:
+            self.low.reach[bname] = max(self.low.reach.get(bname, 0), int(off.max()) + 1)
+            return np.broadcast_to(off, self.shape).reshape(self.U, -1)
+        off = np.broadcast_to(off, self.shape).reshape(self.U, -1)
+        m = (self.mask if mask is None else mask).reshape(self.U, -1)
+        cnt = self.counts if mask is None else m.sum(axis=1)
+        whole, part = cnt == self.n_el, np.flatnonzero((cnt > 0) & (cnt < self.n_el))
+        tops = [int(off.max(axis=1)[whole].max())] if whole.any() else []
+        if part.size:
+            tops.append(int(off[part][m[part]].max()))
+        if tops:
+            self.low.reach[bname] = max(self.low.reach.get(bname, 0), max(tops) + 1)
+        return off
 
     def operand(self, bname: str, buffer, indices) -> _Access:
         """A vector operand: one contiguous run per iteration, or runs of the innermost loop's
         extent at a constant stride (the active runs a prefix of the nest's)."""
         off = self.flat(buffer, indices, bname)
         m = self.mask.reshape(self.U, -1)
+        # contiguous: each iteration's kept elements at consecutive offsets (checked directly on
+        # the iterations the predicate keeps whole, through a running count on the others)
         first = np.argmax(m, axis=1)
         base = off[np.arange(self.U), first]
-        contig = bool(np.array_equal(off[m], (base[:, None] + np.cumsum(m, axis=1) - 1)[m]))
+        whole = self.counts == self.n_el
+        contig = bool(np.array_equal(off[whole] - base[whole, None],
+                                     np.broadcast_to(np.arange(self.n_el), (int(whole.sum()), self.n_el))))
+        part = np.flatnonzero(~whole)
+        if contig and part.size:
+            mp, op = m[part], off[part]
+            contig = bool(np.array_equal(op[mp], (base[part, None] + np.cumsum(mp, axis=1) - 1)[mp]))
         E, items = self.run, self.n_el // max(self.run, 1)
         o3, m3 = off.reshape(self.U, items, E), m.reshape(self.U, items, E)
         stride = 0
@@ -633,19 +665,36 @@ class _SCtx:
 
     def box(self, bname: str, buffer, indices, mask: np.ndarray) -> _Access:
         """A DMA side: per iteration the box (start, size per axis) the masked elements fill, in
-        the nest's order (so both sides of a copy pair up in C order)."""
-        cs = self.coords(buffer, indices, bname, mask)
-        m = mask.reshape(self.U, -1)
-        cnt = m.sum(axis=1)
-        big = np.iinfo(np.int64).max
-        lo = np.stack([np.where(m, c.reshape(self.U, -1), big).min(axis=1) for c in cs], axis=1)
-        hi = np.stack([np.where(m, c.reshape(self.U, -1), -1).max(axis=1) for c in cs], axis=1)
+        the nest's order (so both sides of a copy pair up in C order). Iterations the mask keeps
+        whole take their bounds from the unbroadcast index values; only the others (a tile
+        loop's tail, a padded border) are reduced element by element."""
+        U = self.U
+        m = mask.reshape(U, -1)
+        cnt = self.counts if mask is self.mask else m.sum(axis=1)
+        whole = cnt == self.n_el
+        part = np.flatnonzero(~whole)
+        axes = tuple(range(1, len(self.shape)))
+        raw = self._raw(buffer, indices, bname, None if mask is self.mask else mask)
+        lo = np.stack([np.broadcast_to(r.min(axis=axes), (U,)) for r in raw], axis=1)
+        hi = np.stack([np.broadcast_to(r.max(axis=axes), (U,)) for r in raw], axis=1)
+        off = self.flat(buffer, indices, bname, None if mask is self.mask else mask)
+        if off.shape[1] > 1 and not bool((off[whole, 1:] > off[whole, :-1]).all()):
+            raise OpcFailure(f"emit_insn: {self.name}: {bname} is not one box per iteration in C order")
+        if part.size:
+            big = np.iinfo(np.int64).max
+            mp = m[part]
+            for d, r in enumerate(raw):
+                c = np.broadcast_to(r, self.shape)[part].reshape(part.size, -1)
+                lo[part, d] = np.where(mp, c, big).min(axis=1)
+                hi[part, d] = np.where(mp, c, -1).max(axis=1)
+            op = off[part]
+            run = np.maximum.accumulate(np.where(mp, op, -1), axis=1)
+            prev = np.concatenate([np.full((part.size, 1), -1), run[:, :-1]], axis=1)
+            if (mp & (op <= prev)).any():
+                raise OpcFailure(f"emit_insn: {self.name}: {bname} is not one box per iteration in C order")
         size = np.where(cnt[:, None] > 0, hi - lo + 1, 0)
         lo = np.where(cnt[:, None] > 0, lo, 0)
-        off = self.flat(buffer, indices, bname, mask)
-        run = np.maximum.accumulate(np.where(m, off, -1), axis=1)
-        prev = np.concatenate([np.full((self.U, 1), -1), run[:, :-1]], axis=1)
-        if not np.array_equal(np.prod(size, axis=1), cnt) or (m & (off <= prev)).any():
+        if not np.array_equal(np.prod(size, axis=1), cnt):
             raise OpcFailure(f"emit_insn: {self.name}: {bname} is not one box per iteration in C order")
         return _Access(bname, None, box=(lo, size))
 
