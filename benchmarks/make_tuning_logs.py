@@ -5,11 +5,12 @@ reference, written to the repository's `tuning_logs/<target>/<op>.jsonl` so `run
 writes shipped records (users' `opcompiler tune` never does).
 
 Re-running resumes (configs already in the logs are not measured again); raise --trials to
-tune further. After a template version bump, `--carry-over` first re-measures each workload's
-best record of the older version with the current template (knobs the template no longer has
-dropped) and starts the log from it, so the regenerated best is never worse than what the new
-template makes of the old best; it prints old best vs carried vs new best, and `--prune-stale`
-then drops the rows whose template version no longer matches. Run from the repository root:
+tune further. After a template version bump or a change to the target's figures (its digest),
+`--carry-over` first re-measures each workload's best records of the older version with the
+current template and target (knobs the template no longer has dropped) and starts the log from
+them, so the regenerated best is never worse than what the new version makes of the old best; it
+prints old best vs carried vs new best, and `--prune-stale` then drops the rows whose template
+version or target digest no longer matches. Run from the repository root:
 
     python benchmarks/make_tuning_logs.py [--trials 64] [--workers 2] [--targets ascend-sim,dsp-sim]
     python benchmarks/make_tuning_logs.py --targets dsp-sim --ops conv2d --carry-over --prune-stale
@@ -43,8 +44,8 @@ def presets() -> list[tuple[str, str]]:
 
 
 def carry_over(log: Path, target, op: str, preset: str, dtype: str) -> tuple[int | None, int | None]:
-    """Re-measure the best records (top 5 distinct configs) of an older template version with the
-    current template; append them under the current key. Returns (old best, best carried) cycles."""
+    """Re-measure the best records (top 5 distinct configs) of an older template version or target
+    digest with the current template and target; append them under the current key. Returns (old best, best carried) cycles."""
     wl = workload(op, preset=preset, dtype=dtype)
     be = get_backend(target)
     tmpl, _ = be.resolve(wl, None)
@@ -55,7 +56,8 @@ def carry_over(log: Path, target, op: str, preset: str, dtype: str) -> tuple[int
         r = Record.from_obj(json.loads(line))
         k = r.key
         if (r.valid and k["op"] == wl.op and k["params"] == dict(wl.params) and k["dtype"] == wl.dtype
-                and k["template"] == tmpl.name and k["template_version"] != tmpl.version):
+                and k["template"] == tmpl.name
+                and (k["template_version"], k["target_digest"]) != (tmpl.version, target.digest)):
             old.append(r)
     if not old:
         return None, None
@@ -82,14 +84,16 @@ def carry_over(log: Path, target, op: str, preset: str, dtype: str) -> tuple[int
     return best.cycles, carried
 
 
-def prune_stale(log: Path) -> int:
-    """Drop rows whose template version is not the current one of their template (none match a key)."""
+def prune_stale(log: Path, target) -> int:
+    """Drop rows whose template version is not the current one of their template, or that were
+    measured on an older version of the target's figures (none match a key)."""
     from opcompiler.template import templates
     version = {c.name: c.version for c in templates()}
     keep, dropped = [], 0
     for line in log.read_text().splitlines():
         k = json.loads(line)["key"]
-        if version.get(k["template"], k["template_version"]) == k["template_version"]:
+        if (version.get(k["template"], k["template_version"]) == k["template_version"]
+                and k["target_digest"] == target.digest):
             keep.append(line)
         else:
             dropped += 1
@@ -146,7 +150,7 @@ def main() -> int:
             for op in args.ops.split(","):
                 log = Path(args.root) / target.name / f"{op}.jsonl"
                 if log.exists():
-                    print(f"{log}: {prune_stale(log)} stale rows dropped")
+                    print(f"{log}: {prune_stale(log, target)} stale rows dropped")
     width = max(len(r[1]) for r in rows) if rows else 10
     for t, p, s, extra in rows:
         print(f"{t:<18} {p:<{width}}  {s:<40} {extra}")
