@@ -605,9 +605,6 @@ class _SCtx:
             out.append(r)
         return out
 
-    def coords(self, buffer, indices, bname: str, mask: np.ndarray | None = None) -> list[np.ndarray]:
-        return [np.broadcast_to(r, self.shape) for r in self._raw(buffer, indices, bname, mask)]
-
     def flat(self, buffer, indices, bname: str, mask: np.ndarray | None = None) -> np.ndarray:
         off = np.zeros((1,) * len(self.shape), np.int64)
         for v, n in zip(self._raw(buffer, indices, bname, mask), self.low.shape_of(buffer)):

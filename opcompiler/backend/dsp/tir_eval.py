@@ -277,16 +277,21 @@ class _Exec:
                 arr[i0[m0]] += vs[m0]
 
 
-def _vars(e, acc: set[int]) -> set[int]:
-    """The loop / let variables (by handle) an expression mentions, load indices included."""
+def _valid(pred, g, shape) -> np.ndarray:
+    """Where a nest's compiled predicate holds over the grid `g` (everywhere without one)."""
+    return np.ones(shape, bool) if pred is None else _full(pred(g, None), shape).astype(bool)
+
+
+def _vars(e, acc: set[int], indices: bool = True) -> set[int]:
+    """The loop / let variables (by handle) an expression mentions, load indices included unless
+    `indices` is False."""
     name = type(e).__name__
     if name == "Var":
         acc.add(_key(e))
     for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
         if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
-            _vars(getattr(e, attr), acc)
-    for attr in ("args", "indices"):
-        if hasattr(e, attr):
-            for x in getattr(e, attr):
-                _vars(x, acc)
+            _vars(getattr(e, attr), acc, indices)
+    for attr in ("args", "indices") if indices else ("args",):
+        for x in getattr(e, attr, ()):
+            _vars(x, acc, indices)
     return acc

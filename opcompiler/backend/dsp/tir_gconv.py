@@ -43,7 +43,7 @@ from opcompiler.errors import OpcFailure
 from . import vector as vx
 from .machine import DspMachine
 from .program import Op, dma_op
-from .tir_eval import _bkey, _boxes, _full, _key, _vars, _Zero
+from .tir_eval import _bkey, _boxes, _full, _key, _vars, _Zero, _valid
 from .tir_vector import VecLowerer, repacked
 from .tir_vselect import _isload, _Select
 
@@ -443,7 +443,7 @@ class GConvLowerer(VecLowerer):
         g = {**E}
         for d, (v, n) in enumerate(ext):
             g[_key(v)] = np.arange(n).reshape([-1 if i == d else 1 for i in range(len(ext))])
-        valid = _full(fpred(g, None), shape).astype(bool) if fpred is not None else np.ones(shape, bool)
+        valid = _valid(fpred, g, shape)
         for d, (f, (lo, hi)) in enumerate(zip(fidx, clip)):
             if d < len(clip) - 2:  # the channel axes (rows and columns: the copy's own box)
                 v = _full(f(g, None), shape)

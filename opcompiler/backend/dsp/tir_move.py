@@ -35,7 +35,7 @@ from opcompiler.errors import OpcFailure
 from . import vector as vx
 from .machine import DspMachine
 from .program import Allocator, Op, dma_op
-from .tir_eval import _bkey, _boxes, _full, _grid, _key
+from .tir_eval import _bkey, _boxes, _full, _grid, _key, _valid
 from .tir_vector import VecLowerer
 from .tir_vselect import _Select
 
@@ -297,7 +297,7 @@ class MoveLowerer(VecLowerer):
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
         shape = tuple(e for _, e in ext)
         g = _grid(ext, E)
-        valid = _full(fpred(g, None), shape).astype(bool) if fpred is not None else np.ones(shape, bool)
+        valid = _valid(fpred, g, shape)
         slot = E.get("slot", 0)
         dspace, dbase = self._base(bdst, slot)
         dtag = self._tag(bdst, slot)

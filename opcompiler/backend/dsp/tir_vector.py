@@ -70,7 +70,7 @@ from . import vector as vx
 from .core import sum_costs as _sum_costs
 from .machine import DspMachine
 from .program import Allocator, Op
-from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero
+from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero, _valid
 from .tir_lower import Lowerer
 from .tir_vscan import _Nest, _rowstatic, _static, _vars, _window
 from .tir_vselect import _combine, _isload
@@ -313,7 +313,7 @@ class VecLowerer(WindowNests, Lowerer):
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in nest.loops]
         shape = tuple(e for _, e in ext)
         g = _grid(ext, E)
-        valid = _full(nest.pred(g, None), shape).astype(bool) if nest.pred is not None else np.ones(shape, bool)
+        valid = _valid(nest.pred, g, shape)
         boxes = _boxes(valid)
         if not boxes:
             return

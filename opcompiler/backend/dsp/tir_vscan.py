@@ -22,7 +22,7 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from .tir_eval import _bkey, _key
+from .tir_eval import _bkey, _key, _vars as _expr_vars
 from .tir_vselect import _isload, _RowSelect, _Select
 
 if TYPE_CHECKING:
@@ -140,17 +140,8 @@ def _static(low: VecLowerer, st) -> _Nest:
 
 
 def _vars(e, acc: set) -> set:
-    """The variables an expression mentions, without entering load indices (`tir_eval._vars`
-    enters them)."""
-    name = type(e).__name__
-    if name == "Var":
-        acc.add(_key(e))
-    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
-            _vars(getattr(e, attr), acc)
-    for x in getattr(e, "args", ()):
-        _vars(x, acc)
-    return acc
+    """The variables an expression mentions, without entering load indices."""
+    return _expr_vars(e, acc, indices=False)
 
 
 def _nodes(e, out: list) -> list:

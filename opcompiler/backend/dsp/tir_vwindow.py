@@ -28,7 +28,7 @@ from opcompiler.errors import OpcFailure
 
 from . import vector as vx
 from .program import Allocator, Op, View, dma_op
-from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero
+from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero, _valid
 from .tir_vscan import _Nest, _vars, _Win
 from .tir_vselect import _combine, _reduce, _Select
 
@@ -138,7 +138,7 @@ class WindowNests:
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
         shape = tuple(e for _, e in ext)
         g = _grid(ext, E)
-        valid = _full(fpred(g, None), shape).astype(bool) if fpred is not None else np.ones(shape, bool)
+        valid = _valid(fpred, g, shape)
         for f, (lo, hi) in zip(fidx, clip.get(bdst, ())):
             v = _full(f(g, None), shape)
             valid &= (v >= lo) & (v <= hi)
@@ -207,7 +207,7 @@ class WindowNests:
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in w.spatial]
         shape = tuple(e for _, e in ext)
         g = _grid(ext, E)
-        valid = _full(w.pred(g, None), shape).astype(bool) if w.pred is not None else np.ones(shape, bool)
+        valid = _valid(w.pred, g, shape)
         boxes = _boxes(valid)
         if not boxes:
             self._flush_deferred(E, stage, {})
