@@ -207,6 +207,11 @@ class Lowerer:
     def _ev(self, e, E: dict) -> int:
         return int(self._fn(e)(E, None))
 
+    def _nest_grid(self, loops, E: dict) -> tuple[list, tuple[int, ...], dict]:
+        """A nest's (loop variable, extent) pairs at `E`, its shape, and the index grid over it."""
+        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
+        return ext, tuple(e for _, e in ext), _grid(ext, E)
+
     def _walk(self, st, E: dict, stage: list | None = None) -> None:
         name = type(st).__name__
         if name == "SBlockRealize":

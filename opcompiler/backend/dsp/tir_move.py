@@ -294,9 +294,7 @@ class MoveLowerer(VecLowerer):
             self._side_fill(st, E, stage)
             return self._dma_tile(st, E, stage, {})
         loops, fpred, fdst, bdst, fsrc, bsrc = info
-        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
-        shape = tuple(e for _, e in ext)
-        g = _grid(ext, E)
+        ext, shape, g = self._nest_grid(loops, E)
         valid = _valid(fpred, g, shape)
         slot = E.get("slot", 0)
         dspace, dbase = self._base(bdst, slot)

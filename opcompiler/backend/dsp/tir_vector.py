@@ -310,9 +310,7 @@ class VecLowerer(WindowNests, Lowerer):
             return self._vec_rows(w, E, stage) if w.lanes_red else self._vec_window(w, E, stage)
         self._flush_deferred(E, stage, {})
         nest = _static(self, st)
-        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in nest.loops]
-        shape = tuple(e for _, e in ext)
-        g = _grid(ext, E)
+        ext, shape, g = self._nest_grid(nest.loops, E)
         valid = _valid(nest.pred, g, shape)
         boxes = _boxes(valid)
         if not boxes:

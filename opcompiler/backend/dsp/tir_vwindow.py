@@ -135,9 +135,7 @@ class WindowNests:
                               c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(load), load.indices),
                               _bkey(store), _bkey(load), [c.fn(i) for i in store.indices], other)
         loops, fpred, fcond, fdst, fsrc, bdst, bsrc, fidx, other = self._cache[k]
-        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
-        shape = tuple(e for _, e in ext)
-        g = _grid(ext, E)
+        ext, shape, g = self._nest_grid(loops, E)
         valid = _valid(fpred, g, shape)
         for f, (lo, hi) in zip(fidx, clip.get(bdst, ())):
             v = _full(f(g, None), shape)
@@ -204,9 +202,7 @@ class WindowNests:
     def _vec_window(self, w: _Win, E: dict, stage: list | None) -> None:
         """A window reduction: the taps unrolled (first into the accumulator, the others through
         four rotating registers, vmax / vadd), avg's divisor, one store."""
-        ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in w.spatial]
-        shape = tuple(e for _, e in ext)
-        g = _grid(ext, E)
+        ext, shape, g = self._nest_grid(w.spatial, E)
         valid = _valid(w.pred, g, shape)
         boxes = _boxes(valid)
         if not boxes:
