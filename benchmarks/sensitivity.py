@@ -29,7 +29,7 @@ from typing import Any, Callable
 from opcompiler.backend import get_backend
 from opcompiler.calibration import fit_rows
 from opcompiler.ops import get_op, workload
-from opcompiler.target import Target, load_target
+from opcompiler.target import Target, get_figure, load_target, with_figures
 
 STEP = 0.20
 
@@ -54,41 +54,10 @@ def _is_numeric(v: Any) -> bool:
     return isinstance(v, MappingProxyType) and all(_is_numeric(x) for x in v.values()) and len(v) > 0
 
 
-def get_figure(target: Target, key: str) -> Any:
-    kind, *rest = key.split(".")
-    if kind == "memory":
-        return getattr(target.memory(rest[0]), rest[1])
-    if kind == "target":
-        return getattr(target, rest[0])
-    node: Any = target.units if kind == "units" else target.extra if kind == "extra" else None
-    if node is None:
-        raise KeyError(key)
-    for part in rest:
-        node = node[part]
-    return node
-
-
-def _replace_in(mapping: Any, path: list[str], value: Any) -> MappingProxyType:
-    d = dict(mapping)
-    d[path[0]] = value if len(path) == 1 else _replace_in(mapping[path[0]], path[1:], value)
-    return MappingProxyType(d)
-
-
 def with_figure(target: Target, key: str, value: Any, tag: str) -> Target:
     """`target` with figure `key` set to `value` (and a digest of its own, so caches keyed by the
     digest build a new machine)."""
-    kind, *rest = key.split(".")
-    digest = f"{target.digest}-{tag}"
-    if kind == "memory":
-        mems = tuple(dataclasses.replace(m, **{rest[1]: value}) if m.name == rest[0] else m for m in target.memories)
-        return dataclasses.replace(target, memories=mems, digest=digest)
-    if kind == "target":
-        return dataclasses.replace(target, **{rest[0]: value}, digest=digest)
-    if kind == "units":
-        return dataclasses.replace(target, units=_replace_in(target.units, rest, value), digest=digest)
-    if kind == "extra":
-        return dataclasses.replace(target, extra=_replace_in(target.extra, rest, value), digest=digest)
-    raise KeyError(key)
+    return with_figures(target, {key: value}, tag)
 
 
 def moved(value: Any, sign: int) -> tuple[Any, float]:

@@ -15,6 +15,7 @@ File layout::
 """
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
@@ -245,3 +246,46 @@ def load_target(name_or_path: str) -> Target:
     names = sorted(list(targets) + [a for t in targets.values() for a in t.aliases])
     raise OpcError("unknown target", arg="--target", value=name_or_path,
                    expected=f"one of {', '.join(names)} or a path to a .toml file")
+
+
+def get_figure(target: Target, key: str) -> Any:
+    """One figure by its dotted key: `memory.<level>.<field>`, `target.<field>`,
+    `units.<unit>.<field>` or `extra.<path...>` (e.g. `extra.paths.GM_L1.bytes_per_cycle`)."""
+    kind, *rest = key.split(".")
+    if kind == "memory":
+        return getattr(target.memory(rest[0]), rest[1])
+    if kind == "target":
+        return getattr(target, rest[0])
+    node: Any = target.units if kind == "units" else target.extra if kind == "extra" else None
+    if node is None:
+        raise KeyError(key)
+    for part in rest:
+        node = node[part]
+    return node
+
+
+def _replace_in(mapping: Any, path: list[str], value: Any) -> MappingProxyType:
+    d = dict(mapping)
+    d[path[0]] = value if len(path) == 1 else _replace_in(mapping[path[0]], path[1:], value)
+    return MappingProxyType(d)
+
+
+def with_figures(target: Target, figures: Mapping[str, Any], tag: str) -> Target:
+    """`target` with each figure (dotted keys as in `get_figure`) set to its value, under a digest
+    of its own (`<digest>-<tag>`), so caches keyed by the digest build a new machine and no
+    tuning record of the file's figures matches it."""
+    for key, value in figures.items():
+        kind, *rest = key.split(".")
+        if kind == "memory":
+            mems = tuple(dataclasses.replace(m, **{rest[1]: value}) if m.name == rest[0] else m
+                         for m in target.memories)
+            target = dataclasses.replace(target, memories=mems)
+        elif kind == "target":
+            target = dataclasses.replace(target, **{rest[0]: value})
+        elif kind == "units":
+            target = dataclasses.replace(target, units=_replace_in(target.units, rest, value))
+        elif kind == "extra":
+            target = dataclasses.replace(target, extra=_replace_in(target.extra, rest, value))
+        else:
+            raise KeyError(key)
+    return dataclasses.replace(target, digest=f"{target.digest}-{tag}")

@@ -50,7 +50,8 @@ def _mach():
 
 
 def test_one_dma_hand_computed():
-    """One 32 KiB GM -> L1 DMA on one core: launch + issue + latency + bytes / 128 B per cycle."""
+    """One 32 KiB GM -> L1 DMA on one core: launch + issue + latency + bytes at 110 B per cycle
+    (Ascend910A.ini l2_read_rate), rounded up once: 200 + 32768 / 110 = 497.9 -> 498 cycles."""
     m = _mach()
     kb = KernelBuilder(m, 0, 1)
     a = kb.gm("A", (64, 256), "float16")
@@ -58,13 +59,15 @@ def test_one_dma_hand_computed():
     kb.data_move(l1, (slice(None),), a, (slice(None),))
     t = schedule(kb.finish(gm_inputs=("A",)))
     p = m.path("GM", "L1")
-    assert t.cycles == m.launch_cycles + m.issue_cycles + p.latency_cycles + 32768 // 128
-    assert t.busy["MTE2"] == p.latency_cycles + 256 and t.bytes_by_path == {"GM->L1": 32768}
+    assert (p.latency_cycles, p.bytes_per_cycle) == (200, 110)
+    assert t.cycles == m.launch_cycles + m.issue_cycles + 498
+    assert t.busy["MTE2"] == 498 and t.bytes_by_path == {"GM->L1": 32768}
 
 
 def test_one_mmad_hand_computed_and_values():
     """Load2D A and B, one MMAD of 4x2x3 fractals: the cube runs 24 fractal-cycles + startup
-    after the later of the two MTE1 loads, and C = A @ B in fp32."""
+    after the later of the two MTE1 loads (A at 512 B per cycle, B at 256: Ascend910A.ini
+    l1_to_l0_a_rate, l1_to_l0_b_rate), and C = A @ B in fp32."""
     m = _mach()
     kb = KernelBuilder(m, 0, 1)
     a_l1 = kb.alloc("L1", "a1", (4, 2, 16, 16), "float16")
@@ -77,9 +80,10 @@ def test_one_mmad_hand_computed_and_values():
     kb.mmad(c0, a0, b0, 4, 2, 3)
     prog = kb.finish()
     t = schedule(prog)
-    p = m.path("L1", "L0A")
-    load_a = p.latency_cycles + 4 * 2 * 512 // 512
-    load_b = p.latency_cycles + 2 * 3 * 512 // 512
+    pa, pb = m.path("L1", "L0A"), m.path("L1", "L0B")
+    assert (pa.bytes_per_cycle, pb.bytes_per_cycle) == (512, 256)
+    load_a = pa.latency_cycles + 4 * 2 * 512 // 512  # 8 fractals, one per cycle
+    load_b = pb.latency_cycles + 2 * 3 * 512 // 256  # 6 fractals, two cycles each
     issue = m.launch_cycles + m.issue_cycles  # the first instruction leaves the scalar unit
     b_end = issue + load_a + load_b  # MTE1 runs the two loads back to back, in order
     mmad_start = b_end + m.sync_cycles  # M waits on MTE1's flag

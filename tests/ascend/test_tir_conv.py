@@ -61,13 +61,13 @@ def test_tir_conv_trace_is_the_schedules_loop_nest(backend):
     ("conv2d", {"preset": "resnet50.res2_3x3", "batch": 1}, (128, 64, 64), 4774),
     ("conv2d", {"shape": "n=1,c=64,h=14,w=14,k=64,r=3,s=3,pad=1"}, (64, 64, 64), 4314),
 ])
-def test_tir_cycles_match_the_retired_direct_path_for_the_same_tiles(backend, op, kw, tiles, retired):
+def test_tir_cycles_match_the_retired_direct_path_for_the_same_tiles(pinned_backend, op, kw, tiles, retired):
     """When the tiles fit L0 whole and divide the shape, the TIR schedule issues the
     instructions the retired TIK-style template did (its cycles measured at d3ba5e6)."""
     wl = workload(op, dtype="float16", **kw)
     base = {"double_buffer": 1, "block_dim": 32, "w_resident": 0, "m_tile": tiles[0], "k_tile": tiles[1],
             "n_tile": tiles[2]}
-    assert backend.measure(backend.build(wl, base)).cycles == retired
+    assert pinned_backend.measure(pinned_backend.build(wl, base)).cycles == retired  # conftest.PINNED_FIGURES
 
 
 def test_a_corrupted_instruction_offset_gives_a_wrong_result(backend):

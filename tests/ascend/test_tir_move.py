@@ -24,6 +24,8 @@ from opcompiler.backend.ascend.builder import KernelBuilder, Plan, split_even
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 
+from .conftest import pinned_target
+
 CONFIGS = [None, {"ub_tile": 1024, "double_buffer": 1, "block_dim": 1},
            {"ub_tile": 1024, "double_buffer": 0, "block_dim": 2},
            {"ub_tile": 2048, "double_buffer": 1, "block_dim": 4},
@@ -91,8 +93,7 @@ TIR_OPS = ("slice", "pad", "transpose", "concat")
 @pytest.fixture(scope="module")
 def backend():
     from opcompiler.backend import get_backend
-    from opcompiler.target import load_target
-    return get_backend(load_target("ascend-sim"))
+    return get_backend(pinned_target())  # the figures the retired emitter's cycles were measured under
 
 
 @pytest.mark.parametrize("key", list(PINNED), ids=lambda k: f"{k[0]}-{k[1]}-fp{k[2]}")
@@ -101,7 +102,7 @@ def test_move_parity_with_the_retired_emitter(backend, key):
     op, shape, bits = key
     cycles, _ = PINNED[key]
     for cfg, old in zip(CONFIGS, cycles):
-        rep = run_op(op, "ascend-sim", shape=shape, dtype=f"float{bits}", config=cfg)
+        rep = run_op(op, pinned_target(), shape=shape, dtype=f"float{bits}", config=cfg)
         assert rep["correct"] and rep["max_abs_err"] == 0, (cfg, rep["max_abs_err"])
         assert rep["cycles"] <= old, (cfg, rep["cycles"], old)
     kern = backend.build(workload(op, shape, dtype=f"float{bits}"))
@@ -113,7 +114,7 @@ def test_move_parity_with_the_retired_emitter(backend, key):
 def test_long_rows_parity(key):
     op, shape, bits = key
     for cfg, old in zip(LONG_CONFIGS, PINNED_LONG[key]):
-        rep = run_op(op, "ascend-sim", shape=shape, dtype=f"float{bits}", config=cfg)
+        rep = run_op(op, pinned_target(), shape=shape, dtype=f"float{bits}", config=cfg)
         assert rep["correct"] and rep["max_abs_err"] == 0, (cfg, rep["max_abs_err"])
         assert rep["cycles"] <= old, (cfg, rep["cycles"], old)
 

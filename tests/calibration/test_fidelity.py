@@ -97,6 +97,5 @@ def test_aibench_readings_bracket_the_published_figures(fidelity):
     assert abs(got["cube TFLOPS, 32 cores, per busy cube cycle"]) < 20
     assert abs(got["vector GFLOPS, 32 cores, per busy vector cycle"]) < 20
     assert got["vector GFLOPS, 32 cores, per whole-loop cycle"] < -70
-    # with the platform file's L1 -> L0B rate (256 B/cycle) the whole-loop cube reading moves away
-    assert (abs(got["cube TFLOPS, 32 cores, per whole-loop cycle, L1->L0B 256 B/cycle"])
-            > abs(got["cube TFLOPS, 32 cores, per whole-loop cycle"]))
+    # per whole loop the cube is L1 -> L0B bound (256 B/cycle, Ascend910A.ini): below the figure
+    assert -20 < got["cube TFLOPS, 32 cores, per whole-loop cycle"] < 0
