@@ -29,13 +29,12 @@ import dataclasses
 import json
 import sys
 from dataclasses import dataclass
-from types import MappingProxyType
 from typing import Callable
 
 from opcompiler.backend import get_backend
 from opcompiler.calibration import figure, held_out_rows
 from opcompiler.ops import PRESETS, get_op, preset_params, workload
-from opcompiler.target import Target, load_target
+from opcompiler.target import Target, load_target, with_figures
 from opcompiler.workload import Workload
 
 CHIPS = {"ascend910": "ascend-sim", "ft_m7032": "dsp-sim"}
@@ -46,7 +45,7 @@ CHIPS = {"ascend910": "ascend-sim", "ft_m7032": "dsp-sim"}
 def _dsp_call_ms(op: str, shape: str, batch: int, mode: str, target: Target | None = None) -> float:
     t = target or load_target("dsp-sim")
     if mode != "shared":
-        t = dataclasses.replace(t, extra=MappingProxyType({**t.extra, "data_mode": mode}))
+        t = with_figures(t, {"extra.data_mode": mode}, mode)
     be = get_backend(t)
     total = 0.0
     for part in shape.split(" + "):  # "FC1 ~ FC3" is the three layers' calls together
@@ -71,8 +70,8 @@ def candidate_target() -> tuple[Target, float]:
     pub_ms = figure("ft_m7032", "forward ms, copy mode", use="fit")["conv3_res"][1]
 
     def variant(gbps: float) -> Target:
-        extra = {**base.extra, "host_copy_overhead_us": 0.0, "host_replicate_gbps": gbps, "host_replicate_overhead_us": 0.0}
-        return dataclasses.replace(base, extra=MappingProxyType(extra), digest=f"{base.digest}-conv1-candidate-{gbps:.6g}")
+        return with_figures(base, {"extra.host_copy_overhead_us": 0.0, "extra.host_replicate_gbps": gbps,
+                                   "extra.host_replicate_overhead_us": 0.0}, f"conv1-candidate-{gbps:.6g}")
 
     free = _dsp_call_ms("conv2d", "minigo.conv3_res", 96, "shared", variant(1e9))  # replication ~ free
     w_bytes = 3 * 3 * 64 * 64 * 4 * base.cores  # W of CONV3_RES, one copy per core
@@ -219,7 +218,7 @@ def _nhwc(preset: str, batch: int = 1) -> Workload:
 
 
 def _one_core(t: Target) -> Target:
-    return dataclasses.replace(t, cores=1, digest=f"{t.digest}-1core")
+    return with_figures(t, {"target.cores": 1}, "1core")
 
 
 def _dsp_side(t: Target, wl: Workload, config: dict | None = None) -> tuple[float, int]:
@@ -507,7 +506,7 @@ def _candidate_report(shipped: list[Result]) -> None:
             print(f"{r.what[:74]:<74} {r.published:>10.4g} {r.simulated:>10.4g} {c.simulated:>10.4g} {c.error:>+8.1f}")
     print(f"MAE shipped {mae(shipped, 'ft_m7032'):.1f} %, candidate {mae(list(cand.values()), 'ft_m7032'):.1f} %")
     be = get_backend(t)
-    tc = dataclasses.replace(t, extra=MappingProxyType({**t.extra, "data_mode": "copy"}))
+    tc = with_figures(t, {"extra.data_mode": "copy"}, "copy")
     for b in (96, 768):
         r = be.measure(be.build(workload("conv2d", preset="minigo.conv3_res", batch=b), "paper"))
         print(f"fit check: CONV3_RES b{b} {r.seconds * 1e3:.2f} ms, {r.metrics['percent_of_peak']:.1f} % of peak "
