@@ -54,12 +54,6 @@ def _is_numeric(v: Any) -> bool:
     return isinstance(v, MappingProxyType) and all(_is_numeric(x) for x in v.values()) and len(v) > 0
 
 
-def with_figure(target: Target, key: str, value: Any, tag: str) -> Target:
-    """`target` with figure `key` set to `value` (and a digest of its own, so caches keyed by the
-    digest build a new machine)."""
-    return with_figures(target, {key: value}, tag)
-
-
 def moved(value: Any, sign: int) -> tuple[Any, float]:
     """(value moved by sign x 20 %, the relative move actually applied)."""
     if isinstance(value, MappingProxyType):  # e.g. slow_ops: move every entry alike
@@ -202,7 +196,7 @@ def measure_set(target_name: str, key: str | None, sign: int) -> tuple[str | Non
     t = base
     if key is not None:
         value, _ = moved(get_figure(base, key), sign)
-        t = with_figure(base, key, value, f"{key}{'+' if sign > 0 else '-'}")
+        t = with_figures(base, {key: value}, f"{key}{'+' if sign > 0 else '-'}")
     cases, _ = SETS[target_name]
     return key, sign, {name: run(t) for name, run in cases()}
 
@@ -236,7 +230,7 @@ def report(target_name: str, jobs: int) -> list[tuple[str, float]]:
             deltas = {n: (cyc[n] - base[n]) / base[n] * 100 for n in base}
             mean = sum(abs(d) for d in deltas.values()) / len(deltas)
             worst = max(deltas, key=lambda n: abs(deltas[n]))
-            t = with_figure(base_t, key, value, "chk")
+            t = with_figures(base_t, {key: value}, "chk")
             broken = [name for name, (v, lo, hi) in checks(cyc, t).items() if not lo <= v <= hi]
             per_sign[sign] = (value, rel, mean, worst, deltas[worst], broken)
         # effect per 20 % move of the figure (elasticity x 20), over the directions it could move

@@ -90,14 +90,8 @@ PINNED_LONG = {
 TIR_OPS = ("slice", "pad", "transpose", "concat")
 
 
-@pytest.fixture(scope="module")
-def backend():
-    from opcompiler.backend import get_backend
-    return get_backend(pinned_target())  # the figures the retired emitter's cycles were measured under
-
-
 @pytest.mark.parametrize("key", list(PINNED), ids=lambda k: f"{k[0]}-{k[1]}-fp{k[2]}")
-def test_move_parity_with_the_retired_emitter(backend, key):
+def test_move_parity_with_the_retired_emitter(pinned_backend, key):
     """Exact outputs and no more cycles than the retired emitter on every pinned config."""
     op, shape, bits = key
     cycles, _ = PINNED[key]
@@ -105,7 +99,7 @@ def test_move_parity_with_the_retired_emitter(backend, key):
         rep = run_op(op, pinned_target(), shape=shape, dtype=f"float{bits}", config=cfg)
         assert rep["correct"] and rep["max_abs_err"] == 0, (cfg, rep["max_abs_err"])
         assert rep["cycles"] <= old, (cfg, rep["cycles"], old)
-    kern = backend.build(workload(op, shape, dtype=f"float{bits}"))
+    kern = pinned_backend.build(workload(op, shape, dtype=f"float{bits}"))
     if op in TIR_OPS:
         assert kern.info["lowering"].startswith("TVM s_tir")
 
@@ -119,15 +113,15 @@ def test_long_rows_parity(key):
         assert rep["cycles"] <= old, (cfg, rep["cycles"], old)
 
 
-def test_outputs_are_the_op_s_copies_bit_for_bit(backend):
+def test_outputs_are_the_op_s_copies_bit_for_bit(pinned_backend):
     """Bit patterns, not just values: fp16 fills (lowest) and every moved element."""
     for op, shape in [("pad", "n=2,c=2,h=11,w=9,pt=3,pl=0,pb=2,pr=0,fill=lowest"),
                       ("transpose", "dims=6x5x4x3,perm=3012"), ("slice", "dims=5x7x33,axis=2,start=1,end=30")]:
         wl = workload(op, shape, dtype="float16")
         d = get_op(op)
         ins = d.make_inputs(wl, 3)
-        kern = backend.build(wl, {"ub_tile": 1024, "double_buffer": 1, "block_dim": 4})
-        out = backend.run(kern, ins).outputs[0]
+        kern = pinned_backend.build(wl, {"ub_tile": 1024, "double_buffer": 1, "block_dim": 4})
+        out = pinned_backend.run(kern, ins).outputs[0]
         ref = d.reference(wl, ins)
         assert out.shape == ref.shape and np.array_equal(out.view(np.uint16), ref.view(np.uint16))
 
@@ -209,7 +203,7 @@ def tik_concat_plan(wl, target, cfg) -> Plan:
                 out_dtype=dt, unpack=lambda y: y.reshape(n, c + wl["c1"], h, w), flops=0, unit="vector")
 
 
-def test_concat_random_parity_with_the_retired_emitter(backend):
+def test_concat_random_parity_with_the_retired_emitter(pinned_backend):
     """Random shapes and configs: the TVM route's output bits equal the retired kernel's and
     numpy's; cycles (functional and timing) and core-0 instruction counts equal to the retired
     kernel's."""
@@ -224,13 +218,13 @@ def test_concat_random_parity_with_the_retired_emitter(backend):
         wl = workload("concat", shape, dtype=rnd.choice(["float16", "float32"]))
         cfg = {"ub_tile": rnd.choice(UB_TILES), "double_buffer": rnd.randint(0, 1), "block_dim": rnd.choice([1, 2, 4, 8, 32])}
         ins = get_op("concat").make_inputs(wl, 1)
-        kern = backend.build(wl, cfg)
-        run = backend.run(kern, ins)
-        plan = tik_concat_plan(wl, backend.target, cfg)
+        kern = pinned_backend.build(wl, cfg)
+        run = pinned_backend.run(kern, ins)
+        plan = tik_concat_plan(wl, pinned_backend.target, cfg)
         prog = plan.make_program(0)
         old_out, t = scheduler.run(plan, prog, ins)
         assert run.outputs[0].tobytes() == old_out.tobytes() == np.concatenate(ins, axis=1).tobytes(), (shape, cfg)
-        assert run.cycles == backend.measure(kern).cycles == t.cycles, (shape, cfg, run.cycles, t.cycles)
+        assert run.cycles == pinned_backend.measure(kern).cycles == t.cycles, (shape, cfg, run.cycles, t.cycles)
         assert len(kern.artifact.plan.make_program(0).instrs) == len(prog.instrs), (shape, cfg)
 
 
