@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import statistics
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from typing import Any, Mapping
 
 import numpy as np
@@ -21,7 +21,7 @@ from ..errors import OpcError, OpcFailure
 from ..ops import get_op, workload
 from ..target import Target, load_target
 from .importer import _to_proto
-from .partition import Group
+from .partition import Group, settle
 from .plan import Plan
 
 # End-to-end tolerance against onnxruntime (fp32 math): |out - ref| <= atol * max|ref| + rtol * |ref|.
@@ -162,23 +162,43 @@ def compile_plan(plan: Plan, config: str = "best", progress: bool = False
         if g.op in ("view", "host"):
             out.append((g, None))
             continue
-        try:
-            out.append((g, _build(plan, g, backend, config, cache)))
-        except Exception as e:  # a template that rejects an op it lacks (OpcError, or worse): split / host
-            if len(g.prims) == 1:
-                out.append((g, _on_host(plan, g, e, config, cache, host)))
-                continue
-            why = f"split: {g.op} cannot be built for {plan.target.name} ({_why(e)})"
-            for i, p in enumerate(g.prims):
-                sub = Group(name=f"{g.name}.{i}", op=p.kind, params=p.params, inputs=p.inputs, outputs=p.outputs,
-                            prims=(p,))
-                try:
-                    b = _build(plan, sub, backend, config, cache)
-                except Exception as e2:
-                    b = _on_host(plan, sub, e2, config, cache, host)
-                out.append((sub, _Built(b.kernel, b.backend, b.where, b.config_source, "; ".join(
-                    x for x in (why, b.note) if x))))
+        out += _build_or_refuse(plan, g, backend, config, cache, host, frozenset(), "")
     return out, time.perf_counter() - t0
+
+
+def _build_or_refuse(plan: Plan, g: Group, backend: Backend, config: str, cache: dict[str, _Built],
+                     host: list[Backend], exclude: frozenset[str], why: str) -> list[tuple[Group, _Built]]:
+    """`g` built, or, when the target rejects its fused op (OpcError, or worse), `g` partitioned
+    again without it (`partition.settle`: conv2d_bias_add_relu -> conv2d_bias + add_relu where
+    the template has no residual epilogue); a single primitive that still cannot build goes to
+    the host."""
+    try:
+        return [(g, _build(plan, g, backend, config, cache))]
+    except Exception as e:  # a template that rejects an op it lacks
+        if len(g.prims) == 1:
+            return [(g, _on_host(plan, g, e, config, cache, host))]
+        err = e
+    built: dict[str, _Built] = {}
+
+    def judge(s: Group) -> tuple[bool, str]:
+        try:
+            built[s.name] = _build(plan, s, backend, config, cache)
+            return True, ""
+        except Exception as e2:
+            return False, f"split: {s.op} cannot be built for {plan.target.name} ({_why(e2)})"
+
+    first = f"split: {g.op} cannot be built for {plan.target.name} ({_why(err)})"
+    out = []
+    for s in settle(replace(g, why=first), judge, exclude):
+        b = built.get(s.name) if len(s.prims) > 1 else None
+        if b is None:
+            try:
+                b = _build(plan, s, backend, config, cache)
+            except Exception as e3:
+                b = _on_host(plan, s, e3, config, cache, host)
+        out.append((s, _Built(b.kernel, b.backend, b.where, b.config_source,
+                              "; ".join(x for x in (s.why, b.note) if x))))
+    return out
 
 
 def _build(plan: Plan, g: Group, backend: Backend, config: str, cache: dict[str, _Built]) -> _Built:

@@ -1,6 +1,6 @@
 """ONNX nodes -> primitive ops of the catalogue (one kernel each in the unfused plan).
 
-Each supported ONNX node becomes one or more `Prim`s: Conv with a bias is conv2d then bias_add,
+Each supported ONNX node becomes one or more `Prim`s: Conv with a bias is conv2d then bias_add (folded into a following BN that alone reads it),
 BatchNormalization is batch_norm with (scale, shift) folded from its constants, Gemm is matmul
 then bias_add, Sum is a chain of adds; Flatten, Reshape and Identity are zero-cost views.
 A node we cannot compile raises `Unsupported`; with `fallback="cpu"` it becomes a host prim
@@ -8,6 +8,7 @@ that onnxruntime runs on the host, reported separately.
 """
 from __future__ import annotations
 
+from collections import Counter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Mapping
 
@@ -61,6 +62,7 @@ class _Ctx:
     consts: dict[str, np.ndarray]
     shapes: dict[str, tuple[int, ...]]
     prims: list[Prim] = field(default_factory=list)
+    uses: Counter = field(default_factory=Counter)  # readers of each ONNX value (a graph output counts one)
 
     def shape(self, v: str) -> tuple[int, ...]:
         return tuple(self.consts[v].shape) if v in self.consts else self.shapes[v]
@@ -83,6 +85,8 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
     if fallback not in (None, "cpu"):
         raise OpcError("unknown fallback", arg="--fallback", value=fallback, expected="cpu")
     ctx = _Ctx(graph=graph, consts=dict(graph.constants), shapes=dict(graph.shapes))
+    ctx.uses.update(v for n in graph.nodes for v in n.inputs if v)
+    ctx.uses.update(graph.outputs)
     for node in graph.nodes:
         try:
             fn = _LOWER.get(node.op_type)
@@ -188,6 +192,14 @@ def _batch_norm(ctx: _Ctx, node: Node) -> None:
     if len(shape) not in (2, 4):
         raise Unsupported(node, f"batch norm on a {len(shape)}-D tensor is not supported (2-D or 4-D)")
     scale, shift = fold_bn(g, b, m, v, float(node.attrs.get("epsilon", 1e-5)))
+    # a Conv's bias read only by this BN folds into its shift: BN(conv + b) = conv * scale + (shift
+    # + scale * b), so the conv and the BN fuse into one conv2d_bn kernel (no bias_add in between)
+    src = next((p for p in reversed(ctx.prims) if p.outputs == (x,)), None)
+    if (src is not None and src.kind == "bias_add" and src.onnx_op == "Conv" and ctx.uses[x] == 1
+            and len(shape) == 4):
+        ctx.prims.remove(src)
+        shift = (shift + scale * ctx.consts[src.inputs[1]]).astype(np.float32)
+        x = src.inputs[0]
     ctx.emit("batch_norm", ew_params(shape), (x, ctx.const(f"{node.name}:scale", scale),
                                               ctx.const(f"{node.name}:shift", shift)), node.outputs[0], node)
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections import Counter
 from dataclasses import dataclass, replace
 from functools import cache
-from typing import Any, Mapping, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 from ..ops import list_ops, workload
 from .lower import Prim
@@ -56,8 +56,10 @@ def fusion_patterns() -> tuple[tuple[str, tuple[str, ...]], ...]:
     return tuple(sorted(out, key=lambda p: -len(p[1])))
 
 
-def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool = True) -> list[Group]:
-    """Kernels in an executable (topological) order."""
+def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool = True,
+              exclude: frozenset[str] = frozenset()) -> list[Group]:
+    """Kernels in an executable (topological) order. `exclude`: fused ops not to form (a target
+    that cannot build them: `settle` partitions a group again without its op)."""
     if not fused:
         return _toposort([_single(i, p) for i, p in enumerate(prims)])
     uses = Counter(v for p in prims for v in p.inputs)
@@ -69,8 +71,8 @@ def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool =
         if p.outputs in taken:
             continue
         free = {q: c for q, c in consumer.items() if c.outputs not in taken}  # a prim joins one kernel only
-        named = _match_named(p, free)
-        chain = _match_chain(p, free)
+        named = _match_named(p, free, exclude)
+        chain = _match_chain(p, free) if GENERIC_CHAIN not in exclude else [p]
         if len(chain) > 1 and len(chain) > len(named[1]):
             members, g = chain, _chain_group(len(groups), chain)
         elif named[0]:
@@ -97,9 +99,10 @@ def _next(p: Prim, consumer: Mapping[str, Prim]) -> Prim | None:
     return None
 
 
-def _match_named(p: Prim, consumer: Mapping[str, Prim]) -> tuple[str, list[Prim]]:
+def _match_named(p: Prim, consumer: Mapping[str, Prim], exclude: frozenset[str] = frozenset()
+                 ) -> tuple[str, list[Prim]]:
     for op, seq in fusion_patterns():
-        if p.kind != seq[0]:
+        if p.kind != seq[0] or op in exclude:
             continue
         members, cur = [p], p
         for want in seq[1:]:
@@ -166,6 +169,35 @@ def _toposort(groups: list[Group]) -> list[Group]:
         done.add(ready.name)
         order.append(ready)
     return [replace(g, name=f"k{i}") for i, g in enumerate(order)]
+
+
+def settle(g: Group, judge: Callable[[Group], tuple[bool, str]], exclude: frozenset[str] = frozenset()
+           ) -> list[Group]:
+    """A fused group the target cannot build (or that costs more than its parts), partitioned
+    again without its op, and again without every smaller fused op `judge` refuses, until each
+    multi-primitive group is accepted: conv2d_bias_add_relu on a template without a residual
+    epilogue becomes conv2d_bias + add_relu (conv2d_bias_add refused too), not four kernels.
+    `judge(group)` -> (accepted, why). Kernels are named g.name.0, g.name.1, ...; each carries the
+    decisions that led to it in `why`."""
+    excl = set(exclude) | {g.op}
+    whys: list[str] = [g.why] if g.why else []
+    while True:
+        subs = [replace(s, name=f"{g.name}.{i}")
+                for i, s in enumerate(partition(list(g.prims), g.outputs, True, frozenset(excl)))]
+        verdicts = {}
+        for s in subs:
+            if len(s.prims) < 2:
+                continue
+            ok, why = judge(s)
+            if not ok:
+                excl.add(s.op)
+                whys.append(why)
+                break
+            verdicts[s.name] = why
+        else:
+            history = "; ".join(whys)
+            return [replace(s, why=f"{verdicts[s.name]} ({history})" if s.name in verdicts else history)
+                    for s in subs]
 
 
 def split(g: Group) -> list[Group]:

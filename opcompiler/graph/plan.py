@@ -13,7 +13,7 @@ from ..target import Target, load_target
 from ..workload import Workload
 from .importer import Graph
 from .lower import lower
-from .partition import Group, partition, split, toposort
+from .partition import Group, partition, settle, split, toposort
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -82,32 +82,37 @@ def choose(groups: list[Group], cost: Callable[[str, Mapping], float], target: T
 
     Costs are per kernel and add up (kernels run one after another), so the chosen plan costs
     no more than fusing everything and no more than fusing nothing. A fused kernel the target
-    cannot build is split; every decision is written into `Group.why`. On a real device timings
+    cannot build, or that costs more than its parts, is partitioned again without its op
+    (`partition.settle`: conv2d_bias_add_relu -> conv2d_bias + add_relu) and each of those groups
+    chosen the same way; every decision is written into `Group.why`. On a real device timings
     are noisy, so a fused kernel is kept unless its parts are faster by more than 10 %."""
     margin = 0.0 if target.is_simulator else 0.10
-    out: list[Group] = []
-    for g in groups:
-        if len(g.prims) < 2 or g.op in ("view", "host"):
-            out.append(g)
-            continue
-        parts = split(g)
-        try:
-            fused = cost(g.op, g.params)
-        except OpcError as e:  # no template / does not fit: the parts may still build
-            why = f"split: the fused {g.op} cannot be built for {target.name} ({_short(e)})"
-            out += [replace(p, why=why) for p in parts]
-            continue
-        try:
-            apart = sum(cost(p.op, p.params) for p in parts)
-        except OpcError as e:
-            out.append(replace(g, why=f"fused: its parts cannot all be built alone ({_short(e)})"))
-            continue
-        if fused <= apart * (1 + margin):
-            out.append(replace(g, why=f"fused: {_us(fused)} <= {_us(apart)} for its {len(parts)} parts"))
-        else:
-            why = f"split: fused {g.op} {_us(fused)} > {_us(apart)} for its {len(parts)} parts"
-            out += [replace(p, why=why) for p in parts]
-    return toposort(out)
+    return toposort([x for g in groups for x in _choose(g, cost, target, margin)])
+
+
+def _choose(g: Group, cost: Callable[[str, Mapping], float], target: Target, margin: float) -> list[Group]:
+    if len(g.prims) < 2 or g.op in ("view", "host"):
+        return [g]
+    ok, why = _judge(g, cost, target, margin)
+    if ok:
+        return [replace(g, why=why)]
+    return settle(replace(g, why=why), lambda s: _judge(s, cost, target, margin))
+
+
+def _judge(g: Group, cost: Callable[[str, Mapping], float], target: Target, margin: float) -> tuple[bool, str]:
+    """(keep the fused kernel, why): it builds and costs no more than its parts."""
+    parts = split(g)
+    try:
+        fused = cost(g.op, g.params)
+    except OpcError as e:  # no template / does not fit: a smaller fusion or the parts may still build
+        return False, f"split: the fused {g.op} cannot be built for {target.name} ({_short(e)})"
+    try:
+        apart = sum(cost(p.op, p.params) for p in parts)
+    except OpcError as e:
+        return True, f"fused: its parts cannot all be built alone ({_short(e)})"
+    if fused <= apart * (1 + margin):
+        return True, f"fused: {_us(fused)} <= {_us(apart)} for its {len(parts)} parts"
+    return False, f"split: fused {g.op} {_us(fused)} > {_us(apart)} for its {len(parts)} parts"
 
 
 def _us(seconds: float) -> str:

@@ -172,6 +172,71 @@ register_op(OpDef(
     ],
 ))
 
+
+# conv + bias with no activation, and conv + bias / BN + a residual add (+ ReLU): the groups
+# torch.onnx.export's ResNets are made of (BN folded into the conv's bias). The residual is an
+# output-shaped tensor the template reads in its epilogue (TBE's conv + eltwise fusion).
+
+
+def _conv_bias_compute(wl: Workload):
+    ins = _placeholders(_conv_bias_inputs(wl))
+    return ins, fusion_manager.get("fuse_conv2d_bias").compute(*ins, **_conv_kwargs(wl))
+
+
+def _conv_bias_ref(wl: Workload, ins) -> np.ndarray:
+    acc = _conv_ref_acc(wl, ins)
+    return (acc + _bcast_c(ins[2].astype(acc.dtype), wl)).astype(_acc_out(wl.dtype))
+
+
+register_op(OpDef(
+    name="conv2d_bias", summary="fused conv2d + bias, no activation (one kernel)", family="conv2d",
+    defaults=CONV_DEFAULTS, dtypes=_CUBE, preset_kind="conv", fusion="fuse_conv2d_bias",
+    compute_fn=_conv_bias_compute, reference_fn=_conv_bias_ref, input_specs=_conv_bias_inputs,
+    flops_fn=lambda wl: _conv_flops(wl) + int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
+    unfused_fn=lambda wl: [
+        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
+        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
+    ],
+))
+
+
+def _residual(wl: Workload) -> tuple:
+    return ("residual", conv_out_shape(wl), wl.dtype)
+
+
+def _conv_bias_add_inputs(wl: Workload) -> list:
+    return _conv_bias_inputs(wl) + [_residual(wl)]
+
+
+def _conv_bias_add_op(relu: bool) -> None:
+    name = "conv2d_bias_add_relu" if relu else "conv2d_bias_add"
+
+    def compute(wl: Workload):
+        ins = _placeholders(_conv_bias_add_inputs(wl))
+        return ins, fusion_manager.get(f"fuse_{name}").compute(*ins, **_conv_kwargs(wl))
+
+    def reference(wl: Workload, ins) -> np.ndarray:
+        y = (_conv_bias_ref(wl, ins) + ins[3]).astype(wl.dtype)  # the residual is added in the output dtype
+        return np.maximum(y, 0).astype(wl.dtype) if relu else y
+
+    register_op(OpDef(
+        name=name, summary=f"fused conv2d + bias + residual add{' + ReLU' if relu else ''} (one kernel; the residual "
+                           "read in the epilogue)", family="conv2d",
+        defaults=CONV_DEFAULTS, dtypes=_FLOAT, preset_kind="conv", fusion=f"fuse_{name}",
+        compute_fn=compute, reference_fn=reference, input_specs=_conv_bias_add_inputs,
+        flops_fn=lambda wl: _conv_flops(wl) + (3 if relu else 2) * int(np.prod(conv_out_shape(wl))),
+        validate_fn=_validate_conv,
+        unfused_fn=lambda wl: [
+            Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
+            Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
+            Step(op="add", params=_ew_params(wl), inputs=("s1", "in3")),
+        ] + ([Step(op="relu", params=_ew_params(wl), inputs=("s2",))] if relu else []),
+    ))
+
+
+_conv_bias_add_op(False)
+_conv_bias_add_op(True)
+
 # ---------------------------------------------------------------- matmul family
 
 MM_DEFAULTS = {"m": 16, "k": 256, "n": 1024, "trans_a": 0, "trans_b": 0}
@@ -430,6 +495,32 @@ register_op(OpDef(
     unfused_fn=lambda wl: [
         Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
         Step(op="batch_norm", params=_ew_params(wl), inputs=("s0", "in2", "in3")),
+    ],
+))
+
+
+def _conv_bn_add_relu_compute(wl: Workload):
+    ins = _placeholders(_conv_bn_inputs(wl) + [_residual(wl)])
+    return ins, fusion_manager.get("fuse_conv2d_bn_add_relu").compute(*ins, **_conv_kwargs(wl))
+
+
+def _conv_bn_add_relu_ref(wl: Workload, ins) -> np.ndarray:
+    y = (_conv_ref_acc(wl, ins).astype(wl.dtype) * _bcast_c(ins[2], wl) + _bcast_c(ins[3], wl)).astype(wl.dtype)
+    return np.maximum((y + ins[4]).astype(wl.dtype), 0).astype(wl.dtype)
+
+
+register_op(OpDef(
+    name="conv2d_bn_add_relu", summary="fused conv2d + batch norm + residual add + ReLU (one kernel; the residual "
+                                       "read in the epilogue)", family="conv2d",
+    defaults=CONV_DEFAULTS, dtypes=_FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn_add_relu",
+    compute_fn=_conv_bn_add_relu_compute, reference_fn=_conv_bn_add_relu_ref,
+    input_specs=lambda wl: _conv_bn_inputs(wl) + [_residual(wl)],
+    flops_fn=lambda wl: _conv_flops(wl) + 4 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
+    unfused_fn=lambda wl: [
+        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
+        Step(op="batch_norm", params=_ew_params(wl), inputs=("s0", "in2", "in3")),
+        Step(op="add", params=_ew_params(wl), inputs=("s1", "in4")),
+        Step(op="relu", params=_ew_params(wl), inputs=("s2",)),
     ],
 ))
 

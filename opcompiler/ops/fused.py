@@ -43,6 +43,39 @@ def fuse_conv2d_bias_relu_compute(data, weight, bias, stride=1, padding=0, dilat
     return dsl.vrelu(conv)
 
 
+@fused("fuse_conv2d_bias", ops=("conv2d", "bias_add"))
+def fuse_conv2d_bias_compute(data, weight, bias, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+                             kernel_name="fuse_conv2d_bias"):
+    """A Conv node with a bias and nothing after it that fuses (torch.onnx.export's conv with BN
+    folded, before a residual add or a pooling): the bias is the conv's epilogue."""
+    return dsl.conv2d(data, weight, stride, padding, dilation, groups, layout, bias=bias)
+
+
+@fused("fuse_conv2d_bias_add", ops=("conv2d", "bias_add", "add"))
+def fuse_conv2d_bias_add_compute(data, weight, bias, residual, stride=1, padding=0, dilation=1, groups=1,
+                                 layout="NCHW", kernel_name="fuse_conv2d_bias_add"):
+    """conv + bias + a residual tensor read in the epilogue (TBE's conv + eltwise fusion)."""
+    conv = dsl.conv2d(data, weight, stride, padding, dilation, groups, layout, bias=bias)
+    return dsl.vadd(conv, residual)
+
+
+@fused("fuse_conv2d_bias_add_relu", ops=("conv2d", "bias_add", "add", "relu"))
+def fuse_conv2d_bias_add_relu_compute(data, weight, bias, residual, stride=1, padding=0, dilation=1, groups=1,
+                                      layout="NCHW", kernel_name="fuse_conv2d_bias_add_relu"):
+    """ResNet's block end, as torch.onnx.export writes it: conv (BN folded into its bias) + the
+    shortcut + ReLU, one kernel; the shortcut is read in the epilogue."""
+    conv = dsl.conv2d(data, weight, stride, padding, dilation, groups, layout, bias=bias)
+    return dsl.vrelu(dsl.vadd(conv, residual))
+
+
+@fused("fuse_conv2d_bn_add_relu", ops=("conv2d", "batch_norm", "add", "relu"))
+def fuse_conv2d_bn_add_relu_compute(data, weight, scale, shift, residual, stride=1, padding=0, dilation=1, groups=1,
+                                    layout="NCHW", kernel_name="fuse_conv2d_bn_add_relu"):
+    """ResNet's block end with BN not folded: conv + BN + the shortcut + ReLU, one kernel."""
+    conv = dsl.conv2d(data, weight, stride, padding, dilation, groups, layout)
+    return dsl.vrelu(dsl.vadd(dsl.batch_norm(conv, scale, shift, layout), residual))
+
+
 @fused("fuse_conv2d_bn_relu", ops=("conv2d", "batch_norm", "relu"))
 def fuse_conv2d_bn_relu_compute(data, weight, scale, shift, stride=1, padding=0, dilation=1, groups=1,
                                 layout="NCHW", kernel_name="fuse_conv2d_bn_relu"):

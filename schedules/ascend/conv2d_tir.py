@@ -61,9 +61,13 @@ from .common import (
 from .conv_geometry import ConvGeometry
 
 _TRACES = tl.TRACES  # the backend's per-process trace cache (benchmarks clear it for a cold build)
-TIR_OPS = ("conv2d", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn")
-INT8_OPS = ("conv2d", "conv2d_bias_relu")
-EPI_TAGS = {"conv2d_bias": "bias", "conv2d_out": "cast", "batch_norm": "bn", "vrelu": "relu",
+TIR_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn", "conv2d_bias_add",
+           "conv2d_bias_add_relu", "conv2d_bn_add_relu")
+INT8_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu")
+BIAS_OPS = ("conv2d_bias", "conv2d_bias_relu", "conv2d_bias_add", "conv2d_bias_add_relu")
+BN_OPS = ("conv2d_bn_relu", "conv2d_bn", "conv2d_bn_add_relu")
+RES_OPS = ("conv2d_bias_add", "conv2d_bias_add_relu", "conv2d_bn_add_relu")  # a residual read in the epilogue
+EPI_TAGS = {"conv2d_bias": "bias", "conv2d_out": "cast", "batch_norm": "bn", "vadd": "res", "vrelu": "relu",
             "conv2d_reindex": "out", "conv2d_reindex_pad": "out"}
 DTYPES = {"float16": (16, "float32", 2), "int8": (32, "int32", 1)}  # C0 (K0), accumulator, element bytes
 
@@ -96,7 +100,7 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
     if ch is None:
         return [("L0A", "A_L0A", mt * g.c0 * isz * slots + machine(target).level("L0A").capacity)]
     kc, nc = ch
-    bias, bn = wl.op == "conv2d_bias_relu", wl.op in ("conv2d_bn_relu", "conv2d_bn")
+    bias, bn, res = wl.op in BIAS_OPS, wl.op in BN_OPS, wl.op in RES_OPS
     cslots = tl.l0c_slots(machine(target), slots == 2, mt * nt * 4)
     g16 = epilogue_channels(wl, target, cfg)
     out = [("L1", f"fmap_L1_{i}", g.c1 * g.max_rows(mt) * p["w"] * g.c0 * isz) for i in range(slots)]
@@ -114,6 +118,8 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
         out += [("UB", "bias_UB", pn * (2 if cast else 4))] + ([("UB", "bias32_UB", pn * 4)] if cast else [])
     if bn:
         out += [("UB", "scale_UB", pn * 2), ("UB", "shift_UB", pn * 2)]
+    if res:  # the residual's tile, read from GM beside each channel group's epilogue
+        out += [("UB", f"res_UB_{i}", mt * g16 * 2) for i in range(slots)]
     return out
 
 
@@ -142,7 +148,7 @@ def _implicit_gemm(wl: Workload):
         return b, k, y * wo + x
 
     epi = []
-    for name in ("conv2d_bias", "conv2d_out", "batch_norm", out.op.name):
+    for name in ("conv2d_bias", "conv2d_out", "batch_norm", "vadd", out.op.name):
         if name in EPI_TAGS and name not in epi and has_block(sch, name):
             blk = sch.get_sblock(name)
             epi.append(name)
@@ -403,9 +409,8 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
                     pad_top=pad, pad_left=pad)
     g16 = epilogue_channels(wl, target, cfg)
     low = tl.ConvLowering(m, trace(padded, mt, kt, nt, *ch, resident, g16), geom, n, c1, n1, (mt, kt, nt), ch,
-                          2 if cfg["double_buffer"] else 1, bias=wl.op == "conv2d_bias_relu",
-                          bn=wl.op in ("conv2d_bn_relu", "conv2d_bn"), resident=resident, group=g16,
-                          dtype=wl.dtype, conv_groups=G)
+                          2 if cfg["double_buffer"] else 1, bias=wl.op in BIAS_OPS, bn=wl.op in BN_OPS,
+                          resident=resident, group=g16, dtype=wl.dtype, conv_groups=G, res=wl.op in RES_OPS)
     active = min(cfg["block_dim"], len(low.groups))
     bias, bn = low.bias, low.bn
     nhwc = p["layout"] == "NHWC"
@@ -430,6 +435,11 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
             gm["bias"] = per_k(inputs[2])
         if bn:
             gm["scale"], gm["shift"] = per_k(inputs[2]), per_k(inputs[3])
+        if low.res:  # the residual in the output's layout: NC1HWC0 per group, H*W flattened
+            rs = inputs[-1].transpose(0, 3, 1, 2) if nhwc else inputs[-1]
+            rg = np.zeros((n * G, n1 * 16, ho, wo), out_dt)
+            rg[:, :k] = rs.reshape(n * G, k, ho, wo)
+            gm["res"] = np.ascontiguousarray(to_5hd(rg, "NCHW", 16).reshape(n * G, n1, hw, 16))
         return gm
 
     def unpack(y: np.ndarray) -> np.ndarray:

@@ -524,14 +524,14 @@ class ConvLowering:
     to whole C0 / 16 blocks. GM: data (N*G, C1, H, W, C0), weight (G*C1*R*S, K1, 16, C0), out
     (N*G, K1, H*W, 16), params (G*K1, 16), C1 and K1 per group (the direct template's layouts)."""
 
-    EPILOGUE = ("bias", "cast", "bn", "relu")
+    EPILOGUE = ("bias", "cast", "bn", "res", "relu")
 
     def __init__(self, m: Machine, events: Sequence[tuple], geom: ConvGeom, n: int, c1: int, n1: int,
                  tiles: tuple[int, int, int], chunks: tuple[int, int], slots: int, bias: bool, bn: bool,
-                 resident: bool, group: int, dtype: str = "float16", conv_groups: int = 1):
+                 resident: bool, group: int, dtype: str = "float16", conv_groups: int = 1, res: bool = False):
         self.m, self.geom, self.n, self.c1, self.n1 = m, geom, n * conv_groups, c1, n1
         self.tiles, self.chunks, self.slots, self.bias, self.bn = tiles, chunks, slots, bias, bn
-        self.resident, self.g, self.dtype, self.cg = resident, group // 16, dtype, conv_groups
+        self.resident, self.g, self.dtype, self.cg, self.res = resident, group // 16, dtype, conv_groups, res
         self.q_all = c1 * geom.r * geom.s  # K fractals (FRACTAL_Z order: c1, ry, rx)
         if conv_groups > 1:
             events = [self._ungroup(ev, c1 * (16 if dtype == "float16" else 32)) for ev in events]
@@ -599,6 +599,9 @@ class ConvLowering:
         if self.bn:
             sc_gm, sh_gm = kb.gm("scale", (pn1, 16), "float16"), kb.gm("shift", (pn1, 16), "float16")
             sc, sh = kb.alloc("UB", "scale_UB", (pn1, 16), "float16"), kb.alloc("UB", "shift_UB", (pn1, 16), "float16")
+        if self.res:  # `res`: a residual in the output's layout, added in the epilogue (conv + eltwise)
+            R = kb.gm("res", (self.n, n1, hw, 16), out_dt)
+            rbufs = [kb.alloc("UB", f"res_UB_{i}", (self.g, mt, 16), out_dt) for i in range(slots)]
         lo_g, hi_g = split_even(len(groups), active, core)
         na = nb = nw = nfm = ne = 0
         cur_fm, cur_w, h0, f = None, None, 0, fm[0]
@@ -711,12 +714,23 @@ class ConvLowering:
                     for op, prm in (("mul", sc), ("add", sh)):
                         for jj in range(gn):
                             channel_op(kb, op, o16, jj * mt * 16, m1 * 16, prm, (poff + gj + jj) * 16)
+                elif tag == "res":  # this channel group's residual rows GM -> UB, added to the output
+                    rb = rbufs[(ne - 1) % slots]
+                    valid = min(mt, hw - p0)
+                    kb.data_move(rb, (slice(0, gn), slice(0, valid)), R,
+                                 (b, slice(n1s + gj, n1s + gj + gn), slice(p0, p0 + valid)))
+                    if m1 * 16 == mt:
+                        kb.vec("add", VOp(o16), (VOp(o16), VOp(rb)), gn * mt * 16)
+                    else:
+                        for jj in range(gn):
+                            kb.vec("add", VOp(o16, jj * mt * 16), (VOp(o16, jj * mt * 16), VOp(rb, jj * mt * 16)),
+                                   m1 * 16 * 16)
                 elif tag == "relu":
                     _rows_op(kb, "relu", o16, o16, gn, mt, m1 * 16)
             if pending is not None:
                 flush(pending, n1s)
             kb.loop()
-        return kb.finish(gm_inputs=("data", "weight", "bias", "scale", "shift"))
+        return kb.finish(gm_inputs=("data", "weight", "bias", "scale", "shift", "res"))
 
 
 __all__ = [
