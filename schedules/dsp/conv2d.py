@@ -27,7 +27,8 @@ from .direct import (
 )
 from .grouped import DspGroupedConv
 
-EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"), "conv2d_bn": ("bn",)}
+EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
+       "conv2d_bn": ("bn",)}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (4, 8, 12, 16, 28, 32, 56)

@@ -35,7 +35,8 @@ from opcompiler.workload import Workload
 
 from .stream import cdiv, cores_knob, group_key, share
 
-EPI = {"conv2d": (), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"), "conv2d_bn": ("bn",)}
+EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
+       "conv2d_bn": ("bn",)}
 PARAMS = {"bias": ("bias",), "bn": ("scale", "shift")}
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 7, 8, 14, 16, 28, 32, 56)
