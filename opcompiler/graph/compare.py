@@ -4,6 +4,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..errors import OpcFailure
 from ..target import Target, load_target
 from .executor import GraphRun, run_plan
 from .importer import Graph
@@ -44,6 +45,15 @@ class Comparison:
                                 "speedup_vs_fused": f[base] / c[base] if c[base] else None}
         return out
 
+    def attribution(self, plan: str = "fused") -> list[dict[str, Any]]:
+        """Per kernel of the `plan` run ("fused" or "cost"), the unfused kernels doing its work,
+        matched by primitive (the value each primitive produces), not by ONNX node: a Conv node's
+        conv2d and bias_add go wherever each primitive went. Every unfused kernel lands under
+        exactly one kernel, so the unfused figures summed over the kernels are the unfused totals.
+        `partial_nodes`: ONNX nodes of which this kernel holds only some primitives, with the
+        kernels holding the rest (one fused kernel replacing parts of two nodes says so)."""
+        return attribute(self.runs[plan], self.unfused)
+
     def as_dict(self) -> dict[str, Any]:
         s = self.summary()
         out = {"model": self.fused.plan.graph.name, "target": self.fused.plan.target.name,
@@ -51,10 +61,42 @@ class Comparison:
                "correct": {k: r.correct for k, r in self.runs.items()},
                "speedup": s["speedup"], "offchip_ratio": s["offchip_ratio"],
                "fused": self.fused.as_dict(), "unfused": self.unfused.as_dict()}
+        out["attribution"] = {"fused": self.attribution("fused")}
         if self.cost is not None:
             out["cost"] = self.cost.as_dict()
             out["cost_plan"] = s["cost_plan"]
+            out["attribution"]["cost"] = self.attribution("cost")
         return out
+
+
+def attribute(run: GraphRun, unfused: GraphRun) -> list[dict[str, Any]]:
+    """See `Comparison.attribution`."""
+    kernels = [k for k in run.kernels if k.op != "view"]
+    owner = {p: i for i, k in enumerate(kernels) for p in k.prims}
+    holders: dict[str, list[str]] = {}  # ONNX node -> kernels holding one of its primitives
+    for k in kernels:
+        for n in k.nodes:
+            holders.setdefault(n, [])
+            if k.name not in holders[n]:
+                holders[n].append(k.name)
+    out = [{"kernel": k.name, "op": k.op, "prim_ops": list(k.prim_ops), "nodes": list(k.nodes), "where": k.where,
+            "cycles": k.cycles, "seconds": k.seconds, "offchip_bytes": k.offchip_bytes,
+            "partial_nodes": {n: [h for h in holders[n] if h != k.name] for n in k.nodes if len(holders[n]) > 1},
+            "unfused": [], "unfused_cycles": 0, "unfused_seconds": 0.0, "unfused_offchip_bytes": 0}
+           for k in kernels]
+    for u in unfused.kernels:
+        if u.op == "view":
+            continue
+        i = owner.get(u.prims[0]) if u.prims else None
+        if i is None:
+            raise OpcFailure(f"unfused kernel {u.name} ({u.op}) holds a primitive no {run.plan.kind} kernel holds")
+        a = out[i]
+        a["unfused"].append(u.name)
+        if u.where != "host":  # host nodes are outside the totals on both sides
+            a["unfused_cycles"] = None if u.cycles is None or a["unfused_cycles"] is None else a["unfused_cycles"] + u.cycles
+            a["unfused_seconds"] += u.seconds
+            a["unfused_offchip_bytes"] += u.offchip_bytes
+    return out
 
 
 def compare(graph: Graph, target: str | Target = "cpu", *, fallback: str | None = None, check: bool = True,

@@ -40,6 +40,7 @@ class KernelReport:
     onnx_ops: tuple[str, ...]
     prim_ops: tuple[str, ...]
     where: str  # the target's name, or "host" (fallback / onnxruntime)
+    prims: tuple[str, ...] = ()  # the value each of its primitives produces: a primitive's identity across plans
     config_source: str  # "tuning record", "template default", "-" for views and host nodes
     template: str = ""
     config: dict[str, Any] = field(default_factory=dict)
@@ -53,6 +54,7 @@ class KernelReport:
     def as_dict(self) -> dict[str, Any]:
         d = asdict(self)
         d["nodes"], d["onnx_ops"], d["prim_ops"] = list(self.nodes), list(self.onnx_ops), list(self.prim_ops)
+        d["prims"] = list(self.prims)
         return d
 
 
@@ -469,7 +471,7 @@ def reference(plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarr
 
 def _report(g: Group, plan: Plan, where: str, source: str, **kw) -> KernelReport:
     return KernelReport(name=g.name, op=g.op, nodes=g.nodes, onnx_ops=g.onnx_ops, prim_ops=g.prim_ops,
-                        where=where, config_source=source, **kw)
+                        prims=tuple(p.outputs[0] for p in g.prims), where=where, config_source=source, **kw)
 
 
 def _run_kernel(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], check: bool,

@@ -196,7 +196,7 @@ def settle(g: Group, judge: Callable[[Group], tuple[bool, str]], exclude: frozen
             verdicts[s.name] = why
         else:
             history = "; ".join(whys)
-            return [replace(s, why=f"{verdicts[s.name]} ({history})" if s.name in verdicts else history)
+            return [replace(s, why=f"{verdicts[s.name]} ({history})" if verdicts.get(s.name) else history)
                     for s in subs]
 
 

@@ -140,12 +140,35 @@ def format_plan(plan: Plan) -> str:
              f"{sum(g.op not in ('view', 'host') for g in plan.groups)} kernels, "
              f"{sum(g.op == 'view' for g in plan.groups)} views, {sum(g.op == 'host' for g in plan.groups)} host "
              f"nodes; {plan.graph.folded} constant nodes folded at import"]
+    holders: dict[str, list[str]] = {}
+    for g in plan.groups:
+        for n in g.nodes:
+            holders.setdefault(n, []).append(g.name)
     for g in plan.groups:
         lines.append(f"  {g.name:<4} {describe(g)}")
         lines.append(f"       <- {', '.join(f'{n} ({p})' for n, p in zip(g.nodes, _node_ops(g)))}")
+        if len(g.prims) > 1 and g.op not in ("view", "host"):
+            lines.append(f"       {fusion_note(g)}")
         if g.why:
             lines.append(f"       {g.why}")
+        for n in g.nodes:
+            if len(holders[n]) > 1 and g.op != "view":
+                lines.append(f"       part of node {n}: {'+'.join(p.kind for p in g.prims if p.node == n)} here, "
+                             f"the rest in {', '.join(h for h in holders[n] if h != g.name)}")
     return "\n".join(lines)
+
+
+def fusion_note(g: Group) -> str:
+    """What a fused kernel does in one line: its primitives in order, and for a conv or matmul
+    anchor which of them run in the epilogue (a residual: the tensor read there)."""
+    kinds = [p.kind if p.kind != "ew_chain" else f"ew_chain({p.params['chain']})" for p in g.prims]
+    head = g.prims[0].kind
+    if head in ("conv2d", "matmul"):
+        epi = []
+        for p in g.prims[1:]:
+            epi.append(f"add of the residual {p.inputs[1]}" if p.kind == "add" else p.kind)
+        return f"one {g.op} kernel: {head}, epilogue {' -> '.join(epi)} applied before the output leaves the core"
+    return f"one {g.op} kernel: {' -> '.join(kinds)}, intermediates stay on chip"
 
 
 def _node_ops(g: Group) -> list[str]:
@@ -160,4 +183,4 @@ def flops(plan: Plan, g: Group) -> int:
     return get_op(wl.op).flops(wl) if wl is not None else 0
 
 
-__all__ = ["Plan", "make_plan", "choose", "format_plan", "describe", "flops", "MODES"]
+__all__ = ["Plan", "make_plan", "choose", "format_plan", "fusion_note", "describe", "flops", "MODES"]

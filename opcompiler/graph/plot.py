@@ -12,20 +12,21 @@ _COLORS = {"conv2d": "#4C72B0", "matmul": "#4C72B0", "batch_norm": "#DD8452", "b
            "host": "#000000"}
 
 
-def _layers(c: Comparison) -> list[tuple[str, object, list]]:
-    """(label, fused kernel, unfused kernels doing the same nodes' work) in graph order."""
-    owner = {}
+def _layers(c: Comparison, plan: str = "fused") -> list[tuple[str, object, list]]:
+    """(label, fused kernel, unfused kernels doing its work) in graph order. Unfused kernels go
+    under the fused kernel holding their primitive (`Comparison.attribution`), so a Conv node's
+    conv2d and bias_add each go where that primitive went; a kernel holding only part of an ONNX
+    node says so in its label."""
+    run = c.runs[plan]
+    kernels = {k.name: k for k in run.kernels}
+    unfused = {k.name: k for k in c.unfused.kernels}
     layers = []
-    for k in c.fused.kernels:
-        if k.op == "view":
-            continue
+    for a in c.attribution(plan):
+        k = kernels[a["kernel"]]
         label = "+".join(dict.fromkeys(o.split(":")[0] for o in k.prim_ops))
-        layers.append((f"{k.name} {label}", k, []))
-        for n in k.nodes:
-            owner[n] = len(layers) - 1
-    for k in c.unfused.kernels:
-        if k.op != "view" and k.nodes[0] in owner:
-            layers[owner[k.nodes[0]]][2].append(k)
+        if a["partial_nodes"]:
+            label += " (part of " + ", ".join(f"{n} with {'/'.join(o)}" for n, o in a["partial_nodes"].items()) + ")"
+        layers.append((f"{k.name} {label}", k, [unfused[u] for u in a["unfused"]]))
     return layers
 
 
