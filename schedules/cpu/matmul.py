@@ -61,7 +61,9 @@ class CpuMatmul(Template):
         sch.vectorize(ji)
         sch.unroll(ii)
         sch.decompose_reduction(mm, ko)
-        sch.vectorize(sch.get_loops(out)[-1])
+        lps = sch.get_loops(out)
+        if len(lps) > 1:  # a 1 x 1 tile (m and n without a divisor > 1 up to the tile caps) has no loop of its own
+            sch.vectorize(lps[-1])
         return sch
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:

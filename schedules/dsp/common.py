@@ -15,6 +15,14 @@ def require_fp32(wl: Workload, target: Target) -> None:
                        value=wl.dtype, expected="float32")
 
 
+def copy_loop(sch, blk, depth: int):
+    """The outermost loop of a copy nest at `depth`. TVM drops unit loops when it computes a block
+    at a loop, so a tile of one row or one element has fewer loops: a unit loop is added back
+    (small M or N, e.g. a 1 x 1 output tile of a batch-1, one-feature fully connected layer)."""
+    lps = sch.get_loops(blk)
+    return lps[depth] if len(lps) > depth else sch.add_unit_loop(blk)
+
+
 def matmul_schedule(wl: Workload):
     """A fresh schedule of the matmul family's compute over (m, k, n) only (a transposed operand
     is relaid by DMA before the kernel), with its epilogue blocks (bias, ReLU) in order, the

@@ -25,7 +25,7 @@ from opcompiler.backend.dsp.tir_lower import lowered
 from opcompiler.ops import get_op
 from opcompiler.workload import Workload
 
-from .common import matmul_schedule
+from .common import copy_loop, matmul_schedule
 from .direct import ConvSpec, DirectConfig
 
 
@@ -149,8 +149,8 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
     sch.annotate(ri, "opc.dsp.op", "mk_red")
     sch.annotate(ri, "opc.dsp.parts", cores)
     for blk_rv, depth in ((o, 2), (r, 2), (p, 3), (a, 3)):
-        sch.annotate(_copy_loop(sch, blk_rv, depth), "opc.dsp.op", "dma")
-    wl_ = _copy_loop(sch, w, 3)
+        sch.annotate(copy_loop(sch, blk_rv, depth), "opc.dsp.op", "dma")
+    wl_ = copy_loop(sch, w, 3)
     sch.annotate(wl_, "opc.dsp.op", "dma")
     sch.annotate(wl_, "opc.dsp.resident", 1)
     blk, _ = sch.split(ii, [None, pw])
@@ -162,14 +162,8 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
         for n in range(1, len(sch.get(blk_rv).reads)):
             c = sch.cache_read(blk_rv, n, "local.AM")
             sch.compute_at(c, jo)
-            sch.annotate(_copy_loop(sch, c, 1), "opc.dsp.op", "dma")
+            sch.annotate(copy_loop(sch, c, 1), "opc.dsp.op", "dma")
     return sch
-
-
-def _copy_loop(sch, blk, depth: int):
-    """The outermost loop of a copy nest at `depth` (TVM drops unit loops: one is added back)."""
-    lps = sch.get_loops(blk)
-    return lps[depth] if len(lps) > depth else sch.add_unit_loop(blk)
 
 
 def build_program(tmpl, wl: Workload, target, config, functional: bool, tamper=None) -> Program:

@@ -33,7 +33,7 @@ from opcompiler.ops import get_op, op_prim_func, workload
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
-from .common import matmul_schedule
+from .common import copy_loop, matmul_schedule
 
 
 def nhwc_workload(wl: Workload) -> Workload:
@@ -100,9 +100,9 @@ def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     if config["out_path"] == "gsm":  # the tile AM -> GSM (this core's staging tile) -> DDR, as the paper
         g = sch.cache_write(o, 0, "local.GSM")
         sch.reverse_compute_at(g, item)
-        sch.annotate(sch.get_loops(g)[depth], "opc.dsp.op", "dma")
-    sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
-    sch.annotate(sch.get_loops(pad)[depth], "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, g, depth), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, o, depth), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, pad, depth), "opc.dsp.op", "dma")
     return sch, conv, ko, pixels, epi
 
 
@@ -183,9 +183,9 @@ def _ws_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     if config["out_path"] == "gsm":
         g = sch.cache_write(o, 0, "local.GSM")
         sch.reverse_compute_at(g, item)
-        sch.annotate(sch.get_loops(g)[depth], "opc.dsp.op", "dma")
-    sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
-    sch.annotate(sch.get_loops(pad)[depth], "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, g, depth), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, o, depth), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, pad, depth), "opc.dsp.op", "dma")
     return sch, conv, ko, None, epi
 
 
@@ -246,9 +246,9 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     if config["out_path"] == "gsm":  # the output tile AM -> GSM (this core's staging tile) -> DDR
         g = sch.cache_write(o, 0, "local.GSM")
         sch.reverse_compute_at(g, io)
-        sch.annotate(sch.get_loops(g)[2], "opc.dsp.op", "dma")
-    sch.annotate(sch.get_loops(o)[2], "opc.dsp.op", "dma")
-    sch.annotate(sch.get_loops(a)[2], "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, g, 2), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, o, 2), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, a, 2), "opc.dsp.op", "dma")
     blk, _ = sch.split(ii, [None, config["pw"]])
     sch.annotate(blk, "opc.dsp.op", "mk")
     _weights(sch, mm, jo, config, epi)

@@ -283,6 +283,9 @@ class GemmLowerer(Lowerer):
             dims = []
             for d, x in enumerate(loops):
                 at = [i for i, e in enumerate(onchip.indices) if _key(x.loop_var) in _vars(e, set())]
+                if not at and int(x.extent) == 1:  # a unit loop the schedule added back (a tile of one
+                    dims.append(len(onchip.indices))  # element, e.g. n=1's bias): no dimension, no limit
+                    continue
                 if len(at) != 1:
                     raise OpcFailure(f"tir lowering: copy loop {x.loop_var.name} must walk one dimension of the tile")
                 dims.append(at[0])
@@ -495,16 +498,24 @@ class GemmLowerer(Lowerer):
         """The bias vector's address for a C element: the epilogue nest's bias index at the
         epilogue iteration that reads that element of the tile."""
         loops = info["epi_loops"]
-        if not 1 <= len(loops) <= 2:
+        if len(loops) > 2:
             raise OpcFailure("tir lowering: the bias epilogue must be a (row, column) nest")
-        vc = _key(loops[-1].loop_var)  # (TVM drops the row loop of a one-row tile)
-        vr = _key(loops[0].loop_var) if len(loops) == 2 else None
-        at = {**E, vc: 0, **({vr: 0} if vr is not None else {})}
+        at = {**E, **{_key(x.loop_var): 0 for x in loops}}
+        b0 = int(info["fbias"](at, None))
+        # TVM drops the row loop of a one-row tile and the column loop of a one-column tile (n=1):
+        # the loop the bias index moves with is the column loop, the other the row loop
+        vc = vr = None
+        for x in loops:
+            if int(info["fbias"]({**at, _key(x.loop_var): 1}, None)) != b0:
+                vc = _key(x.loop_var) if vc is None else None
+            else:
+                vr = _key(x.loop_var) if vr is None else None
+        if len(loops) != (vc is not None) + (vr is not None):
+            raise OpcFailure("tir lowering: the bias epilogue must be a (row, column) nest")
         e0 = int(info["facc_epi"](at, None))
         de_row = int(info["facc_epi"]({**at, vr: 1}, None)) - e0 if vr is not None else 1 << 40
-        de = int(info["facc_epi"]({**at, vc: 1}, None)) - e0
-        b0 = int(info["fbias"](at, None))
-        db = int(info["fbias"]({**at, vc: 1}, None)) - b0
+        de = int(info["facc_epi"]({**at, vc: 1}, None)) - e0 if vc is not None else 1
+        db = int(info["fbias"]({**at, vc: 1}, None)) - b0 if vc is not None else 0  # one column: one bias value
         _, base = self._base(info["bias_b"], 0)
         acc_base = self._base(info["acc"], 0)[1]
         L = self.m.lanes

@@ -620,16 +620,27 @@ class Lowerer:
         return self._intern(op)
 
 
+def _has_load(e) -> bool:
+    if type(e).__name__ in ("BufferLoad", "TensorLoad"):
+        return True
+    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
+        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)) and _has_load(getattr(e, attr)):
+            return True
+    return any(_has_load(x) for x in getattr(e, "args", ()))
+
+
 def _outer_terms(e, inner: set[int], out: dict[str, Any]) -> None:
     """The largest subterms of `e` that mention no loop variable of the stage (and mention some
     variable), by their script text. The indices of a load are not entered: they only move an
-    address, which timing ops do not carry."""
+    address, which timing ops do not carry, and a subterm that holds a load is split further (a
+    stored value such as max(reg[i], 0) of a one-feature layer's epilogue, whose indices are all
+    outer variables, is data, not a shape)."""
     if type(e).__name__ in ("BufferLoad", "TensorLoad"):
         return
     vs = _vars(e, set())
     if not vs:
         return
-    if not (vs & inner):
+    if not (vs & inner) and not _has_load(e):
         out.setdefault(str(e), e)
         return
     for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
