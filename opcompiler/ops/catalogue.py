@@ -467,6 +467,22 @@ for _name, _fn, _np in (("reduce_sum", dsl.sum, np.sum), ("reduce_max", dsl.redu
         flops_fn=lambda wl: wl["m"] * wl["n"], validate_fn=_validate_red,
     ))
 
+
+
+def _mean_compute(wl: Workload):
+    (x,) = ins = _placeholders([("x", (wl["m"], wl["n"]), wl.dtype)])
+    return ins, dsl.vmuls(dsl.sum(x, axis=1), 1.0 / wl["n"])
+
+
+register_op(OpDef(
+    name="reduce_mean", summary="mean over the last axis of an (m, n) tensor (global average pooling as a row "
+                                "reduction: the sum, then one multiply by 1/n)", family="reduce",
+    defaults=RED_DEFAULTS, dtypes=_EW_DTYPES, compute_fn=_mean_compute,
+    reference_fn=lambda wl, ins: (ins[0].astype(np.float32).sum(axis=1) * np.float32(1.0 / wl["n"])).astype(wl.dtype),
+    input_specs=lambda wl: [("x", (wl["m"], wl["n"]), wl.dtype)],
+    flops_fn=lambda wl: wl["m"] * wl["n"] + wl["m"], validate_fn=_validate_red,
+))
+
 # ---------------------------------------------------------------- ops added for ONNX graphs (opcompiler.graph)
 # conv+bn and matmul+bias without an activation (ResNet's second conv before the residual add,
 # FC layers that end a head), a general element-wise chain (Sigmoid, Clip, Mul and any fused run of

@@ -14,9 +14,18 @@ view, the knobs as split factor and tile-loop annotations) lowered by the backen
 
 GM layouts (host-side preprocessing): x and y as NC1HWC0 (N*C1, H, W, 16); the average's
 count table (Ho, Wo, 16) is derived from the shape on the host (like a weight).
+
+Global pooling (one window covering the whole unpadded input, of at least `ROW_TAPS` taps) is a
+reduction, not a window: one instruction per tap per output row would cover a single output
+pixel (16 of 128 lanes) for each of H*W taps. Such a workload is scheduled as the row reduction
+it is (v2): the reduce template's TVM schedule of `reduce_mean` / `reduce_max` over the (N*C,
+H*W) rows (x read ND, relaid on the host like every layout change here), lowered by
+`emit_reduce` (per row a vcadd / vcmax fold, the mean's 1/(H*W) one vmuls); its knobs are the
+reduce template's (`rows_tile`, `double_buffer`, `block_dim`).
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from typing import Mapping
 
 import numpy as np
@@ -32,6 +41,21 @@ from .common import AscendTemplate, core_values, from_5hd, machine, to_5hd
 
 C0 = 16
 ROW_TILES = (1, 2, 4, 8, 16, 32, 64)
+ROW_TAPS = 64  # a global window of this many taps or more runs as a row reduction
+
+
+def row_workload(wl: Workload) -> Workload | None:
+    """The row reduction a global pool is ((N*C, H*W) rows, reduce_mean / reduce_max), or None."""
+    if wl["pad"] or wl["kernel"] != wl["h"] or wl["kernel"] != wl["w"] or wl["h"] * wl["w"] < ROW_TAPS:
+        return None
+    from opcompiler.ops import workload
+    return workload("reduce_mean" if wl["mode"] == "avg" else "reduce_max",
+                    {"m": wl["n"] * wl["c"], "n": wl["h"] * wl["w"]}, dtype=wl.dtype)
+
+
+def _rows():
+    from .reduce import AscendReduce
+    return AscendReduce()
 
 
 def _geo(wl: Workload):
@@ -47,9 +71,11 @@ class AscendPool(AscendTemplate):
 
     name = "ascend.pool2d"
     op_families = ("pool",)
-    version = 1
+    version = 2  # v2: global windows of ROW_TAPS taps or more run as a row reduction
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
+        if (rw := row_workload(wl)) is not None:
+            return _rows().space(rw, target)
         ho = _pool_out(wl)[0]
         rows = tuple(v for v in ROW_TILES if v < ho) + (min(v for v in ROW_TILES if v >= ho) if ho <= 64 else 64,)
         return [Knob("oh_tile", tuple(dict.fromkeys(rows)), "output rows per UB tile"),
@@ -57,12 +83,16 @@ class AscendPool(AscendTemplate):
                 Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over")]
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
+        if (rw := row_workload(wl)) is not None:
+            return _rows().preferred(rw, target)
         sp = self.space(wl, target)[0].values
         return [{"oh_tile": t, "double_buffer": 1, "block_dim": target.cores} for t in reversed(sp)]
 
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         """What the scheduled module holds in UB per slot: the tile's padded input rows and the
         columns its windows read, the output rows (and for avg the count rows)."""
+        if (rw := row_workload(wl)) is not None:
+            return _rows().buffers(rw, target, cfg)
         ho, wo, k, s, p, _ = _geo(wl)
         isz = np.dtype(wl.dtype).itemsize
         rt = min(cfg["oh_tile"], ho)
@@ -82,6 +112,21 @@ class AscendPool(AscendTemplate):
 
         from .pool_tir import count_table, pool_schedule
 
+        if (rw := row_workload(wl)) is not None:  # a global window: the row reduction it is
+            plan = _rows().apply(rw, target, cfg)
+            n, c, layout = wl["n"], wl["c"], wl.layout
+
+            def rows(inputs: list[np.ndarray]) -> list[np.ndarray]:
+                x = inputs[0].transpose(0, 3, 1, 2) if layout == "NHWC" else inputs[0]
+                return [np.ascontiguousarray(x.reshape(n * c, -1))]
+
+            shape = (n, c, 1, 1) if layout == "NCHW" else (n, 1, 1, c)
+            return replace(plan, pack=lambda inputs: plan.pack(rows(inputs)),
+                           unpack=lambda y: np.ascontiguousarray(plan.unpack(y).reshape(shape)),
+                           flops=get_op(wl.op).flops(wl),
+                           info={**plan.info, "global_pool": f"a row reduction ({rw.op} over {n * c} rows of "
+                                                            f"{wl['h'] * wl['w']})",
+                                 "layout_change": "NCHW/NHWC -> (N*C, H*W) rows on the host"})
         m = machine(target)
         n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
         ho, wo = _pool_out(wl)
@@ -108,6 +153,8 @@ class AscendPool(AscendTemplate):
                           "tir_nests": len(vk.nests)})
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
+        if (rw := row_workload(wl)) is not None:
+            return _rows().features(rw, target, config)
         cfg = self.config(wl, target, config)
         ho, wo, k, s, p, wp = _geo(wl)
         isz = np.dtype(wl.dtype).itemsize

@@ -66,7 +66,7 @@ class CpuReduceLike(Template):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]):
         sch = create_schedule(wl)
-        red_name = {"pool2d": "pool2d", "reduce_sum": "sum"}.get(wl.op, wl.op)
+        red_name = {"pool2d": "pool2d", "reduce_sum": "sum", "reduce_mean": "sum"}.get(wl.op, wl.op)
         red = sch.get_sblock(red_name)
         inline_all_except(sch, {red_name})
         out = output_block(sch)

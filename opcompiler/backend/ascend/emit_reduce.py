@@ -61,6 +61,7 @@ class _Step:
     dst: Any = None  # _Ref, or for dma (name, starts (U, d), sizes (U, d))
     srcs: tuple = ()
     op: str = ""
+    scalar: float = 0.0  # muls / adds: the immediate
 
 
 @dataclass(eq=False)
@@ -113,7 +114,7 @@ class RowKernel:
                          buf(st.dst.buf), int(st.dst.off[it]))
                 else:
                     kb.vec(st.op, VOp(buf(st.dst.buf), int(st.dst.off[it])),
-                           tuple(VOp(buf(s.buf), int(s.off[it])) for s in st.srcs), cnt)
+                           tuple(VOp(buf(s.buf), int(s.off[it])) for s in st.srcs), cnt, st.scalar)
             kb.loop()
         return kb.finish(gm_inputs=self.inputs, lowering="emit_insn (row reductions)")
 
@@ -417,7 +418,7 @@ class _RowLowering:
         # element-wise: over whole aligned rows of the tile (casts) or over one row
         rows = len(ext) == 2
         d = self._ref(dst, stmt.indices, env, mask, name, rows=rows)
-        op, srcs = self._vop(val, env, mask, name, rows)
+        op, srcs, imm = self._vop(val, env, mask, name, rows)
         if rows:  # the padding lanes of aligned rows ride along: one run of rows x row stride
             stride = dst.strides[0]
             if any(self._stride(s.buf) != stride for s in srcs):
@@ -425,7 +426,7 @@ class _RowLowering:
             cnt = m2.reshape(self.U, ext[0], ext[1]).any(axis=2).sum(axis=1) * stride
         elif len(ext) != 1:
             raise OpcFailure(f"emit_reduce: {name}: a vector nest over rows x columns or one row")
-        self.steps.append(_Step("vec", cnt, d, tuple(srcs), op=op))
+        self.steps.append(_Step("vec", cnt, d, tuple(srcs), op=op, scalar=imm))
 
     def _stride(self, name: str) -> int:
         return next(b.strides[0] for b in self.bufs.values() if b.name == name)
@@ -461,19 +462,23 @@ class _RowLowering:
         self.scratch = (max(n, self.scratch[0] if self.scratch else 0), src.dtype)
 
     def _vop(self, e, env, mask, name, rows):
+        """(vector op, source refs, immediate) of an element-wise nest's value."""
         T = self.T
         if isinstance(e, self.TensorLoad):
             ref = self._load(e, env, mask, name, rows)
-            return ("dups" if self._invariant(e, env, mask, name) else "copy"), [ref]
+            return ("dups" if self._invariant(e, env, mask, name) else "copy"), [ref], 0.0
         if isinstance(e, T.Cast):
             if not isinstance(e.value, self.TensorLoad):
                 raise OpcFailure(f"emit_reduce: {name}: a cast of a load")
-            return "conv", [self._load(e.value, env, mask, name, rows)]
+            return "conv", [self._load(e.value, env, mask, name, rows)], 0.0
         if isinstance(e, self.Call) and e.op.name in ("tirx.exp", "tirx.log") and isinstance(e.args[0], self.TensorLoad):
-            return {"tirx.exp": "exp", "tirx.log": "ln"}[e.op.name], [self._load(e.args[0], env, mask, name, rows)]
+            return {"tirx.exp": "exp", "tirx.log": "ln"}[e.op.name], [self._load(e.args[0], env, mask, name, rows)], 0.0
         kinds = {T.Add: "add", T.Sub: "sub", T.Mul: "mul", T.Div: "div", T.Max: "max", T.Min: "min"}
         if type(e) in kinds and isinstance(e.a, self.TensorLoad) and isinstance(e.b, self.TensorLoad):
-            return kinds[type(e)], [self._load(e.a, env, mask, name, rows), self._load(e.b, env, mask, name, rows)]
+            return kinds[type(e)], [self._load(e.a, env, mask, name, rows), self._load(e.b, env, mask, name, rows)], 0.0
+        scalar = {T.Mul: "muls", T.Add: "adds"}
+        if type(e) in scalar and isinstance(e.a, self.TensorLoad) and isinstance(e.b, (T.FloatImm, T.IntImm)):
+            return scalar[type(e)], [self._load(e.a, env, mask, name, rows)], float(e.b.value)  # reduce_mean's 1/n
         raise OpcFailure(f"emit_reduce: {name}: no vector instruction for {type(e).__name__}")
 
     def _load(self, e, env, mask, name, rows) -> _Ref:
