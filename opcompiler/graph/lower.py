@@ -366,18 +366,38 @@ def _pool(mode: str) -> Callable[[_Ctx, Node], None]:
         extra = [max((o - 1) * st + kk - (n + p0 + p1), 0)
                  for o, st, kk, n, p0, p1 in zip((ho, wo), strides, ks, xs[2:], pads[:2], pads[2:])]
         pads = [pads[0], pads[1], pads[2] + extra[0], pads[3] + extra[1]]
-        if len(set(pads)) != 1:
-            if mode == "avg" and not node.attrs.get("count_include_pad", 0):
-                raise Unsupported(node, f"average pooling with asymmetric pads {pads} (or ceil_mode) that "
-                                        "exclude padding from the count")
+        include = bool(node.attrs.get("count_include_pad", 0))
+        divisor = None
+        if len(set(pads)) != 1 or (mode == "avg" and include and pads[0]):
+            if mode == "avg":  # zero padding, a window sum over k*k, then each output scaled to its own count
+                divisor = _avg_divisor(xs[2:], ks[0], strides[0], pads, extra, include)
             x, xs = _explicit_pad(ctx, node, x, xs, pads, "lowest" if mode == "max" else "zero")
             pads = [0, 0, 0, 0]
-        if mode == "avg" and node.attrs.get("count_include_pad", 0) and pads[0]:
-            x, xs = _explicit_pad(ctx, node, x, xs, pads, "zero")
-            pads = [0, 0, 0, 0]
-        ctx.emit("pool2d", {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "kernel": ks[0], "stride": strides[0],
-                            "pad": pads[0], "mode": mode, "layout": "NCHW"}, (x,), node.outputs[0], node)
+        params = {"n": xs[0], "c": xs[1], "h": xs[2], "w": xs[3], "kernel": ks[0], "stride": strides[0],
+                  "pad": pads[0], "mode": mode, "layout": "NCHW"}
+        out = node.outputs[0]
+        if divisor is None or np.all(divisor == ks[0] * ks[0]):
+            ctx.emit("pool2d", params, (x,), out, node)
+            return
+        oshape = ctx.shapes[out]
+        mid = ctx.emit("pool2d", params, (x,), f"{out}:sum", node, oshape)
+        fix = np.broadcast_to((ks[0] * ks[0] / divisor).astype(np.float32), oshape)  # a constant, like a weight
+        ctx.emit("ew_chain", {**ew_params(oshape), "chain": "mul"}, (mid, ctx.const(f"{node.name}:count", fix)), out,
+                 node, oshape)
     return fn
+
+
+def _avg_divisor(hw, k: int, stride: int, pads: list[int], extra: list[int], include: bool) -> np.ndarray:
+    """(Ho, Wo) element counts an ONNX AveragePool divides by (onnxruntime's rule): with
+    count_include_pad the window clipped to the padded input (ceil_mode's windows past it count
+    only what they cover), else clipped to the input itself."""
+    counts = []
+    for n, p0, p1, ex in zip(hw, pads[:2], pads[2:], extra):
+        o = (n + p0 + p1 - k) // stride + 1
+        start = np.arange(o) * stride - p0
+        end = np.minimum(start + k, n + p1 - ex)  # p1 includes ceil_mode's extra rows, which never count
+        counts.append(end - start if include else np.minimum(end, n) - np.maximum(start, 0))
+    return np.outer(counts[0], counts[1]).astype(np.float64)
 
 
 def _global_avg(ctx: _Ctx, node: Node) -> None:
