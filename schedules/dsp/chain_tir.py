@@ -39,6 +39,8 @@ from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
+from .common import copy_loop
+
 _WL: dict[str, Workload] = {}
 
 
@@ -123,14 +125,14 @@ def chain_schedule(wl: Workload, mode: str, batch: bool, per: int, chunk: int, l
         sch.compute_at(rd, stage)
         if aligned:
             sch.storage_align(rd, 0, len(sch.get(rd).writes[0].source.shape) - 2, lanes, 0)
-        sch.annotate(sch.get_loops(rd)[depth], "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, rd, depth), "opc.dsp.op", "dma")
     for i in reversed(params):
         rd = sch.cache_read(blk, i, "local.SM" if mode == "plane" else "local.AM")
-        sch.annotate(sch.get_loops(rd)[0], "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, rd, 0), "opc.dsp.op", "dma")
     if aligned:
         sch.storage_align(blk, 0, len(sch.get(blk).writes[0].source.shape) - 2, lanes, 0)
-    sch.annotate(sch.get_loops(blk)[depth], "opc.dsp.op", VEC)
-    sch.annotate(sch.get_loops(o)[depth], "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, blk, depth), "opc.dsp.op", VEC)  # (a one-element stage: a unit loop)
+    sch.annotate(copy_loop(sch, o, depth), "opc.dsp.op", "dma")
     return sch
 
 
