@@ -7,6 +7,7 @@ import pytest
 from opcompiler.errors import OpcError
 from opcompiler.graph import load
 from opcompiler.graph.compare import compare
+from opcompiler.graph.partition import fusion_patterns
 from opcompiler.graph.plan import choose, make_plan
 from opcompiler.target import load_target
 
@@ -28,10 +29,12 @@ def test_choose_keeps_what_pays_and_splits_what_does_not(models):
     # the fused conv2d_bn_relu costs more than conv2d + batch_norm + relu; every other fusion pays
     table = {op: 1.0 for op in ops | prims}
     table.update({"conv2d_bn_relu": 10.0, "conv2d": 3.0, "batch_norm": 3.0, "relu": 3.0})
+    table.update({op: 1.0 for op, _ in fusion_patterns() if op not in table})
     chosen = choose(list(fused.groups), _costs(table), load_target("cpu"))
     assert "conv2d_bn_relu" not in {c.op for c in chosen}
-    assert [c.op for c in chosen if c.why == "split: fused conv2d_bn_relu 1e+07 us > 9e+06 us for its 3 parts"
-            ] == ["conv2d", "batch_norm", "relu"]
+    # split, it is partitioned again without its op: conv2d_bn (which pays) + relu, not three kernels
+    why = "split: fused conv2d_bn_relu 1e+07 us > 9e+06 us for its 3 parts"
+    assert [c.op for c in chosen if why in c.why] == ["conv2d_bn", "relu"]
     kept = [c for c in chosen if len(c.prims) > 1]
     assert kept and all(c.why.startswith("fused: ") for c in kept)
 
@@ -50,10 +53,11 @@ def test_a_fused_kernel_the_target_cannot_build_is_split(models):
     g = load(models["resnet_block"], batch=1)
     fused = make_plan(g, "cpu", mode="fused")
     table = {op: 1.0 for grp in fused.groups for op in [grp.op, *(p.kind for p in grp.prims)]}
+    table.update({op: 1.0 for op, _ in fusion_patterns() if op not in table})
     table["conv2d_bn_relu"] = "fail"
     chosen = choose(list(fused.groups), _costs(table), load_target("cpu"))
-    assert any(c.why.startswith("split: the fused conv2d_bn_relu cannot be built for cpu (no template")
-               for c in chosen)
+    assert [c.op for c in chosen if "split: the fused conv2d_bn_relu cannot be built for cpu (no template" in c.why
+            ] == ["conv2d_bn", "relu"]
 
 
 @pytest.mark.parametrize("target, model, batch", [("ascend-sim", "resnet_block", 1), ("ascend-sim", "minigo", 2),

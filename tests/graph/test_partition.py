@@ -41,11 +41,12 @@ def test_patterns_come_from_the_catalogue():
 def test_resnet_block_fused_and_unfused(models):
     g = load(models["resnet_block"], batch=1)
     fused, unfused = make_plan(g, "cpu"), make_plan(g, "cpu", fused=False)
-    assert _ops(fused) == ["conv2d_bn_relu", "conv2d_bn", "add_relu"]
+    # the second conv's BN, the residual add and the ReLU run in its epilogue (conv + eltwise)
+    assert _ops(fused) == ["conv2d_bn_relu", "conv2d_bn_add_relu"]
     assert _ops(unfused) == ["conv2d", "batch_norm", "relu", "conv2d", "batch_norm", "add", "relu"]
-    assert [len(k.nodes) for k in fused.groups] == [3, 2, 2]
-    # the residual add takes the block input second: add(conv-branch, x)
-    assert fused.groups[2].inputs[1] == "x"
+    assert [len(k.nodes) for k in fused.groups] == [3, 4]
+    # the residual add takes the block input last: (data, weight, scale, shift, x)
+    assert fused.groups[1].inputs[4] == "x"
 
 
 def test_a_value_read_twice_or_returned_stays_in_memory(tmp_path):
