@@ -15,7 +15,7 @@ def test_compare_json_and_plot(models, tmp_path, capsys):
                  "--plot", str(png)]) == 0
     d = json.loads(capsys.readouterr().out)
     assert d["correct"] == {"fused": True, "unfused": True, "cost": True}
-    assert [k["op"] for k in d["fused"]["kernels"]] == ["conv2d_bn_relu", "conv2d_bn", "add_relu"]
+    assert [k["op"] for k in d["fused"]["kernels"]] == ["conv2d_bn_relu", "conv2d_bn_add_relu"]
     assert d["offchip_ratio"] > 1.5 and d["plot"] == str(png)
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 10_000
 
