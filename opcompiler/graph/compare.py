@@ -93,7 +93,8 @@ def attribute(run: GraphRun, unfused: GraphRun) -> list[dict[str, Any]]:
         a = out[i]
         a["unfused"].append(u.name)
         if u.where != "host":  # host nodes are outside the totals on both sides
-            a["unfused_cycles"] = None if u.cycles is None or a["unfused_cycles"] is None else a["unfused_cycles"] + u.cycles
+            cyc = a["unfused_cycles"]
+            a["unfused_cycles"] = None if u.cycles is None or cyc is None else cyc + u.cycles
             a["unfused_seconds"] += u.seconds
             a["unfused_offchip_bytes"] += u.offchip_bytes
     return out
