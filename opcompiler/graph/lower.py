@@ -1,8 +1,8 @@
 """ONNX nodes -> primitive ops of the catalogue (one kernel each in the unfused plan).
 
 Each supported ONNX node becomes one or more `Prim`s: Conv with a bias is conv2d then bias_add
-(the bias folded into a following BN that alone reads it), BatchNormalization is batch_norm with (scale, shift) folded from its constants, Gemm is matmul
-then bias_add, Sum is a chain of adds; Flatten, Reshape and Identity are zero-cost views.
+(the bias folded into a following BN that alone reads it), BatchNormalization is batch_norm
+with (scale, shift) folded from its constants, Gemm is matmul then bias_add, Sum is a chain of adds; Flatten, Reshape and Identity are zero-cost views.
 A node we cannot compile raises `Unsupported`; with `fallback="cpu"` it becomes a host prim
 that onnxruntime runs on the host, reported separately.
 """
