@@ -41,6 +41,14 @@ class Choice:
     spec: ConfigSpec  # None (template default), a name the template knows ("paper") or knobs
     source: str  # for reports and manifests: "template default", "best verified record (...)", "given"
     record: Any = None  # the tuning record (`tune.records.Record`) when the knobs came from one
+    inherited_from: str = ""  # a fused op's anchor op ("conv2d") when the record is the anchor's
+
+    @property
+    def kind(self) -> str:
+        """One word for tables: "record", "inherited" (the anchor's record) or "default"."""
+        if self.inherited_from:
+            return "inherited"
+        return "record" if self.record is not None else ("default" if self.spec is None else "given")
 
 
 def parse_config(text: ConfigSpec) -> ConfigSpec:
@@ -72,7 +80,8 @@ def choose(wl: Workload, target: Target, spec: ConfigSpec) -> Choice:
         from .tune.records import find_best
         found = find_best(wl, target)
         if found is None:
-            return Choice(spec=None, source="template default (no verified record for this key)")
+            return inherited(wl, target) or Choice(spec=None,
+                                                   source="template default (no verified record for this key)")
         return Choice(spec=dict(found.record.config), source=f"best verified record ({found.describe()})",
                       record=found.record)
     if isinstance(spec, Mapping):
@@ -80,10 +89,117 @@ def choose(wl: Workload, target: Target, spec: ConfigSpec) -> Choice:
     return Choice(spec=spec, source=str(spec))
 
 
+def _size(n: float) -> str:
+    for unit in ("B", "KB", "MB", "GB", "TB", "PB"):
+        if n < 1024 or unit == "PB":
+            return f"{n:.3g} {unit}"
+        n /= 1024
+    return f"{n:.3g} PB"
+
+
+def beyond_machine(wl: Workload, target: Target) -> None:
+    """Refuse, in one line and before anything is scheduled, a workload whose inputs and output do
+    not fit the target's off-chip memory (its largest bounded level shared by every core: the 910's
+    32 GB HBM; the host's RAM for a target whose memory the model leaves unbounded)."""
+    from .ops import get_op
+
+    op = get_op(wl.op)
+    shape_bytes = op.bytes(wl)
+    offchip = [m for m in target.memories if m.shared]
+    cap = max((m.capacity_bytes for m in offchip), default=0)
+    where = max(offchip, key=lambda m: m.capacity_bytes).name if cap else "host memory"
+    if cap == 0 or any(m.capacity_bytes == 0 for m in offchip):
+        try:
+            import psutil
+            cap = psutil.virtual_memory().total
+        except (ImportError, OSError):
+            return
+        where = "this host's memory (the model's off-chip memory is unbounded, but the values live here)"
+    if shape_bytes > cap:
+        shape = ",".join(f"{k}={v}" for k, v in wl.params if not isinstance(v, str))
+        raise OpcError(f"{wl.op}'s inputs and output need {_size(shape_bytes)}, more than the {_size(cap)} of "
+                       f"{where} on {target.name}", arg="--shape", value=shape,
+                       expected=f"a shape whose tensors fit in {_size(cap)}")
+
+
+def anchor(wl: Workload) -> Workload | None:
+    """The workload a fused op is built around: its first unfused step when that op has the same
+    template family (conv2d_bn_relu -> conv2d, matmul_bias_relu -> matmul), else None."""
+    from .ops import get_op, workload
+
+    op = get_op(wl.op)
+    if op.unfused_fn is None:
+        return None
+    first = op.unfused(wl)[0]
+    if first.op == wl.op or get_op(first.op).family != op.family:
+        return None
+    return workload(first.op, dict(first.params), dtype=wl.dtype)
+
+
+def inherited(wl: Workload, target: Target) -> Choice | None:
+    """A fused op with no record of its own starts from its anchor's best verified record for the
+    same shape, re-checked with the fused op's own buffers (the epilogue's parameters in UB, say);
+    None when there is no anchor, no record, or the record does not fit the fused kernel."""
+    base = anchor(wl)
+    if base is None:
+        return None
+    from .ops import get_op
+    from .template import get_template
+    from .tune.records import find_best
+
+    found = find_best(base, target)
+    if found is None:
+        return None
+    try:
+        tmpl = get_template(get_op(wl.op).family, target.family)
+        cfg = tmpl.config(wl, target, found.record.config)
+    except OpcError:
+        return None
+    how = "inherited by"
+    if tmpl.check(wl, target, cfg) is not None:
+        fitted = _shrink(tmpl, wl, target, cfg)
+        if fitted is None:
+            return None
+        changed = ", ".join(f"{k} {cfg[k]}->{fitted[k]}" for k in cfg if fitted[k] != cfg[k])
+        cfg, how = fitted, f"adapted to fit ({changed}) by"
+    return Choice(spec=cfg, source=f"{base.op}'s best verified record, {how} {wl.op} "
+                  f"({found.describe()})", record=found.record, inherited_from=base.op)
+
+
+def _shrink(tmpl: Template, wl: Workload, target: Target, cfg: Config, budget: int = 256) -> Config | None:
+    """The nearest config that fits, stepping numeric knobs down one value at a time (fewest steps
+    first): what an anchor's record becomes when the fused op's epilogue needs more room
+    (registers, UB). None when nothing within `budget` checks fits."""
+    from .template_base import Knob
+
+    knobs: list[Knob] = [k for k in tmpl.space(wl, target)
+                         if k.tunable and all(isinstance(v, int) and not isinstance(v, bool) for v in k.values)]
+    frontier, seen = [dict(cfg)], {json.dumps(cfg, sort_keys=True)}
+    while frontier and budget > 0:
+        nxt = []
+        for c in frontier:
+            for k in knobs:
+                vals = sorted(k.values)
+                if c.get(k.name) not in vals or vals.index(c[k.name]) == 0:
+                    continue
+                d = {**c, k.name: vals[vals.index(c[k.name]) - 1]}
+                sig = json.dumps(d, sort_keys=True)
+                if sig in seen:
+                    continue
+                seen.add(sig)
+                budget -= 1
+                if tmpl.check(wl, target, d) is None:
+                    return d
+                nxt.append(d)
+        frontier = nxt
+    return None
+
+
 def resolve_config(template: Template, wl: Workload, target: Target, spec: ConfigSpec) -> Config:
     """The full config `spec` means for `template`, checked: unknown or out-of-range knobs, an
     unknown name, a template without a paper schedule, and a config its `check` rejects each
     raise an `OpcError` (the last an `InvalidConfig`) naming the argument and what would work."""
+    beyond_machine(wl, target)
     if isinstance(spec, str) and spec not in NAMES:
         spec = parse_config(spec) if spec.lstrip().startswith("{") or spec.endswith(".json") else spec
     if spec == "best":
@@ -109,4 +225,4 @@ def resolve_config(template: Template, wl: Workload, target: Target, spec: Confi
     return cfg
 
 
-__all__ = ["Choice", "ConfigSpec", "InvalidConfig", "choose", "parse_config", "resolve_config"]
+__all__ = ["Choice", "ConfigSpec", "InvalidConfig", "anchor", "choose", "inherited", "parse_config", "resolve_config"]

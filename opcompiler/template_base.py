@@ -66,6 +66,11 @@ class Template:
         """Why `config` cannot work on `target` (capacity, alignment), or None."""
         return None
 
+    def complete(self, wl: Workload, target: Target, given: Mapping[str, Any]) -> Config:
+        """The knobs a partial config `given` is filled in from: the default here; templates with a
+        ranking of their candidates take the best-ranked one that fits together with `given`."""
+        return self.default(wl, target)
+
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Any:
         """Build the schedule (what the backend compiles) for one config."""
         raise NotImplementedError
@@ -81,8 +86,10 @@ class Template:
     def config(self, wl: Workload, target: Target, config: Mapping[str, Any] | None) -> Config:
         """Validate a (possibly partial) config against the space; defaults fill the rest."""
         space = {k.name: k for k in self.space(wl, target)}
-        out = dict(self.default(wl, target))
-        for key, val in (config or {}).items():
+        given = dict(config or {})
+        # a complete config needs no default (which may be derived, and cost a ranking)
+        out = dict(self.complete(wl, target, given)) if set(space) - set(given) else {}
+        for key, val in given.items():
             if key not in space:
                 raise OpcError(f"unknown knob {key!r} for template {self.name}", arg="--config",
                                expected="; ".join(k.describe() for k in space.values()))

@@ -90,8 +90,13 @@ def test_ascend_build_runs_check_and_reports_the_builders_capacity_error(monkeyp
     assert e.value.level == "L0C"
     tmpl = get_template("matmul", "ascend")
     monkeypatch.setattr(type(tmpl), "check", lambda self, wl, target, config: "rejected by check")
+    small = workload("matmul", "m=64,k=64,n=64", dtype="float16")
+    full = {"m_tile": 64, "k_tile": 64, "n_tile": 64, "double_buffer": 1, "block_dim": 32, "a_layout": "zZ"}
     with pytest.raises(InvalidConfig, match="rejected by check"):
-        be.build(workload("matmul", "m=64,k=64,n=64", dtype="float16"))
+        be.build(small, full)
+    # the default: no candidate passes, so the workload is refused as beyond the machine, in one line
+    with pytest.raises(OpcError, match="does not fit ascend910-sim with any tiling.*rejected by check"):
+        be.build(small)
 
 
 def test_dsp_paper_and_bad_name():

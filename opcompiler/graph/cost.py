@@ -14,7 +14,7 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from ..api import resolve_config
+from ..config import choose
 from ..backend import Backend, Kernel, capabilities, get_backend
 from ..ops import workload
 from ..target import Target
@@ -30,7 +30,7 @@ MAX_CACHED = 4096  # kernels kept per process (a DenseNet-121 has a few hundred 
 @dataclass(frozen=True)
 class Built:
     kernel: Kernel
-    config_source: str  # "tuning record" or "template default"
+    config_source: str  # "tuning record", "inherited from conv2d's record" or "template default"
 
 
 def backend_for(target: Target) -> Backend:
@@ -47,19 +47,30 @@ def _key(target: Target, wl: Workload, cfg: Mapping[str, Any] | None) -> tuple:
 def built(target: Target, wl: Workload, config: str = "best", backend: Backend | None = None) -> Built:
     """The kernel of `wl` on `target` with its best record (or default), built once per process.
     Raises what `backend.build` raises (an `OpcError` when the target cannot build it)."""
-    cfg = None if config in (None, "default") else resolve_config(wl, target, config)
+    cfg, source = _resolve(wl, target, config)
     key = _key(target, wl, cfg)
     with _LOCK:
         hit = _KERNELS.get(key)
-    if hit is not None:
+    if hit is not None and hit.config_source == source:
         return hit
-    kernel = (backend or backend_for(target)).build(wl, cfg)
-    b = Built(kernel, "tuning record" if cfg is not None else "template default")
+    kernel = hit.kernel if hit is not None else (backend or backend_for(target)).build(wl, cfg)
+    b = Built(kernel, source)
     with _LOCK:
         if len(_KERNELS) >= MAX_CACHED:
             _KERNELS.pop(next(iter(_KERNELS)))
         _KERNELS[key] = b
     return b
+
+
+def _resolve(wl: Workload, target: Target, config: str | None) -> tuple[Any, str]:
+    """(knobs or None for the template default, where they came from: "tuning record", "inherited
+    from conv2d's record" for a fused op with no record of its own, or "template default")."""
+    if config in (None, "default"):
+        return None, "template default"
+    c = choose(wl, target, config)
+    if c.inherited_from:
+        return c.spec, f"inherited from {c.inherited_from}'s record"
+    return c.spec, "tuning record" if c.spec is not None else "template default"
 
 
 def prebuild(target: Target, wls: list[Workload], config: str = "best", workers: int | None = None) -> int:
@@ -69,26 +80,26 @@ def prebuild(target: Target, wls: list[Workload], config: str = "best", workers:
     built here; a kernel that fails to build is left for `built` to report."""
     if not capabilities(target).threaded_build:
         return 0
-    todo: dict[tuple, tuple[Workload, Any]] = {}
+    todo: dict[tuple, tuple[Workload, Any, str]] = {}
     for wl in wls:
-        cfg = None if config in (None, "default") else resolve_config(wl, target, config)
+        cfg, source = _resolve(wl, target, config)
         key = _key(target, wl, cfg)
         if key not in _KERNELS and key not in todo:
-            todo[key] = (wl, cfg)
+            todo[key] = (wl, cfg, source)
     workers = workers or min(os.cpu_count() or 1, 8)
     if workers < 2 or len(todo) < 2:
         return 0
     from concurrent.futures import ThreadPoolExecutor
     backend = backend_for(target)
 
-    def one(item: tuple[tuple, tuple[Workload, Any]]) -> bool:
-        key, (wl, cfg) = item
+    def one(item: tuple[tuple, tuple[Workload, Any, str]]) -> bool:
+        key, (wl, cfg, source) = item
         try:
             kernel = backend.build(wl, cfg)
         except Exception:  # `built` raises the real error, in order, when the plan asks for it
             return False
         with _LOCK:
-            _KERNELS[key] = Built(kernel, "tuning record" if cfg is not None else "template default")
+            _KERNELS[key] = Built(kernel, source)
         return True
 
     with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="opc-build") as pool:

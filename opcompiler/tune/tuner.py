@@ -141,6 +141,11 @@ class Tuner:
         since_best, history = 0, []
         failures: Counter[str] = Counter()
         default_cfg = self.template.config(self.wl, self.target, None)
+        # the first batch measures the default (every speedup's baseline) and, for a fused op, its
+        # anchor's best record (conv2d's for conv2d_bn_relu), so the search starts from both
+        from ..config import inherited
+        inh = inherited(self.wl, self.target)
+        seeds = _unique([default_cfg] + ([dict(inh.spec)] if inh is not None else []))
         stop = ""
         bar = _progress(opt, total=opt.trials, initial=min(done, opt.trials), desc=f"tune {self.wl.op}")
         invalid = sum(1 for s in states.values() if not s.record.valid)
@@ -148,10 +153,10 @@ class Tuner:
         with Measurer(spec, workers=opt.workers, timeout=opt.timeout) as measurer:
             while done < opt.trials:
                 want = min(opt.batch_size, opt.trials - done)
-                need_default = config_id(default_cfg) not in strategy.measured  # every speedup's baseline
-                batch = strategy.next_batch(want - need_default) if want > need_default else []
-                if need_default:
-                    batch = _unique([default_cfg] + batch)
+                first = [c for c in seeds if config_id(c) not in strategy.measured][:want]
+                batch = strategy.next_batch(want - len(first)) if want > len(first) else []
+                if first:
+                    batch = _unique(first + batch)
                 if not batch:
                     stop = "every valid config of the space is measured"
                     break

@@ -142,14 +142,40 @@ class AscendTemplate(Template):
         return over_capacity(target, self.buffers(wl, target, config))
 
     def default(self, wl: Workload, target: Target) -> dict:
-        """The first config of `preferred()` order that fits."""
+        """The derived default (`opcompiler.prior`: the shipped model's fastest-predicted candidate
+        that fits) where the template has a model, else the first config of `preferred()` order
+        that fits."""
+        from opcompiler.prior import derived_default
+
+        cfg = derived_default(self, wl, target)
+        return cfg if cfg is not None else self.preferred_default(wl, target)
+
+    def complete(self, wl: Workload, target: Target, given: Mapping) -> dict:
+        """A partial config is filled in from the best-ranked candidate that fits together with it
+        (`--config '{"m_tile": 512}'` keeps the rest of the tiling consistent), else the default."""
+        from opcompiler.prior import ranked
+
+        for _, cand in ranked(self, wl, target) or ():
+            if self.check(wl, target, {**cand, **given}) is None:
+                return cand
+        return self.default(wl, target)
+
+    def preferred_default(self, wl: Workload, target: Target) -> dict:
+        """The first config of `preferred()` order that fits (the default before derived defaults,
+        and still the default of templates without a shipped model); a workload no tiling fits is
+        refused in one line."""
         prefs = self.preferred(wl, target)
         # then the same configs single-buffered: less overlap, but half the buffer space
         prefs += [{**c, "double_buffer": 0} for c in prefs if c.get("double_buffer") == 1]
         for cfg in prefs:
             if self.check(wl, target, cfg) is None:
                 return cfg
-        return {k.name: k.values[0] for k in self.space(wl, target)}
+        smallest = {k.name: min(k.values) if k.name.endswith("_tile") else k.values[0] for k in self.space(wl, target)}
+        why = self.check(wl, target, smallest)
+        if why is None:
+            return smallest
+        raise OpcError(f"{wl.op} does not fit {target.name} with any tiling of {self.name}: even the smallest tiles "
+                       f"fail ({why})", arg="--shape", expected="a smaller shape (fewer channels, a narrower image)")
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         raise NotImplementedError

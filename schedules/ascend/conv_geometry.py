@@ -2,6 +2,8 @@
 needs): shared by the img2col template (`conv2d.py`) and its TIR route (`conv2d_tir.py`)."""
 from __future__ import annotations
 
+import math
+
 from opcompiler.backend.ascend.builder import ceil_div
 from opcompiler.backend.ascend.isa import ConvGeom
 from opcompiler.ops.catalogue import conv_out_hw
@@ -9,6 +11,9 @@ from opcompiler.target import Target
 from opcompiler.workload import Workload
 
 from .common import cube_dtype
+
+_WALK = 4096  # tiles walked exactly by `max_rows`
+_ROWS: dict[tuple, int] = {}  # (image geometry, tile) -> max_rows, for every template call of a workload
 
 
 class ConvGeometry:
@@ -42,4 +47,20 @@ class ConvGeometry:
         return max(lo, 0), min(hi, self.h - 1)
 
     def max_rows(self, mt: int) -> int:
-        return max(hi - lo + 1 for lo, hi in (self.rows(p0, mt) for p0 in range(0, self.hw, mt)))
+        """The most input rows one tile of `mt` pixels needs. Exact (every tile walked) up to
+        `_WALK` tiles; past that, the bound over every residue a tile can start at in a row, which
+        no tile exceeds, so a capacity check on it is safe and costs O(1) on any image."""
+        key = (self.h, self.w, self.ho, self.wo, self.st, self.pad, self.r, self.dil, mt)
+        hit = _ROWS.get(key)
+        if hit is None:
+            ntiles = -(-self.hw // mt)
+            if ntiles <= _WALK:
+                hit = max(hi - lo + 1 for lo, hi in (self.rows(p0, mt) for p0 in range(0, self.hw, mt)))
+            else:
+                g = math.gcd(mt, self.wo)
+                spanned = (self.wo - g + mt - 1) // self.wo  # output rows crossed past the first
+                hit = min(spanned * self.st + (self.r - 1) * self.dil + 1, self.h)
+            if len(_ROWS) > 65536:
+                _ROWS.clear()
+            _ROWS[key] = hit
+        return hit

@@ -31,7 +31,7 @@ EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "rel
        "conv2d_bn": ("bn",)}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
-COLS = (4, 8, 12, 16, 28, 32, 56)
+COLS = (1, 2, 4, 8, 12, 16, 28, 32, 56)
 
 
 class DirectTemplate(Template):
@@ -152,7 +152,18 @@ class DspDirectConv2d(DirectTemplate):
                                    "order": "out", "dbuf": dbuf, "w_path": "gsm", "out_path": "ddr", "split": "items"}
                             if self.check(wl, target, cfg) is None and self._tir_fits(wl, target, cfg):
                                 return cfg
-        return cfg
+        # none of the preferred shapes fits (wide rows of many channels): the first config of the
+        # whole space, narrowest tiles first, that fits and builds; a workload nothing fits is
+        # beyond the machine, said in one line
+        fits = sorted((c for c in self.iter_space(wl, target) if self.check(wl, target, c) is None),
+                      key=lambda c: (-c["cols"] * c["rows"] * c["pw"] * c["kv"], c["dbuf"] == 0))
+        for c in fits[:16]:
+            if self._tir_fits(wl, target, c):
+                return c
+        why = self.check(wl, target, {**cfg, "pw": 1, "kv": 1, "rows": 1, "cols": min(knobs["cols"]), "dbuf": 0})
+        raise OpcError(f"{wl.op} does not fit {target.name} with any tiling of {self.name}: even one output "
+                       f"row of one column {why or 'does not build'}", arg="--shape",
+                       expected="fewer input channels or a narrower image")
 
     def _tir_fits(self, wl: Workload, target: Target, cfg: Mapping[str, Any]) -> bool:
         """Whether this config builds: TVM compacts a staged tile to the region its

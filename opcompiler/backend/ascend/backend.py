@@ -46,11 +46,11 @@ class AscendSimBackend(Backend):
         self.machine = Machine.from_target(target)
 
     def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
+        self._check_gm(wl)  # first: a workload beyond HBM is refused before any tiling is searched
         try:
             tmpl, cfg = self.resolve(wl, config)
         except InvalidConfig as e:
             raise self._emission_error(wl, e) from None
-        self._check_gm(wl)
         plan: Plan = tmpl.apply(wl, self.target, cfg)
         prog = plan.make_program(0)
         info = {"layout_handling": LAYOUT_NOTE, "block_dim": plan.active_cores, "peak_unit": plan.unit,

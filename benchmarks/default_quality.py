@@ -1,0 +1,177 @@
+"""What a user gets before any tuning: derived defaults against the shipped bests, and whole models
+compiled with an empty log directory (issue 23).
+
+    python benchmarks/default_quality.py [--targets ascend-sim,dsp-sim] [--models resnet18,light_resnet50]
+                                         [--size full|ci] [--no-models] [--topk 8] [--json out.json]
+
+Part 1, per simulator: for every workload of the shipped records, the template default's cycles
+(`opcompiler run ... --config default --timing-only`: the derived default, nothing measured), the
+shipped best's cycles and their ratio, with the geometric mean and the worst. `--topk K` adds the
+opt-in benchmark mode's column (the K best-predicted candidates timed, the fastest kept). The
+derived defaults' models are trained on synthetic shapes only (benchmarks/train_default_model.py),
+so every row here is held out.
+
+Part 2, per model and simulator: `opcompiler compare MODEL --timing-only --json` in a subprocess with
+`OPC_LOG_DIR` set to an empty directory (the shipped records only): kernels, fused / unfused /
+cost-chosen cycles, fused / unfused speedup, and how many fused kernels are slower than the parts
+they replace. Models: the test zoo's torchvision architectures (tests/zoo/export.py, full size by
+default) and onnx's own light_* models (light_resnet50, light_inception_v1, ...).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from opcompiler.backend import get_backend
+from opcompiler.ops import workload
+from opcompiler.prior import measure_top
+from opcompiler.target import load_target
+from opcompiler.tune.records import RecordLog, fold, shipped_dir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+def shipped_rows(target_name: str, topk: int) -> list[dict]:
+    target = load_target(target_name)
+    backend = get_backend(target)
+    rows = []
+    for log in sorted((shipped_dir() / target.name).glob("*.jsonl")):
+        groups: dict[str, list] = {}
+        for r in RecordLog(log).read(warn=False):
+            if r.key["target_digest"] == target.digest:
+                groups.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
+        for k, recs in groups.items():
+            key = json.loads(k)
+            best = min((s.record for s in fold(recs).values() if s.verified), key=lambda r: r.cost, default=None)
+            if best is None:
+                continue
+            wl = workload(key["op"], key["params"], dtype=key["dtype"])
+            t0 = time.perf_counter()
+            kernel = backend.build(wl, None)
+            cyc = backend.measure(kernel).cycles
+            row = {"target": target.name, "op": key["op"], "shape": _shape(key["params"]), "default": cyc,
+                   "best": int(best.cost), "ratio": cyc / best.cost, "default_config": dict(kernel.config),
+                   "seconds": time.perf_counter() - t0}
+            if topk:
+                got = measure_top(backend.template(wl), wl, target, topk, backend)
+                row["topk"] = got[1] if got else None
+                row["topk_ratio"] = got[1] / best.cost if got else None
+            rows.append(row)
+    return rows
+
+
+def _shape(params: dict) -> str:
+    keep = ("n", "c", "h", "w", "k", "r", "stride", "m")
+    return ",".join(f"{k}={v}" for k, v in params.items() if k in keep)
+
+
+def _geo(xs: list[float]) -> float:
+    return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
+
+
+def model_paths(names: list[str], size: str, out: Path) -> list[tuple[str, Path]]:
+    import onnx
+
+    light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
+    sys.path.insert(0, str(ROOT / "tests"))
+    paths = []
+    for n in names:
+        if n.startswith("light_"):
+            paths.append((n, light / f"{n}.onnx"))
+        else:
+            from zoo.export import export_model
+            paths.append((n, Path(export_model(n, out, size, check=False)["path"])))
+    return paths
+
+
+def model_row(name: str, path: Path, target: str, timeout: int) -> dict:
+    with tempfile.TemporaryDirectory() as logs:
+        env = {**os.environ, "OPC_LOG_DIR": logs}
+        t0 = time.perf_counter()
+        try:
+            p = subprocess.run([sys.executable, "-m", "opcompiler", "compare", str(path), "--target", target,
+                                "--timing-only", "--json"], capture_output=True, text=True, env=env, timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return {"model": name, "target": target, "error": f"over {timeout} s"}
+    wall = time.perf_counter() - t0
+    if p.returncode != 0:
+        lines = [ln for ln in p.stderr.splitlines() if ln.startswith("opcompiler")] or p.stderr.splitlines()[-1:]
+        return {"model": name, "target": target, "error": (lines[-1] if lines else f"exit {p.returncode}")[:300]}
+    d = json.loads(p.stdout)
+    tot = {k: d[k]["totals"]["cycles"] for k in ("fused", "unfused", "cost") if k in d}
+    slower = slower_fused(d["fused"]["kernels"], d["unfused"]["kernels"])
+    return {"model": name, "target": target, "kernels": d["fused"]["totals"]["kernels"], **tot,
+            "speedup": d["speedup"], "cost_vs_unfused": d.get("cost_plan", {}).get("speedup_vs_unfused"),
+            "slower_fused": slower, "wall": wall}
+
+
+def slower_fused(fused: list[dict], unfused: list[dict]) -> int:
+    """Fused kernels that take more cycles than the unfused kernels of the ONNX nodes they hold."""
+    n = 0
+    for k in fused:
+        nodes = set(k.get("nodes") or ())
+        parts = [u for u in unfused if u.get("nodes") and set(u["nodes"]) <= nodes]
+        if len(parts) > 1 and k.get("cycles") and all(u.get("cycles") for u in parts):
+            n += k["cycles"] > sum(u["cycles"] for u in parts)
+    return n
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--targets", default="ascend-sim,dsp-sim")
+    ap.add_argument("--models", default="resnet18,resnet50,googlenet,light_resnet50,light_inception_v1")
+    ap.add_argument("--size", default="full", choices=("full", "ci"))
+    ap.add_argument("--no-models", action="store_true", help="part 1 only")
+    ap.add_argument("--no-records", action="store_true", help="part 2 only")
+    ap.add_argument("--topk", type=int, default=0, help="also time the K best-predicted candidates (opt-in mode)")
+    ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    targets = args.targets.split(",")
+    out: dict = {"records": [], "models": []}
+    if not args.no_records:
+        print("## derived default vs shipped best (timing mode, cycles)\n")
+        hdr = f"{'target':<18} {'op':<8} {'shape':<42} {'default':>9} {'best':>9} {'ratio':>6}"
+        print(hdr + (f" {'top-k':>9} {'ratio':>6}" if args.topk else ""))
+        for t in targets:
+            rows = shipped_rows(t, args.topk)
+            out["records"] += rows
+            for r in rows:
+                line = f"{r['target']:<18} {r['op']:<8} {r['shape']:<42} {r['default']:>9,} {r['best']:>9,} {r['ratio']:>5.2f}x"
+                if args.topk:
+                    line += f" {r['topk'] or 0:>9,} {r['topk_ratio'] or 0:>5.2f}x"
+                print(line, flush=True)
+            ratios = [r["ratio"] for r in rows]
+            print(f"{rows[0]['target'] if rows else t}: geometric mean {_geo(ratios):.3f}x, worst {max(ratios):.3f}x "
+                  f"over {len(rows)} workloads" + (f"; top-{args.topk}: {_geo([r['topk_ratio'] for r in rows]):.3f}x, "
+                                                   f"worst {max(r['topk_ratio'] for r in rows):.3f}x" if args.topk else ""))
+            print()
+    if not args.no_models:
+        print("## models at full size, empty log directory (cycles, timing mode)\n")
+        print(f"{'model':<20} {'target':<12} {'kernels':>7} {'fused':>12} {'unfused':>12} {'cost':>12} "
+              f"{'fused/unf':>9} {'cost/unf':>8} {'slower':>6} {'wall':>6}")
+        with tempfile.TemporaryDirectory() as tmp:
+            for name, path in model_paths(args.models.split(","), args.size, Path(tmp)):
+                for t in targets:
+                    r = model_row(name, path, t, args.timeout)
+                    out["models"].append(r)
+                    if "error" in r:
+                        print(f"{name:<20} {t:<12} error: {r['error']}", flush=True)
+                        continue
+                    print(f"{name:<20} {t:<12} {r['kernels']:>7} {r['fused']:>12,} {r['unfused']:>12,} "
+                          f"{r.get('cost') or 0:>12,} {r['speedup']:>8.2f}x {r['cost_vs_unfused'] or 0:>7.2f}x "
+                          f"{r['slower_fused']:>6} {r['wall']:>5.0f}s", flush=True)
+    if args.json:
+        Path(args.json).write_text(json.dumps(out, indent=1, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
