@@ -21,8 +21,8 @@ from .template_base import Config, Template
 from .workload import Workload
 
 ConfigSpec = Mapping[str, Any] | str | None
-NAMES = ("default", "paper", "best")
-_EXPECTED = "default, paper, best or a JSON object of knobs"
+NAMES = ("default", "paper", "best", "measured")
+_EXPECTED = "default, paper, best, measured or a JSON object of knobs"
 
 
 class InvalidConfig(OpcError):
@@ -86,6 +86,9 @@ def choose(wl: Workload, target: Target, spec: ConfigSpec) -> Choice:
                       record=found.record)
     if isinstance(spec, Mapping):
         return Choice(spec=dict(spec), source="given")
+    if spec == "measured":
+        return Choice(spec=spec, source="measured: the derived default's best-predicted candidates timed, the "
+                      "fastest kept")
     return Choice(spec=spec, source=str(spec))
 
 
@@ -204,7 +207,7 @@ def resolve_config(template: Template, wl: Workload, target: Target, spec: Confi
         spec = parse_config(spec) if spec.lstrip().startswith("{") or spec.endswith(".json") else spec
     if spec == "best":
         spec = choose(wl, target, spec).spec
-    if spec is None or spec == "default":
+    if spec is None or spec in ("default", "measured"):  # measured: resolved by the backend, which times
         cfg = template.config(wl, target, None)
     elif spec == "paper":
         paper = getattr(template, "paper", None)

@@ -79,8 +79,12 @@ def candidates(template: Any, wl: Workload, target: Target, single_buffer: bool 
             free.append(k)
     if single_buffer and "double_buffer" in fixed:
         fixed["double_buffer"] = 0
-    return [{**fixed, **dict(zip((k.name for k in free), combo))}
-            for combo in itertools.product(*(k.values for k in free))]
+    order = [k.name for k in space]
+    out = []
+    for combo in itertools.product(*(k.values for k in free)):
+        cfg = {**fixed, **dict(zip((k.name for k in free), combo))}
+        out.append({name: cfg[name] for name in order})  # the template's knob order, as users read it
+    return out
 
 
 def _log2(v: Any) -> float:
