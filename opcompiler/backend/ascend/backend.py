@@ -23,7 +23,7 @@ from ...workload import Workload
 from ..base import Backend, Kernel, RunResult
 from .builder import Plan, Program
 from .machine import Machine
-from . import scheduler
+from . import fclock, scheduler
 from .scheduler import Timing, schedule
 
 LAYOUT_NOTE = ("host-side preprocessing (not counted): inputs are packed on the host into the GM layouts "
@@ -44,6 +44,7 @@ class AscendSimBackend(Backend):
     def __init__(self, target):
         super().__init__(target)
         self.machine = Machine.from_target(target)
+        fclock.bind(self.machine, target)  # the functional replay reads the same file with its own clock
 
     def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
         self._check_gm(wl)  # first: a workload beyond HBM is refused before any tiling is searched
@@ -92,11 +93,17 @@ class AscendSimBackend(Backend):
 
     def run(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> RunResult:
         """Functional mode: every active core's program executes; core 0's cycles come from the
-        functional replay's own accounting (what the execution read, wrote and did, `scheduler.
-        replay`), not from the timing scheduler; `measure` gives the same figure independently."""
+        functional replay's own clock (what the execution read, wrote and did, costed by
+        `fclock`'s tables: `scheduler.replay`), not from the timing scheduler. Both clocks are
+        reported (`functional_cycles`, `timing_cycles`); they must be equal, and `clocks_differ`
+        says when they are not."""
         comp: Compiled = kernel.artifact
         out, t = scheduler.run(comp.plan, comp.program, inputs)
-        return self._result(kernel, t, [out])
+        res = self._result(kernel, t, [out])
+        timed = schedule(comp.program).cycles
+        res.metrics["functional_cycles"], res.metrics["timing_cycles"] = t.cycles, timed
+        res.metrics["clocks_differ"] = t.cycles != timed
+        return res
 
     # -- reporting ----------------------------------------------------------------------------
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 from ...sim.profile import Profile, Timing
 from ...sim.scoreboard import Scoreboard, barrier
 from ...sim.trace import STALL, WORK as EV_WORK, Event, Trace
+from . import fclock
 from .builder import Plan, Program
+from .fclock import AscendClock
 from .isa import Barrier, DataMove, Load3D, Memory, Mmad, Scalar, Vec
 from .machine import PIPES
 
@@ -169,24 +171,29 @@ def _damped(n: float, readers: float, writers: float, busy: dict, cycles: int) -
     return max(1.0, 0.5 * readers + 0.5 * n * duty_r), max(1.0, 0.5 * writers + 0.5 * n * duty_w)
 
 
-def replay(prog: Program, mem: Memory) -> Timing:
-    """Functional mode: execute core 0's program on `mem` and account its cycles from what the
-    execution did, independently of `schedule` (which replays what the program declares):
-    the memory records the buffers each instruction actually read and wrote, the instructions
-    report the work they did (bytes moved, fractal products, vector elements), and
-    `sim.trace` derives the dependency graph from those accesses and evaluates it -- with its
-    own bandwidth-share rounds, from the GM bytes the execution moved. The two must agree; a
-    dependency the program fails to declare, or a byte count it gets wrong, shows."""
-    m = prog.machine
+def replay(prog: Program, mem: Memory, fc: AscendClock | None = None) -> Timing:
+    """Functional mode: execute core 0's program on `mem` and time it with the functional
+    clock (`fclock`), a second accounting that shares nothing with `schedule`: the memory
+    records the buffers each instruction actually read and wrote, the execution reports the
+    work it did (bytes moved, fractal products, vector elements), the cost of each executed
+    instruction comes from the clock's own tables (read from the target description, not
+    from `Machine` or the ISA's `cost_cycles`), and `sim.trace` derives the dependency graph
+    from those accesses and evaluates it, with the clock's own bandwidth-share rounds from the
+    GM bytes the execution moved. The two must agree; a dependency the program fails to
+    declare, a byte count it gets wrong, or a cost one accounting gets wrong shows."""
+    fc = fc or fclock.for_machine(prog.machine)
     tr = Trace(1)
     by_path: dict[str, int] = {}
     gm_r = gm_w = fractals = vec_el = 0
+    done: list[tuple] = []  # per event: what the clock costs it by
     for ins in prog.instrs:
         if isinstance(ins, Barrier):
             tr.record(0, Event(BARRIER))
+            done.append(("free",))
             continue
         if isinstance(ins, Scalar):
             tr.record(0, Event(STALL, "S"))
+            done.append(("scalar", ins.n))  # loop control: the scalar unit's declared work
             continue
         mem.log = log = []
         work = ins.execute(mem)
@@ -194,33 +201,69 @@ def replay(prog: Program, mem: Memory) -> Timing:
         tr.record(0, Event(EV_WORK, ins.pipe, tuple(b.id for b, mode in log if mode == "r" and b.level != "GM"),
                            tuple(b.id for b, mode in log if mode == "w" and b.level != "GM")))
         if isinstance(ins, (DataMove, Load3D)):
-            src = next(b.level for b, mode in log if mode == "r")
-            dst = next(b.level for b, mode in log if mode == "w")
+            sb = next(b for b, mode in log if mode == "r")
+            db = next(b for b, mode in log if mode == "w")
+            src, dst = sb.level, db.level
             key = f"{src}->{dst}"
             by_path[key] = by_path.get(key, 0) + work
             if src == "GM":
                 gm_r += work
             elif dst == "GM":
                 gm_w += work
+            done.append(("move", src, dst, work, _bursts(ins, sb, db)))
         elif isinstance(ins, Mmad):
             fractals += work
+            done.append(("cube", work))
         elif isinstance(ins, Vec):
             vec_el += work
-    hbm_frac, _, _ = _hbm_fraction(prog, (gm_r, gm_w))
-    n = float(max(prog.active_cores, 1))
-    readers = writers = n
+            done.append(("vector", ins.op, work // ins.mask if ins.mask else 0))
+        else:  # pragma: no cover - every instruction class is one of the above
+            raise TypeError(f"the functional clock has no cost for {type(ins).__name__}")
+    n = max(prog.active_cores, 1)
+    unique = sum(mem.gm[name].nbytes for name in prog.info.get("gm_inputs", ()) if name in mem.gm)
+    hbm_frac = fc.hbm_fraction(gm_r, unique, n)
+    readers = writers = float(n)
     acc = None
     for _ in range(CONTENTION_ROUNDS):
-        read_bpc, write_bpc = _gm_rates(prog, hbm_frac, readers, writers)
-        costs = [ins.cost_cycles(m, read_bpc, write_bpc) for ins in prog.instrs]
-        acc = tr.account(costs=[costs], issue_cycles=m.issue_cycles, issue_unit="S", start=m.launch_cycles,
-                         sync_cycles=m.sync_cycles)
-        readers, writers = _damped(n, readers, writers, acc.busy, acc.cycles)
+        read_bpc, write_bpc = fc.gm_rates(hbm_frac, readers, writers)
+        costs = [_fcost(fc, d, read_bpc, write_bpc) for d in done]
+        acc = tr.account(costs=[costs], issue_cycles=fc.issue, issue_unit="S", start=fc.launch, sync_cycles=fc.sync)
+        duty_r = acc.busy.get("MTE2", 0) / acc.cycles if acc.cycles else 1.0
+        duty_w = acc.busy.get("MTE3", 0) / acc.cycles if acc.cycles else 1.0
+        readers, writers = max(1.0, 0.5 * readers + 0.5 * n * duty_r), max(1.0, 0.5 * writers + 0.5 * n * duty_w)
     busy = {p: int(acc.busy.get(p, 0)) for p in PIPES}
     detail = {"bytes_by_path": by_path, "gm_read_bytes": gm_r, "gm_write_bytes": gm_w, "cube_fractals": fractals,
               "vec_elements": vec_el, "hbm_read_fraction": hbm_frac}
     return Timing(cycles=acc.cycles, busy=busy, bytes_by_level=by_path, syncs=acc.syncs,
                   instructions=len(prog.instrs), detail=detail)
+
+
+def _bursts(ins, src, dst) -> int:
+    """Contiguous runs of the regions an executed transfer read and wrote (`fclock.runs`);
+    a fractal conversion writes one K0 row (nd2zz, nd2fz) or one 16-element row (nz2nd) at a
+    time; Load3D moves whole fractals (one run)."""
+    if not isinstance(ins, DataMove):
+        return 1
+    elems, r_src = fclock.runs(src.shape, ins.src_idx)
+    _, r_dst = fclock.runs(dst.shape, ins.dst_idx)
+    if ins.transform in ("nd2zz", "nd2fz"):
+        r_src = max(r_src, elems // dst.shape[3])
+    elif ins.transform == "nz2nd":
+        r_src = max(r_src, elems // 16)
+    return max(r_src, r_dst)
+
+
+def _fcost(fc: AscendClock, d: tuple, read_bpc: float, write_bpc: float) -> int:
+    kind = d[0]
+    if kind == "move":
+        return fc.move(d[1], d[2], d[3], d[4], read_bpc, write_bpc)
+    if kind == "cube":
+        return fc.cube(d[1])
+    if kind == "vector":
+        return fc.vector(d[1], d[2])
+    if kind == "scalar":
+        return d[1]
+    return 0
 
 
 def run(plan: Plan, program: Program, inputs) -> tuple:
