@@ -244,7 +244,10 @@ def load_target(name_or_path: str) -> Target:
         if name_or_path in t.aliases:
             return t
     names = sorted(list(targets) + [a for t in targets.values() for a in t.aliases])
-    raise OpcError("unknown target", arg="--target", value=name_or_path,
+    import difflib
+    close = difflib.get_close_matches(str(name_or_path), names, n=1, cutoff=0.6)
+    raise OpcError("unknown target" + (f"; did you mean {close[0]!r}?" if close else ""), arg="--target",
+                   value=name_or_path,
                    expected=f"one of {', '.join(names)} or a path to a .toml file")
 
 

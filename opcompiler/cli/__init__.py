@@ -36,29 +36,43 @@ def make_parser() -> argparse.ArgumentParser:
 
 
 def main(argv: list[str] | None = None) -> int:
+    from . import common
     parser = make_parser()
     args = parser.parse_args(argv)
+    # notes (a default target, shape keys filled in) wait for the command's first output, so that
+    # bad input is answered with its one-line error alone
+    out, err = sys.stdout, sys.stderr
+    common.drop_notes()
+    common._REAL_STDERR.append(err)
+    sys.stdout, sys.stderr = common.NotesFirst(out), common.NotesFirst(err)
     try:
+        common.check_args(args)  # names, keys and the default target, before a command imports TVM
         rc = args.func(args)
+        common.flush_notes()
         return int(rc or 0)
     except OpcError as e:
-        print(f"opcompiler: error: {e}", file=sys.stderr)
+        common.drop_notes()
+        print(f"opcompiler: error: {e}", file=err)
         return 2
     except OpcFailure as e:
-        print(f"opcompiler: failure: {e}", file=sys.stderr)
+        common.flush_notes()
+        print(f"opcompiler: failure: {e}", file=err)
         return 1
     except BrokenPipeError:  # output piped into `head` and closed: not an error of ours
-        sys.stderr.close()
+        err.close()
         return 0
     except KeyboardInterrupt:
-        print("opcompiler: interrupted", file=sys.stderr)
+        print("opcompiler: interrupted", file=err)
         return 130
     except Exception as e:  # a bug of ours: one line unless OPC_DEBUG asks for the traceback
+        common.flush_notes()
         if os.environ.get("OPC_DEBUG"):
             raise
-        print(f"opcompiler: internal error: {type(e).__name__}: {e} (set OPC_DEBUG=1 for the traceback)",
-              file=sys.stderr)
+        print(f"opcompiler: internal error: {type(e).__name__}: {e} (set OPC_DEBUG=1 for the traceback)", file=err)
         return 1
+    finally:
+        sys.stdout, sys.stderr = out, err
+        common._REAL_STDERR.pop()
 
 
 if __name__ == "__main__":

@@ -6,9 +6,9 @@ import argparse
 from ..api import run_op
 from ..capabilities import capabilities
 from ..errors import OpcFailure
-from ..ops import PRESETS, list_ops
+from ..ops import PRESETS, default_dtype, op_infos, ordered_params, shape_text, workload
 from ..target import builtin_targets
-from .common import add_workload_args, emit_json, fmt_si
+from .common import add_workload_args, emit_json, fmt_si, preset_name, shape_label, shape_note
 
 
 def register(sub: argparse._SubParsersAction) -> None:
@@ -30,15 +30,18 @@ def register(sub: argparse._SubParsersAction) -> None:
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
-    ops = list_ops()
+    ops = op_infos()  # the TVM-free index (the catalogue itself when the index is stale)
     if args.json:
-        emit_json({"ops": [{"name": o.name, "family": o.family, "summary": o.summary, "dtypes": list(o.dtypes),
-                            "defaults": dict(o.defaults)} for o in ops],
+        emit_json({"ops": [{"name": n, "family": o.family, "summary": o.summary, "dtypes": list(o.dtypes),
+                            "defaults": dict(o.defaults), "shape_keys": list(o.keys)} for n, o in sorted(ops.items())],
                    "presets": {k: dict(v) for k, v in PRESETS.items()}})
         return 0
-    width = max(len(o.name) for o in ops)
-    for o in ops:
-        print(f"{o.name:<{width}}  {o.summary}  [{', '.join(o.dtypes)}]")
+    width = max(len(n) for n in ops)
+    for n, o in sorted(ops.items()):
+        print(f"{n:<{width}}  {o.summary}  [{', '.join(o.dtypes)}]")
+        print(f"{'':<{width}}    --shape " + ",".join(f"{k}={v}" for k, v in o.defaults.items()))
+    print("\n--shape keys not given keep the defaults above (or the preset's values with --preset); "
+          "a note on stderr names them.")
     print("\npresets (--preset NAME or --shape NAME):")
     for k, v in PRESETS.items():
         print(f"  {k:<26} " + ",".join(f"{a}={b}" for a, b in v.items()))
@@ -72,20 +75,28 @@ def cmd_run(args: argparse.Namespace) -> int:
             raise OpcError("only applies to dsp targets", arg="--dsp-mode", value=args.dsp_mode)
         target = replace(target, extra=MappingProxyType({**target.extra, "data_mode": args.dsp_mode}))
     from ..rpc import backend_for_run
+    workload(args.op, args.shape, preset=args.preset, batch=args.batch,  # a bad shape fails before the note
+             dtype=args.dtype or default_dtype(args.op, target))
+    shape_note(args)
     rep = run_op(args.op, target, shape=args.shape, preset=args.preset, batch=args.batch, dtype=args.dtype,
                  config=args.config, backend=backend_for_run(target, args.rpc), verify=not args.timing_only)
+    rep["shape"] = ordered_params(rep["op"], rep["shape"])
+    if preset_name(args):
+        rep["preset"] = preset_name(args)
     if args.json:
         emit_json(rep)
     else:
-        print_report(rep)
+        print_report(rep, shape_label(rep["op"], rep["shape"], args))
     if rep["correct"] is False:
         raise OpcFailure(f"{rep['op']} on {rep['target']} computed a wrong result (max abs error "
                          f"{rep['max_abs_err']:.3g})")
     return 0
 
 
-def print_report(rep: dict) -> None:
-    print(f"{rep['op']} on {rep['target']}  {rep['dtype']}  " + ",".join(f"{k}={v}" for k, v in rep["shape"].items()))
+def print_report(rep: dict, shape: str | None = None) -> None:
+    """The run report; `shape` as the CLI labels it (the op's key order, the preset's name)."""
+    shape = shape or shape_text(rep["op"], rep["shape"], rep.get("preset"))
+    print(f"{rep['op']} on {rep['target']}  {rep['dtype']}  {shape}")
     print(f"  template {rep['template']}  config {rep['config']} ({rep['config_source']})")
     if rep["correct"] is None:
         print("  correct: not checked (--timing-only)")

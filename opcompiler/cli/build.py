@@ -13,8 +13,8 @@ from typing import Any
 from ..backend import FAMILIES, capabilities, get_backend
 from ..config import choose, parse_config
 from ..errors import OpcError
-from ..ops import get_op
-from .common import add_workload_args, emit_json, fmt_si, resolve
+from ..ops import get_op, ordered_params
+from .common import add_workload_args, emit_json, fmt_si, resolve, shape_label
 
 CPU_SUFFIXES = {".ll": "ll", ".s": "asm", ".asm": "asm"}
 
@@ -60,7 +60,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     backend = get_backend(target)
     chosen = choose(wl, target, parse_config(args.config))
     kernel = backend.build(wl, chosen.spec)
-    rep: dict[str, Any] = {"op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
+    rep: dict[str, Any] = {"op": wl.op, "target": target.name, "shape": ordered_params(wl.op, dict(wl.params)),
+                           "dtype": wl.dtype,
                            "template": kernel.template, "config": kernel.config,
                            "flops": get_op(wl.op).flops(wl), **kernel.info}
     if caps.binary_kinds:  # CUDA C through nvcc; the CPU's LLVM IR or assembly below
@@ -78,7 +79,8 @@ def cmd_build(args: argparse.Namespace) -> int:
     if args.json:
         emit_json(rep)
         return 0
-    print(f"{wl.op} for {target.name}  {wl.dtype}  {wl.shape_str()}  ({fmt_si(rep['flops'], 'FLOP')})")
+    print(f"{wl.op} for {target.name}  {wl.dtype}  {shape_label(wl.op, wl.params, args)}  "
+          f"({fmt_si(rep['flops'], 'FLOP')})")
     print(f"  template {kernel.template}  config {kernel.config}")
     facts = [f"{k}={rep[k]}" for k in ("arch", "tensor_core", "threads_per_block", "shared_bytes_per_block",
                                           "registers_per_thread", "spill_bytes") if k in rep]

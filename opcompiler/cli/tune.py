@@ -8,9 +8,9 @@ from typing import Any
 
 from ..capabilities import capabilities
 from ..errors import OpcError, OpcFailure
-from ..ops import get_op
+from ..ops import get_op, ordered_params, shape_text
 from ..target import Target
-from .common import add_workload_args, emit_json, fmt_si, resolve
+from .common import add_workload_args, emit_json, fmt_si, note, preset_name, resolve, shape_label
 
 DEFAULT_PRESET = {"conv": "resnet50.res2_3x3", "matmul": "seed.matmul_16x256x1024"}
 
@@ -18,7 +18,7 @@ DEFAULT_PRESET = {"conv": "resnet50.res2_3x3", "matmul": "seed.matmul_16x256x102
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("tune", help="autotune one operator's schedule knobs for a target, or every kernel of an "
                        "ONNX model (opcompiler tune MODEL.onnx --target T --trials N)")
-    add_workload_args(p, default_target="ascend-sim", config=False)
+    add_workload_args(p, config=False)
     p.add_argument("--trials", type=int, help="total measured configs for this workload, earlier records "
                    "included (default: 128 on simulators, 32 on cpu)")
     p.add_argument("--tuner", default="xgb", help="xgb (cost model) | random | grid (default %(default)s)")
@@ -35,24 +35,28 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("best", help="print the best verified tuning record of one workload")
-    add_workload_args(p, default_target="ascend-sim", config=False)
+    add_workload_args(p, config=False)
     p.add_argument("--log", help="tuning log to read (default: your records, then those shipped with opcompiler)")
     p.set_defaults(func=cmd_best)
 
     p = sub.add_parser("logs", help="summarize the stored tuning records")
     p.add_argument("--target", help="only records of this target (name or alias)")
-    p.add_argument("--dir", help="log directory or file (default: your records, then those shipped with "
-                   "opcompiler)")
+    p.add_argument("--log", "--dir", dest="log", metavar="PATH", help="a log directory or .jsonl file to summarize "
+                   "instead (default: your records; --dir is the older name of this option)")
+    p.add_argument("--shipped", action="store_true", help="also list the records shipped with opcompiler "
+                   "(read-only; `best` and --config best use them when they are faster)")
     p.add_argument("--json", action="store_true")
     p.set_defaults(func=cmd_logs)
 
 
 def _default_args(args: argparse.Namespace) -> None:
-    """No shape given: the op's default preset (a ResNet-50 3x3 conv for convolutions)."""
+    """No shape given: the op's default preset (a ResNet-50 3x3 conv for convolutions), with a note."""
     if args.shape is None and args.preset is None:
         kind = get_op(args.op).preset_kind
         if kind in DEFAULT_PRESET:
             args.preset = DEFAULT_PRESET[kind]
+            note(f"no --shape or --preset: preset {args.preset}" + (f" with --batch {args.batch}" if args.batch else "")
+                 + f", {args.command}'s default for {args.op}")
 
 
 def _default_dtype(op: str, target: Target) -> str | None:
@@ -81,6 +85,8 @@ def cmd_tune(args: argparse.Namespace) -> int:
                early_stop=args.early_stop, transfer=not args.no_transfer, seed=args.seed, rpc=args.rpc or "",
                progress=not args.json)
     summary = summarize(res)
+    if preset_name(args):
+        summary["preset"] = preset_name(args)
     if args.json:
         emit_json(summary)
     else:
@@ -150,9 +156,13 @@ def no_valid_message(res: Any) -> str:
 
 
 def export_command(res: Any) -> str:
+    """The command that exports the tuned kernel; its folder name is a Python identifier, so
+    `import <folder>` works (README, Exporting kernels)."""
+    from ..export import folder_name
     wl = res.workload
-    return (f"opcompiler export {wl.op} --target {res.target.name} --shape {shlex.quote(wl.shape_str())} "
-            f"--dtype {wl.dtype} --config best --to torch --out exported/{wl.op}-{res.target.name}")
+    return (f"opcompiler export {wl.op} --target {res.target.name} --shape "
+            f"{shlex.quote(shape_text(wl.op, dict(wl.params)))} --dtype {wl.dtype} --config best --to torch "
+            f"--out exported/{folder_name(f'{wl.op}_{res.target.name}')}")
 
 
 def summarize(res: Any) -> dict[str, Any]:
@@ -161,7 +171,8 @@ def summarize(res: Any) -> dict[str, Any]:
     flops = get_op(wl.op).flops(wl)
     best, default = res.best, res.default
     out: dict[str, Any] = {
-        "op": wl.op, "target": t.name, "shape": dict(wl.params), "dtype": wl.dtype, "template": res.template,
+        "op": wl.op, "target": t.name, "shape": ordered_params(wl.op, dict(wl.params)), "dtype": wl.dtype,
+        "template": res.template,
         "tuner_stop": res.stop_reason, "trials": res.trials, "new_trials": res.new_trials, "invalid": res.invalid,
         "rejected_by_check": res.rejected, "log": str(res.log), "verified": best is not None,
         "best_config": dict(best.config) if best else None, "elapsed_s": round(res.elapsed, 2),
@@ -199,7 +210,7 @@ def _seconds(rec: Any, t: Target) -> float | None:
 
 
 def print_summary(s: dict[str, Any]) -> None:
-    shape = ",".join(f"{k}={v}" for k, v in s["shape"].items())
+    shape = shape_text(s["op"], s["shape"], s.get("preset"))
     rows: list[tuple[str, str]] = [
         ("workload", f"{s['op']} {s['dtype']} {shape}"),
         ("target / template", f"{s['target']} / {s['template']}"),
@@ -251,18 +262,19 @@ def cmd_best(args: argparse.Namespace) -> int:
     found = find_best(wl, target, args.log)
     where = [args.log] if args.log else [str(p) for p, _ in search_paths(target, wl.op)]
     if found is None:
-        raise OpcError(f"no verified record for {wl.op} {wl.dtype} {wl.shape_str()} on {target.name}",
+        raise OpcError(f"no verified record for {wl.op} {wl.dtype} {shape_label(wl.op, wl.params, args)} on "
+                       f"{target.name}",
                        arg="op", value=wl.op,
                        expected=f"a workload tuned with `opcompiler tune` (looked in {', '.join(where)})")
     rec = found.record
-    out = {"op": wl.op, "target": target.name, "shape": dict(wl.params), "dtype": wl.dtype,
+    out = {"op": wl.op, "target": target.name, "shape": ordered_params(wl.op, dict(wl.params)), "dtype": wl.dtype,
            "template": rec.key["template"], "config": dict(rec.config), "cycles": rec.cycles,
            "seconds": _seconds(rec, target), "metrics": dict(rec.metrics), "verified": True,
            "key": dict(rec.key), "source": found.source, "log": str(found.path)}
     if args.json:
         emit_json(out)
         return 0
-    print(f"{wl.op} {wl.dtype} {wl.shape_str()} on {target.name}  ({rec.key['template']} "
+    print(f"{wl.op} {wl.dtype} {shape_label(wl.op, wl.params, args)} on {target.name}  ({rec.key['template']} "
           f"v{rec.key['template_version']}, verified)")
     print(f"  config  {_cfg(dict(rec.config))}")
     line = f"  time    {out['seconds'] * 1e3:.4g} ms" if out["seconds"] else "  time    -"
@@ -276,34 +288,39 @@ def cmd_best(args: argparse.Namespace) -> int:
 
 
 def cmd_logs(args: argparse.Namespace) -> int:
-    """Summarize records: `--dir` when given, else the user's records and the shipped ones."""
+    """Summarize records: `--log` when given, else the user's records (and the shipped ones with
+    `--shipped`; otherwise one line says how many there are)."""
     from ..settings import user_log_dir
     from ..tune.records import shipped_dir, summarize as summarize_logs
     tname = None
     if args.target:
         from ..target import load_target
         tname = load_target(args.target).name
-    if args.dir:
-        root = Path(args.dir)
+    if args.log:
+        root = Path(args.log)
         if not root.exists():
-            raise OpcError("no tuning logs there", arg="--dir", value=str(root),
+            raise OpcError("no tuning logs there", arg="--log", value=str(root),
                            expected="a directory or .jsonl file written by `opcompiler tune`")
         roots = [(root, "given")]
     else:
         user, why = user_log_dir()
-        roots = [(user, "user"), (shipped_dir(), "shipped")]
+        roots = [(user, "user")] + ([(shipped_dir(), "shipped")] if args.shipped else [])
     rows: list[dict[str, Any]] = []
     for root, source in roots:
         rows += summarize_logs(root, tname, source) if root.exists() else []
+    hidden = 0
+    if not args.log and not args.shipped:
+        hidden = len(summarize_logs(shipped_dir(), tname, "shipped")) if shipped_dir().exists() else 0
     if args.json:
         emit_json(rows)
         return 0
-    if not args.dir:
+    if not args.log:
         print(f"your records:    {user}" + (" (set by OPC_LOG_DIR)" if why == "OPC_LOG_DIR" else "")
               + ("" if user.exists() else " (nothing tuned yet)"))
-        print(f"shipped records: {shipped_dir()} (read-only)")
+        print(f"shipped records: {shipped_dir()} (read-only)"
+              + (f": {hidden} workloads, not listed (--shipped lists them)" if hidden else ""))
     if not rows:
-        print("no records" + (f" for target {tname}" if tname else ""))
+        print("no records" + (f" for target {tname}" if tname else "") + (" of yours" if hidden else ""))
         return 0
     print(f"{'from':<8} {'target':<16} {'op':<18} {'dtype':<8} {'trials':>6} {'inv':>4} {'ver':>4} {'best':>14}  shape")
     for r in rows:
@@ -313,7 +330,16 @@ def cmd_logs(args: argparse.Namespace) -> int:
             bs += "*"
         stale = "  (older opcompiler)" if r["stale"] else ""
         print(f"{r['source']:<8} {r['target']:<16} {r['op']:<18} {r['dtype']:<8} {r['trials']:>6} {r['invalid']:>4} "
-              f"{r['verified']:>4} {bs:>14}  {r['shape']}{stale}")
+              f"{r['verified']:>4} {bs:>14}  {_row_shape(r)}{stale}")
     if any(r["best_verified_cost"] is None and r["best_cost"] is not None for r in rows):
         print("(* = best not verified yet)")
     return 0
+
+
+def _row_shape(r: dict[str, Any]) -> str:
+    """A summary row's shape (`k=v,...`, sorted by records.summarize) in the op's key order."""
+    from ..ops.presets import parse_shape
+    try:
+        return shape_text(r["op"], parse_shape(r["shape"]))
+    except OpcError:  # an op this build does not know (a record from another version): as stored
+        return r["shape"]

@@ -20,6 +20,13 @@ from .folder import BINDINGS, export, parse_bindings
 from .runtime import ExportedKernel, KernelInputError, aligned_empty, load, read_manifest
 
 
+def folder_name(name: str) -> str:
+    """`name` made a Python identifier (`conv2d-ascend910-sim` -> `conv2d_ascend910_sim`), so that
+    `sys.path.insert(0, parent); import <folder>` works for the export folder."""
+    out = re.sub(r"\W", "_", name)
+    return out if out and not out[0].isdigit() else f"_{out}"
+
+
 def import_folder(folder: str | os.PathLike) -> ModuleType:
     """Import an export folder as a package (whatever its name); importing a torch export
     registers its `torch.ops.opcompiler.<name>`. Imported once per process per folder."""
@@ -46,6 +53,7 @@ __all__ = [
     "KernelInputError",
     "aligned_empty",
     "export",
+    "folder_name",
     "import_folder",
     "load",
     "parse_bindings",

@@ -101,14 +101,16 @@ def resnet50_stage(cin: int = 64, width: int = 64, hw: int = 56, blocks: int = 3
     return b.model([("x", ["N", cin, hw, hw])], [x])
 
 
-def resnet18(classes: int = 1000, hw: int = 224, seed: int = 0) -> onnx.ModelProto:
+def resnet18(classes: int = 1000, hw: int = 224, seed: int = 0, width: int = 64) -> onnx.ModelProto:
     """ResNet-18 as torchvision builds it (conv7x7/2, maxpool, 4 stages of 2 basic blocks with 1x1
-    projection shortcuts, global average pool, FC), random weights."""
+    projection shortcuts, global average pool, FC), random weights. `width` is the first stage's
+    channel count (64 in torchvision; the stages have 1, 2, 4 and 8 times it): the weights grow
+    with its square (44.7 MB at 64, 0.7 MB at 8)."""
     b = _Builder("resnet18", seed)
-    x = b.relu(b.bn(b.conv("x", 3, 64, 7, stride=2), 64))
+    x = b.relu(b.bn(b.conv("x", 3, width, 7, stride=2), width))
     x = b.node("MaxPool", [x], kernel_shape=[3, 3], strides=[2, 2], pads=[1, 1, 1, 1])
-    c = 64
-    for stage, width in enumerate((64, 128, 256, 512)):
+    c = width
+    for stage, width in enumerate((width, 2 * width, 4 * width, 8 * width)):
         for blk in range(2):
             stride = 2 if stage and not blk else 1
             y = b.relu(b.bn(b.conv(x, c, width, 3, stride=stride), width))
@@ -116,7 +118,7 @@ def resnet18(classes: int = 1000, hw: int = 224, seed: int = 0) -> onnx.ModelPro
             short = b.bn(b.conv(x, c, width, 1, stride=stride), width) if stride != 1 or c != width else x
             x, c = b.relu(b.node("Add", [y, short])), width
     x = b.node("Flatten", [b.node("GlobalAveragePool", [x])], axis=1)
-    return b.model([("x", ["N", 3, hw, hw])], [b.gemm(x, 512, classes)])
+    return b.model([("x", ["N", 3, hw, hw])], [b.gemm(x, c, classes)])
 
 
 def minigo(res_blocks: int = 6, filters: int = 64, board: int = 19, features: int = 13, seed: int = 0

@@ -78,14 +78,15 @@ def test_lib_writes_into_given_output_buffer(cpu_conv_folder):
 
 def test_cli_export_json_and_reexport(tmp_path, capsys):
     out = tmp_path / "relu"
-    assert main(["export", "relu", "--shape", "n=1,c=4,h=4,w=8", "--to", "lib", "--out", str(out), "--json"]) == 0
+    assert main(["export", "relu", "--target", "cpu", "--shape", "n=1,c=4,h=4,w=8", "--to", "lib", "--out", str(out),
+                 "--json"]) == 0
     m = json.loads(capsys.readouterr().out)
     assert m["op"] == "relu" and m["bindings"] == ["lib"] and m["out"] == str(out)
     x = np.linspace(-1, 1, 128, dtype="float32").reshape(1, 4, 4, 8)
     np.testing.assert_array_equal(load(out)(x), np.maximum(x, 0))
     # an earlier export may be overwritten; a stale onnx file from it is removed
     (out / "model.onnx").write_text("stale")
-    assert main(["export", "relu", "--shape", "n=1,c=4,h=4,w=4", "--to", "lib", "--out", str(out)]) == 0
+    assert main(["export", "relu", "--target", "cpu", "--shape", "n=1,c=4,h=4,w=4", "--to", "lib", "--out", str(out)]) == 0
     assert not (out / "model.onnx").exists() and load(out).inputs[0]["shape"] == [1, 4, 4, 4]
 
 

@@ -23,7 +23,8 @@ def test_run_json_contract():
 
 
 def test_run_human_readable_and_config_json():
-    r = cli("run", "matmul", "--preset", "seed.matmul_16x256x1024", "--config", '{"tile_n": 32, "tile_m": 4}')
+    r = cli("run", "matmul", "--target", "cpu", "--preset", "seed.matmul_16x256x1024", "--config",
+            '{"tile_n": 32, "tile_m": 4}')
     assert r.returncode == 0, r.stderr
     assert "correct: yes" in r.stdout and "'tile_n': 32" in r.stdout
 

@@ -21,7 +21,8 @@ def test_compare_json_and_plot(models, tmp_path, capsys):
 
 
 def test_graph_run_show_plan(models, capsys):
-    assert main(["graph", "run", str(models["resnet50_stage"]), "--batch", "1", "--show-plan", "--plan", "fused"]) == 0
+    assert main(["graph", "run", str(models["resnet50_stage"]), "--batch", "1", "--show-plan", "--plan", "fused",
+                 "--target", "cpu"]) == 0
     out = capsys.readouterr().out
     assert "fused plan of resnet50_stage for cpu" in out
     assert "conv2d_bn_relu" in out and "<- " in out and "vs onnxruntime: OK" in out

@@ -109,12 +109,28 @@ def test_config_best_says_where_it_came_from(tmp_path):
 def test_logs_lists_both_sources(capsys, tmp_path):
     assert main([*TUNE]) == 0
     capsys.readouterr()
-    assert main(["logs"]) == 0
+    assert main(["logs", "--shipped"]) == 0
     out = capsys.readouterr().out
     assert f"your records:    {os.environ['OPC_LOG_DIR']} (set by OPC_LOG_DIR)" in out
     assert f"shipped records: {shipped_dir()} (read-only)" in out
     rows = [line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith("(")]
     assert "user" in rows and "shipped" in rows
+    # without --shipped: the user's rows alone, and one line saying how many shipped ones there are
+    assert main(["logs"]) == 0
+    out = capsys.readouterr().out
+    shipped = len(main_json(["logs", "--shipped", "--json"], capsys)) - 1
+    assert f"shipped records: {shipped_dir()} (read-only): {shipped} workloads, not listed (--shipped lists them)" in out
+    rows = [line.split()[0] for line in out.splitlines()[3:] if line and not line.startswith("(")]
+    assert rows == ["user"]
+    assert [r["source"] for r in main_json(["logs", "--json"], capsys)] == ["user"]
+    # --log is the option's name as in tune and best; --dir, its older name, still works
+    assert main_json(["logs", "--log", os.environ["OPC_LOG_DIR"], "--json"], capsys)[0]["trials"] == 2
+    assert main_json(["logs", "--dir", os.environ["OPC_LOG_DIR"], "--json"], capsys)[0]["trials"] == 2
+
+
+def main_json(argv, capsys):
+    assert main(argv) == 0
+    return json.loads(capsys.readouterr().out)
 
 
 def test_best_is_the_faster_of_user_and_shipped(tmp_path):

@@ -228,7 +228,7 @@ class Memory:
         return np.lib.stride_tricks.as_strided(arr[v.offset:], v.shape, tuple(s * F32 for s in v.strides))
 
 
-PROGRESS_OPS = 20_000  # functional runs of more ops than this show a progress bar
+PROGRESS_DELAY_S = 1.0  # a functional run still going after this long shows a progress bar (on a terminal)
 
 
 def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
@@ -244,10 +244,11 @@ def execute(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray],
     counters = Counters()
     pos = [0] * len(prog.cores)
     total = sum(len(ops) for ops in prog.cores)
-    # a large kernel (the 4096^3 GEMM's default issues 85,544 ops) takes minutes to execute: show
-    # progress on a terminal (tqdm turns itself off when stderr is not one)
-    bar = tqdm(total=total, desc="dsp-sim functional", unit="op", leave=False,
-               disable=True if total < PROGRESS_OPS else None, file=sys.stderr)
+    # a large kernel takes seconds to minutes to execute (the 4096^3 GEMM's default issues 85,544
+    # ops; MiniGo CONV3_RES at batch 768 issues 7,688 that take 18 s): a bar on a terminal once the
+    # run has taken PROGRESS_DELAY_S (tqdm's delay), nothing when stderr is not a terminal
+    bar = tqdm(total=total, desc="dsp-sim functional", unit="op", leave=False, delay=PROGRESS_DELAY_S,
+               disable=None if sys.stderr.isatty() else True, file=sys.stderr)
     try:
         _execute_phases(prog, mem, counters, pos, record, bar)
     finally:

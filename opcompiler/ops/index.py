@@ -1,0 +1,126 @@
+"""The built-in ops' names, families, summaries, shape defaults (in the op's own key order),
+preset kinds and dtypes, without importing TVM. The CLI checks an op name, `--shape` keys,
+`--preset` and `--dtype` against this before it loads the catalogue (whose computes import TVM:
+seconds), so a typo is answered at once, and `opcompiler ops` lists it.
+
+It is generated from the catalogue (`python -m opcompiler.ops.index` rewrites the part between
+the markers) and carries the SHA-256 of `catalogue.py` it was made from: when that file has
+changed since (`current()` is False), every user of the index falls back to the catalogue
+itself, so a stale index only ever costs time, never an answer. `tests/foundation/test_cli_fast.py`
+checks that it is current."""
+from __future__ import annotations
+
+import hashlib
+from functools import lru_cache
+from pathlib import Path
+from typing import Any, NamedTuple
+
+
+class OpInfo(NamedTuple):
+    family: str
+    summary: str
+    defaults: dict[str, Any]
+    preset_kind: str
+    dtypes: tuple[str, ...]
+
+    @property
+    def keys(self) -> tuple[str, ...]:
+        return tuple(self.defaults)
+
+
+_CONV = {"n": 1, "c": 64, "h": 56, "w": 56, "k": 64, "r": 3, "s": 3, "stride": 1, "pad": 1, "dilation": 1,
+         "groups": 1, "layout": "NCHW"}
+_EW = {"n": 1, "c": 64, "h": 56, "w": 56, "layout": "NCHW"}
+_MM = {"m": 16, "k": 256, "n": 1024, "trans_a": 0, "trans_b": 0}
+_F = ("float32", "float16")
+_C = ("float32", "float16", "int8")
+
+# BEGIN GENERATED
+CATALOGUE_SHA256 = '7eaf82ee7b70a72a7f38335abe0ad2b107bb1ce12cf92deb7eba800345d30c88'
+OPS: dict[str, OpInfo] = {
+    'add': OpInfo('elemwise', 'element-wise add (vadd)',
+        _EW, '', _F),
+    'add_relu': OpInfo('elemwise', "fused add + ReLU with broadcasting (seed 002's fuse_add_relu)",
+        {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'bcast': 0}, '', _F),
+    'batch_norm': OpInfo('elemwise', 'inference batch norm: x * scale[c] + shift[c]',
+        _EW, '', _F),
+    'bias_add': OpInfo('elemwise', 'add a per-channel bias',
+        _EW, '', _F),
+    'bn_relu': OpInfo('elemwise', 'fused batch norm + ReLU (one kernel)',
+        _EW, '', _F),
+    'concat': OpInfo('elemwise', 'concatenate two NCHW tensors along channels (c then c1)',
+        {'n': 1, 'c': 32, 'c1': 32, 'h': 28, 'w': 28, 'layout': 'NCHW'}, '', _F),
+    'conv2d': OpInfo('conv2d', '2-D convolution (NCHW/OIHW or NHWC/HWIO; stride, pad, dilation, groups)',
+        _CONV, 'conv', _C),
+    'conv2d_bias': OpInfo('conv2d', 'fused conv2d + bias, no activation (one kernel)',
+        _CONV, 'conv', _C),
+    'conv2d_bias_add': OpInfo('conv2d', 'fused conv2d + bias + residual add (one kernel; the residual read in the epilogue)',
+        _CONV, 'conv', _F),
+    'conv2d_bias_add_relu': OpInfo('conv2d', 'fused conv2d + bias + residual add + ReLU (one kernel; the residual read in the epilogue)',
+        _CONV, 'conv', _F),
+    'conv2d_bias_relu': OpInfo('conv2d', 'fused conv2d + bias + ReLU (one kernel)',
+        _CONV, 'conv', _C),
+    'conv2d_bn': OpInfo('conv2d', 'fused conv2d + batch norm (inference), no activation (one kernel)',
+        _CONV, 'conv', _F),
+    'conv2d_bn_add_relu': OpInfo('conv2d', 'fused conv2d + batch norm + residual add + ReLU (one kernel; the residual read in the epilogue)',
+        _CONV, 'conv', _F),
+    'conv2d_bn_relu': OpInfo('conv2d', 'fused conv2d + batch norm (inference) + ReLU (one kernel)',
+        _CONV, 'conv', _F),
+    'ew_chain': OpInfo('elemwise', "element-wise chain in one kernel: chain='bn;relu', 'sigmoid', 'mul;clip:0:6', ...",
+        {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'chain': 'sigmoid'}, '', _F),
+    'matmul': OpInfo('matmul', 'C = A @ B (transpose flags; fully connected)',
+        _MM, 'matmul', _C),
+    'matmul_bias': OpInfo('matmul', 'fused matmul + bias, no activation (fully connected layer)',
+        _MM, 'matmul', _C),
+    'matmul_bias_relu': OpInfo('matmul', 'fused matmul + bias + ReLU (fully connected layer)',
+        _MM, 'matmul', _C),
+    'pad': OpInfo('elemwise', 'explicit spatial padding (pt, pl, pb, pr; fill zero|lowest)',
+        {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'pt': 0, 'pl': 0, 'pb': 1, 'pr': 1, 'fill': 'zero', 'layout': 'NCHW'}, '', _F),
+    'pool2d': OpInfo('pool', 'max or average pooling (mode=max|avg)',
+        {'n': 1, 'c': 64, 'h': 112, 'w': 112, 'kernel': 3, 'stride': 2, 'pad': 1, 'mode': 'max', 'layout': 'NCHW'}, '', _F),
+    'reduce_max': OpInfo('reduce', 'max over the last axis of an (m, n) tensor',
+        {'m': 1024, 'n': 1024}, '', _F),
+    'reduce_mean': OpInfo('reduce', 'mean over the last axis of an (m, n) tensor (global average pooling as a row reduction: the sum, then one multiply by 1/n)',
+        {'m': 1024, 'n': 1024}, '', _F),
+    'reduce_sum': OpInfo('reduce', 'sum over the last axis of an (m, n) tensor',
+        {'m': 1024, 'n': 1024}, '', _F),
+    'relu': OpInfo('elemwise', 'ReLU (vrelu)',
+        _EW, '', _F),
+    'slice': OpInfo('elemwise', 'a contiguous range along one axis (dims=AxBxC..., axis, start, end): a data movement',
+        {'dims': '1x8x4x4', 'axis': 1, 'start': 0, 'end': 4}, '', _F),
+    'softmax': OpInfo('softmax', 'softmax over the last axis of an (m, n) tensor',
+        {'m': 16, 'n': 1000}, '', _F),
+    'transpose': OpInfo('elemwise', 'permute the axes of a tensor (dims=AxBxC..., perm=digits): a data movement',
+        {'dims': '1x2x4x8x8', 'perm': '02134'}, '', _F),
+}
+# END GENERATED
+
+
+@lru_cache(maxsize=1)
+def current() -> bool:
+    """Whether the index was generated from the catalogue as it is now."""
+    try:
+        return hashlib.sha256((Path(__file__).parent / "catalogue.py").read_bytes()).hexdigest() == CATALOGUE_SHA256
+    except OSError:
+        return False
+
+
+def _generate() -> str:
+    from . import list_ops
+    short = {repr(_CONV): "_CONV", repr(_EW): "_EW", repr(_MM): "_MM", repr(_F): "_F", repr(_C): "_C"}
+    sha = hashlib.sha256((Path(__file__).parent / "catalogue.py").read_bytes()).hexdigest()
+    lines = [f"CATALOGUE_SHA256 = {sha!r}", "OPS: dict[str, OpInfo] = {"]
+    for o in list_ops():
+        d, dts = repr(dict(o.defaults)), repr(tuple(o.dtypes))
+        lines.append(f"    {o.name!r}: OpInfo({o.family!r}, {o.summary!r},\n"
+                     f"        {short.get(d, d)}, {o.preset_kind!r}, {short.get(dts, dts)}),")
+    return "\n".join(lines + ["}"])
+
+
+if __name__ == "__main__":
+    import re
+    path = Path(__file__)
+    text = re.sub(r"(# BEGIN GENERATED\n).*?(# END GENERATED)", lambda m: m.group(1) + _generate() + "\n" + m.group(2),
+                  path.read_text(), flags=re.S)
+    path.write_text(text)
+    print(f"wrote {path}")
