@@ -146,12 +146,14 @@ def main() -> int:
             for r in rows:
                 line = f"{r['target']:<18} {r['op']:<8} {r['shape']:<42} {r['default']:>9,} {r['best']:>9,} {r['ratio']:>5.2f}x"
                 if args.topk:
-                    line += f" {r['topk'] or 0:>9,} {r['topk_ratio'] or 0:>5.2f}x"
+                    line += (f" {r['topk']:>9,} {r['topk_ratio']:>5.2f}x" if r["topk"] else
+                             f" {'-':>9} {'-':>6}")  # no model: measured mode is the default
                 print(line, flush=True)
             ratios = [r["ratio"] for r in rows]
+            top = [r["topk_ratio"] for r in rows if r.get("topk_ratio")]
             print(f"{rows[0]['target'] if rows else t}: geometric mean {_geo(ratios):.3f}x, worst {max(ratios):.3f}x "
-                  f"over {len(rows)} workloads" + (f"; top-{args.topk}: {_geo([r['topk_ratio'] for r in rows]):.3f}x, "
-                                                   f"worst {max(r['topk_ratio'] for r in rows):.3f}x" if args.topk else ""))
+                  f"over {len(rows)} workloads" + (f"; top-{args.topk}: {_geo(top):.3f}x, worst {max(top):.3f}x"
+                                                   if top else ""))
             print()
     if not args.no_models:
         print("## models at full size, empty log directory (cycles, timing mode)\n")

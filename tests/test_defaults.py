@@ -192,3 +192,32 @@ def test_dsp_default_fits_wide_many_channel_convs():
     assert tmpl.check(wl, t, cfg) is None
     be = get_backend(t)
     assert be.measure(be.build(wl, None)).cycles > 0
+
+
+def test_measured_mode_times_the_best_predicted_candidates():
+    """`--config measured` (opt-in benchmark mode) keeps the fastest of the 8 best-predicted
+    candidates, timed in the simulator: never slower than the derived default, which is the first."""
+    from opcompiler.backend.base import MEASURED_TOP
+
+    t = load_target("ascend-sim")
+    be = get_backend(t)
+    wl = workload("conv2d", preset="resnet50.res3_1x1b", dtype="float16")
+    tmpl = get_template("conv2d", "ascend")
+    timed = [be.measure(be.build(wl, c)).cycles for _, c in ranked(tmpl, wl, t)[:MEASURED_TOP]]
+    k = be.build(wl, "measured")
+    assert be.measure(k).cycles == min(timed) <= timed[0] == be.measure(be.build(wl, None)).cycles
+    assert choose(wl, t, "measured").source.startswith("measured")
+
+
+def test_tune_of_a_fused_op_measures_the_inherited_config_first(empty_logs):
+    from opcompiler.tune import tune
+    from opcompiler.tune.records import config_id
+
+    t = load_target("ascend-sim")
+    wl = workload("conv2d_bn_relu", preset="resnet50.res5_3x3", dtype="float16")
+    inh = inherited(wl, t)
+    res = tune("conv2d_bn_relu", t, preset="resnet50.res5_3x3", dtype="float16", trials=2, batch_size=2,
+               verify=False, progress=False, transfer=False)
+    ids = [config_id(r.config) for r in RecordLog(res.log).read()]
+    tmpl = get_template("conv2d", "ascend")
+    assert ids[:2] == [config_id(tmpl.default(wl, t)), config_id(inh.spec)]
