@@ -141,6 +141,8 @@ SEM: dict[str, tuple[str, Any]] = {
 MEMOPS = {"vld": "ldst", "vst": "ldst", "sld": "sld"}
 
 EXECUTED: dict[str, int] = defaultdict(int)  # issue slots used by functional execution, per unit
+# functional mode: callables shown every VKernel `execute` runs (the functional clock times them)
+OBSERVERS: list = []
 
 
 def unit(ins: VI) -> str:
@@ -321,6 +323,8 @@ def _exec_contraction(mem: Any, n: Nest, regs: dict, lanes: int) -> None:
 
 def execute(mem: Any, k: VKernel, lanes: int) -> int:
     """Run the pass on the simulated memories; returns the number of loop nests executed."""
+    for f in OBSERVERS:
+        f(k)
     with np.errstate(all="ignore"):  # idle lanes compute on whatever the memory held; never stored
         for n in k.nests:
             if n.count == 0:
