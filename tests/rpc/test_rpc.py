@@ -89,7 +89,7 @@ def test_run_and_measure_on_remote_cpu(tracker):
 
 def test_cli_run_through_rpc(tracker, capsys):
     from opcompiler.cli import main
-    assert main(["run", "relu", "--shape", "n=1,c=8,h=8,w=8", "--rpc", tracker, "--json"]) == 0
+    assert main(["run", "relu", "--target", "cpu", "--shape", "n=1,c=8,h=8,w=8", "--rpc", tracker, "--json"]) == 0
     rep = json.loads(capsys.readouterr().out)
     assert rep["correct"] is True and rep["rpc"] == tracker
 
