@@ -1,0 +1,289 @@
+"""Mutation tests of the cross-check between the two clocks: each breaks ONE cost in ONE
+accounting (the timing model's or the functional replay's own clock, `fclock`) and asserts
+that the two clocks, equal on the unmutated kernel, then differ. A cost both accountings
+shared (one function called twice) would change both and pass unnoticed: these tests fail.
+
+ascend-sim: cube (MMAD) cost, vector cost, each data path's bandwidth (GM->L1, GM->UB,
+L1->L0A incl. Load3D, L1->L0B, L0C->UB, UB->GM), the shared HBM bandwidth, the set_flag /
+wait_flag cost, the pipe barrier, the scalar issue cost.
+dsp-sim: DMA engine rate, DDR and GSM bandwidth, per-run cost, the FMAC and vector load/store
+issue slots, the FMAC latency, the cluster barrier."""
+from __future__ import annotations
+
+import dataclasses
+import functools
+
+import numpy as np
+import pytest
+
+from opcompiler.backend import get_backend
+from opcompiler.backend.ascend import fclock as afc
+from opcompiler.backend.ascend import scheduler as asc
+from opcompiler.backend.ascend.isa import Barrier, Mmad, Vec
+from opcompiler.backend.dsp import core, engine, fclock as dfc, vector
+from opcompiler.backend.dsp.machine import machine as dsp_machine
+from opcompiler.ops import get_op, workload
+from opcompiler.target import load_target
+from opcompiler.template import get_template
+
+AT = load_target("ascend-sim")
+ASC = get_backend(AT)
+AFC = afc.clock(AT)
+DT = load_target("dsp-sim")
+DM = dsp_machine(DT)
+DFC = dfc.clock(DT)
+
+# ---------------------------------------------------------------- ascend
+
+
+@functools.lru_cache(maxsize=None)
+def _asc(op, shape, dtype, config=None):
+    wl = workload(op, shape, dtype=dtype)
+    k = ASC.build(wl, dict(config) if config else None)
+    return k, get_op(op).make_inputs(wl)
+
+
+def _asc_clocks(k, inputs, fc=None):
+    """(functional clock, timing clock) of core 0's program."""
+    prog = k.artifact.program
+    if fc is None:
+        fun = asc.run(k.artifact.plan, prog, inputs)[1].cycles
+    else:
+        mem = asc.Memory({lv: v.capacity for lv, v in prog.machine.levels.items()},
+                         k.artifact.plan.pack([np.asarray(x) for x in inputs]))
+        mem.gm[k.artifact.plan.out_name] = np.zeros(k.artifact.plan.out_shape, k.artifact.plan.out_dtype)
+        fun = asc.replay(prog, mem, fc).cycles
+    return fun, asc.schedule(prog).cycles
+
+
+CUBE = ("matmul_bias_relu", "m=256,k=512,n=256", "float16")
+CONV = ("conv2d", "n=1,c=64,h=28,w=28,k=64,r=3,s=3,stride=1,pad=1", "float16")  # Load3D into L0A
+VEC = ("add_relu", "n=1,c=16,h=20,w=20", "float16")
+WIDE = ("conv2d", "n=1,c=64,h=56,w=56,k=64,r=3,s=3,stride=1,pad=1", "float16")  # all 32 cores share HBM
+
+
+@pytest.mark.parametrize("kern", [CUBE, CONV, VEC, WIDE])
+def test_ascend_clocks_agree_before_any_mutation(kern):
+    k, x = _asc(*kern)
+    fun, tim = _asc_clocks(k, x)
+    assert fun == tim > 0
+    assert _asc_clocks(k, x, AFC) == (fun, tim)
+
+
+def _plus_one(cls, monkeypatch):
+    orig = cls.cost_cycles
+    monkeypatch.setattr(cls, "cost_cycles", lambda self, m, r=0.0, w=0.0: orig(self, m, r, w) + 1)
+
+
+@pytest.mark.parametrize("what,cls,kern", [("cube", Mmad, CUBE), ("vector", Vec, VEC)])
+def test_ascend_timing_cost_mutation_is_caught(monkeypatch, what, cls, kern):
+    """One cycle more per MMAD (per vector instruction) in the timing model only."""
+    k, x = _asc(*kern)
+    fun0, tim0 = _asc_clocks(k, x)
+    _plus_one(cls, monkeypatch)
+    fun, tim = _asc_clocks(k, x)
+    assert fun == fun0 and tim != fun
+
+
+@pytest.mark.parametrize("what,change,kern", [
+    ("cube", {"cube_startup": AFC.cube_startup + 1}, CUBE),
+    ("cube", {"fractals_per_cycle": 0.5}, CUBE),
+    ("vector", {"vec_startup": AFC.vec_startup + 1}, VEC),
+    ("vector", {"vec_per_repeat": AFC.vec_per_repeat + 1}, VEC),
+    ("flag", {"sync": AFC.sync + 1}, CUBE),
+    ("issue", {"issue": AFC.issue + 1}, CUBE),
+    ("HBM", {"hbm_bpc": AFC.hbm_bpc / 4}, WIDE),
+])
+def test_ascend_functional_cost_mutation_is_caught(what, change, kern):
+    """The same costs broken in the functional clock only."""
+    k, x = _asc(*kern)
+    fun, tim = _asc_clocks(k, x, dataclasses.replace(AFC, **change))
+    assert fun != tim == _asc_clocks(k, x)[1]
+
+
+PATHS = [(("GM", "L1"), CUBE), (("GM", "UB"), VEC), (("L1", "L0A"), CUBE), (("L1", "L0A"), CONV),
+         (("L1", "L0B"), CUBE), (("L0C", "UB"), CUBE), (("UB", "GM"), CUBE)]
+
+
+@pytest.mark.parametrize("path,kern", PATHS)
+def test_ascend_path_bandwidth_mutation_is_caught(path, kern):
+    """Each data path's bandwidth, 10 % lower in one accounting, then in the other."""
+    k, x = _asc(*kern)
+    prog = k.artifact.program
+    assert asc.schedule(prog).bytes_by_path.get(f"{path[0]}->{path[1]}", 0) > 0
+    m0 = prog.machine
+    p = m0.paths[path]
+    prog.machine = dataclasses.replace(m0, paths={**m0.paths, path: dataclasses.replace(
+        p, bytes_per_cycle=p.bytes_per_cycle * 0.9)})
+    try:
+        fun, tim = _asc_clocks(k, x)
+    finally:
+        prog.machine = m0
+    assert fun == _asc_clocks(k, x)[0] and tim != fun
+    bpc, lat, burst = AFC.paths[path]
+    fun, tim = _asc_clocks(k, x, dataclasses.replace(AFC, paths={**AFC.paths, path: (bpc * 0.9, lat, burst)}))
+    assert fun != tim
+
+
+@pytest.mark.parametrize("change", [{"sync_cycles": 5}, {"offchip_gbps": 300.0}, {"issue_cycles": 3}])
+def test_ascend_timing_machine_mutation_is_caught(change):
+    """The flag cost, the HBM bandwidth, the issue cost changed in the timing model's figures."""
+    k, x = _asc(*WIDE)
+    prog = k.artifact.program
+    m0 = prog.machine
+    prog.machine = dataclasses.replace(m0, **change)
+    try:
+        fun, tim = _asc_clocks(k, x)
+    finally:
+        prog.machine = m0
+    assert fun == _asc_clocks(k, x)[0] and tim != fun
+
+
+def test_ascend_barrier_cost_mutation_is_caught(monkeypatch):
+    """A pipe barrier that costs 10 cycles more in the timing model only."""
+    k, x = _asc(*CUBE)
+    prog = k.artifact.program
+    j = next(i for i, ins in enumerate(prog.instrs) if isinstance(ins, Mmad))
+    b = Barrier()
+    b.pipe = "S"
+    prog.instrs.insert(j, b)
+    try:
+        fun0, tim0 = _asc_clocks(k, x)
+        orig = asc.barrier
+
+        def slow(boards):
+            orig(boards)
+            for sb in boards:
+                sb.wait_until(sb.now() + 10)
+        monkeypatch.setattr(asc, "barrier", slow)
+        fun, tim = _asc_clocks(k, x)
+    finally:
+        prog.instrs.pop(j)
+    assert fun0 == tim0 and fun == fun0 and tim == tim0 + 10
+
+
+# ---------------------------------------------------------------- dsp
+
+VK = ("ew_chain", "n=2,c=5,h=7,w=9,chain=bn;sigmoid;add")  # VPU passes of vector instructions
+BIG = ("ew_chain", "n=4,c=32,h=19,w=19,chain=bn;sigmoid;add")  # bound by the shared DDR channel
+SOFT = ("softmax", "m=9,n=100")
+POOL = ("pool2d", "n=2,c=3,h=13,w=37,kernel=3,stride=2,pad=1,mode=avg")  # strided AM loads
+CONVD = ("conv2d", "n=2,c=8,h=9,w=9,k=32,r=3,s=3,pad=1")  # DDR -> GSM -> AM, 8 cores, barriers
+GEMM = ("matmul", "m=300,k=260,n=270")
+GCONV = ("conv2d_bn_relu", "n=2,c=6,h=13,w=37,k=6,groups=6,stride=2,pad=1")  # grouped: vector passes
+
+
+def _dsp_fprog(op, shape):
+    wl = workload(op, shape, dtype="float32")
+    k = get_backend(DT).build(wl)
+    return get_template(get_op(op).family, "dsp").apply(wl, DT, k.config, functional=True), get_op(op).make_inputs(wl)
+
+
+@functools.lru_cache(maxsize=None)
+def _dsp(op, shape):
+    return _dsp_fprog(op, shape)
+
+
+def _dsp_clocks(fprog, x, fc=DFC, m=DM):
+    """(functional clock, timing clock) of the same per-core program, device cycles."""
+    return dfc.replay(DM, fprog, x, fc)[2].dsp_cycles, engine.timing(m, fprog).dsp_cycles
+
+
+@functools.lru_cache(maxsize=None)
+def _passes(op, shape):
+    """The VPU passes (vector-instruction kernels) a functional run of the kernel executed."""
+    fprog, x = _dsp(op, shape)
+    seen: list = []
+    vector.OBSERVERS.append(seen.append)
+    try:
+        engine.execute(DM, fprog, x)
+    finally:
+        vector.OBSERVERS.remove(seen.append)
+    assert seen
+    return tuple(seen)
+
+
+def _vpu_clocks(kern, fc=DFC):
+    """(functional clock, timing model) of every executed VPU pass, summed: the passes of these
+    memory-bound kernels hide behind their DMA, so the two VPU models are held to each other
+    pass by pass."""
+    ks = _passes(*kern)
+    return sum(fc.kernel(k) for k in ks), sum(vector.kernel_cost(DM, k).cycles for k in ks)
+
+
+@pytest.mark.parametrize("kern", [VK, SOFT, POOL, GCONV, CONVD, GEMM, BIG])
+def test_dsp_clocks_agree_before_any_mutation(kern):
+    fprog, x = _dsp(*kern)
+    fun, tim = _dsp_clocks(fprog, x)
+    assert fun == tim > 0
+    if kern not in (CONVD, GEMM):  # register-blocked micro-kernels: no vector-instruction passes
+        f, t = _vpu_clocks(kern)
+        assert f == t > 0
+
+
+@pytest.mark.parametrize("figure,kern", [("dma_bytes_per_cycle", VK), ("ddr_bytes_per_cycle", BIG),
+                                         ("gsm_bytes_per_cycle", CONVD), ("dma_row_cycles", SOFT),
+                                         ("dma_startup", VK), ("ddr_latency", VK)])
+def test_dsp_timing_dma_mutation_is_caught(figure, kern):
+    """A DMA figure 10 % (or 1 cycle) off in the timing model's machine only."""
+    fprog, x = _dsp(*kern)
+    v = getattr(DM, figure)
+    wrong = dataclasses.replace(DM, **{figure: v * 0.9 if isinstance(v, float) else v + 1})
+    fun, tim = _dsp_clocks(fprog, x, m=wrong)
+    assert fun == _dsp_clocks(fprog, x)[0] and tim != fun
+
+
+@pytest.mark.parametrize("change,kern", [({"dma_bpc": DFC.dma_bpc * 0.9}, VK), ({"ddr_bpc": DFC.ddr_bpc * 0.9}, BIG),
+                                         ({"gsm_bpc": DFC.gsm_bpc * 0.9}, CONVD),
+                                         ({"dma_per_run": DFC.dma_per_run + 1}, SOFT),
+                                         ({"dma_startup": DFC.dma_startup + 1}, VK),
+                                         ({"ddr_latency": DFC.ddr_latency + 1}, VK)])
+def test_dsp_functional_dma_mutation_is_caught(change, kern):
+    """The same DMA figures broken in the functional clock only."""
+    fprog, x = _dsp(*kern)
+    fun, tim = _dsp_clocks(fprog, x, fc=dataclasses.replace(DFC, **change))
+    assert fun != tim == _dsp_clocks(fprog, x)[1]
+
+
+VPU_CHANGES = [({"slots": {**DFC.slots, "fmac": 2}}, VK), ({"slots": {**DFC.slots, "fmac": 2}}, GCONV), ({"slots": {**DFC.slots, "ldst": 1}}, VK),
+               ({"slots": {**DFC.slots, "ldst": 1}}, POOL), ({"latency": {**DFC.latency, "fmac": 7}}, SOFT),
+               ({"latency": {**DFC.latency, "vld": 5}}, VK), ({"branch": 8}, VK)]
+
+
+@pytest.mark.parametrize("change,kern", VPU_CHANGES)
+def test_dsp_functional_vpu_mutation_is_caught(change, kern):
+    """FMAC and vector load/store slots, FMAC and load latency, loop exit: broken in the
+    functional clock only, the executed passes no longer cost what the timing model says."""
+    f, t = _vpu_clocks(kern, dataclasses.replace(DFC, **change))
+    assert f != t == _vpu_clocks(kern)[1]
+
+
+@pytest.mark.parametrize("unit,cap,kern", [("fmac", 2, VK), ("fmac", 2, GCONV), ("ldst", 1, VK), ("ldst", 1, POOL)])
+def test_dsp_timing_slot_mutation_is_caught(monkeypatch, unit, cap, kern):
+    """The timing model's VPU scheduler with one FMAC (load/store) slot fewer: its pass costs
+    move, the functional clock's do not."""
+    orig = core._Sched.__init__
+
+    def fewer(self, m):
+        orig(self, m)
+        self.caps[unit] = cap
+    monkeypatch.setattr(core._Sched, "__init__", fewer)
+    monkeypatch.setattr(vector, "_COST", {})
+    f, t = _vpu_clocks(kern)
+    assert f == _vpu_clocks(kern, DFC)[0] and t != f
+
+
+def test_dsp_barrier_cost_mutation_is_caught(monkeypatch):
+    """A cluster barrier that costs 10 cycles more in the timing model only."""
+    fprog, x = _dsp(*CONVD)
+    assert any(op.kind == "barrier" for ops in fprog.cores for op in ops)
+    fun0, tim0 = _dsp_clocks(fprog, x)
+    orig = engine.barrier
+
+    def slow(boards):
+        orig(boards)
+        for sb in boards:
+            sb.wait_until(sb.now() + 10)
+    monkeypatch.setattr(engine, "barrier", slow)
+    fun, tim = _dsp_clocks(fprog, x)
+    assert fun0 == tim0 and fun == fun0 and tim > tim0
