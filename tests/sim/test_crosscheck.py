@@ -17,8 +17,8 @@ import pytest
 
 from opcompiler.backend import get_backend
 from opcompiler.backend.ascend import scheduler as asc
-from opcompiler.backend.ascend.isa import Barrier, DataMove, Mmad
-from opcompiler.backend.dsp import engine
+from opcompiler.backend.ascend.isa import Barrier, DataMove, Load3D, Mmad, Scalar, Vec
+from opcompiler.backend.dsp import core as dsp_core, engine, fclock, program, vector
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.backend.dsp.program import Program as DspProgram, View, dma_op
 from opcompiler.ops import get_op, workload
@@ -65,16 +65,36 @@ def test_ascend_functional_accounting_equals_timing(op, shape, dtype):
 
 
 def test_ascend_accountings_do_not_share_the_scheduler(monkeypatch):
-    """The functional accounting never calls the scoreboard: with the scoreboard broken it
-    still counts the same cycles."""
+    """The functional clock never calls the scoreboard, the timing rates or the ISA's cost
+    functions: with all of them broken it still counts the same cycles."""
     wl, k, inputs = _asc(*ASC_KERNELS[0])
     want = asc.schedule(k.artifact.program).cycles
 
     def broken(*a, **kw):
-        raise AssertionError("the functional accounting called the scoreboard")
+        raise AssertionError("the functional accounting called the timing model")
     monkeypatch.setattr(asc, "Scoreboard", broken)
     monkeypatch.setattr(asc, "_replay", broken)
+    monkeypatch.setattr(asc, "_gm_rates", broken)
+    monkeypatch.setattr(asc, "_hbm_fraction", broken)
+    monkeypatch.setattr(asc, "cost", broken)
+    for cls in (DataMove, Load3D, Mmad, Vec, Scalar):
+        monkeypatch.setattr(cls, "cost_cycles", broken)
     assert asc.run(k.artifact.plan, k.artifact.program, inputs)[1].cycles == want
+
+
+def test_dsp_accountings_do_not_share_the_cost_model(monkeypatch):
+    """The DSP functional clock never calls the timing model's transfer cost, VPU scheduler or
+    scoreboard."""
+    wl, k, fprog, inputs = _dsp("ew_chain", "n=2,c=5,h=7,w=9,chain=bn;sigmoid;add", None)
+    want = engine.timing(DM, fprog).cycles
+
+    def broken(*a, **kw):
+        raise AssertionError("the functional clock called the timing model")
+    for mod, name in ((engine, "_dma_cycles"), (program, "dma_cycles"), (engine, "Scoreboard"),
+                      (vector, "kernel_cost"), (vector, "nest_cost"), (dsp_core, "_run")):
+        monkeypatch.setattr(mod, name, broken)
+    monkeypatch.setattr(program.Op, "cost_cycles", broken)
+    assert fclock.replay(DM, fprog, inputs)[2].cycles == want
 
 
 # ---------------------------------------------------------------- ascend: mutations
@@ -142,17 +162,21 @@ def test_ascend_dropped_barrier_changes_the_cycles():
     assert with_barrier > base == asc.schedule(prog).cycles
 
 
-def test_ascend_wrong_latency_changes_the_cycles():
+def test_ascend_wrong_latency_is_caught_by_the_cross_check():
+    """A cube start-up 7 cycles too long in the timing model's figures: the timing clock rises,
+    the functional clock (its own tables, read from the target) does not, so the two disagree."""
     wl, k, inputs = _asc("matmul", "m=40,k=100,n=70", "float16")
     prog = k.artifact.program
     base = asc.schedule(prog).cycles
+    assert asc.run(k.artifact.plan, prog, inputs)[1].cycles == base
     m0 = prog.machine
     prog.machine = dataclasses.replace(m0, cube_startup=m0.cube_startup + 7)
     try:
         slow = asc.schedule(prog).cycles
-        assert slow > base and slow == asc.run(k.artifact.plan, prog, inputs)[1].cycles
+        fun = asc.run(k.artifact.plan, prog, inputs)[1].cycles
     finally:
         prog.machine = m0
+    assert slow > base == fun
 
 
 def test_ascend_wrong_byte_count_is_caught_by_the_counters():
@@ -194,14 +218,19 @@ def _dsp(op, shape, config):
 
 @pytest.mark.parametrize("op,shape,config,exact", DSP_KERNELS)
 def test_dsp_functional_accounting_equals_timing(op, shape, config, exact):
-    """The replay's own accounting equals the scoreboard on the same per-core program exactly,
-    unless the scoreboard runs identical cores as one group after their last differing
-    barrier (`exact` False: their transfers then hold the channel as one block); and the timing
-    program (repeat blocks, steady-state skips, core groups) within 3 %, as before."""
+    """The functional clock equals the timing model on the same per-core program exactly,
+    unless the timing model runs identical cores as one group after their last differing
+    barrier (`exact` False: their transfers then hold the shared channel as one block, and a
+    group's timestamps are the latest of its members', so the timing clock can only be later:
+    functional <= timing in device cycles); and the timing program (repeat blocks,
+    steady-state skips, core groups) within 3 % of the whole call, as before."""
     wl, k, fprog, inputs = _dsp(op, shape, config)
-    out, counters, fun = engine.replay(DM, fprog, inputs)
+    out, counters, fun = fclock.replay(DM, fprog, inputs)
+    tim = engine.timing(DM, fprog)
     if exact:
-        assert fun.cycles == engine.timing(DM, fprog).cycles
+        assert fun.cycles == tim.cycles and fun.dsp_cycles == tim.dsp_cycles
+    else:
+        assert fun.dsp_cycles < tim.dsp_cycles
     assert fun.cycles == pytest.approx(DSP.measure(k).cycles, rel=0.03)
     assert fun.host_cycles == engine.timing(DM, k.artifact["program"]).host_cycles
     assert _close(out, get_op(op).reference(wl, inputs))
@@ -212,14 +241,14 @@ def test_dsp_functional_accounting_equals_timing(op, shape, config, exact):
 
 def test_dsp_shifted_address_changes_the_result():
     wl, k, fprog, inputs = _dsp("conv2d", "n=2,c=8,h=9,w=9,k=32,r=3,s=3,pad=1", None)
-    good = engine.replay(DM, fprog, inputs)[0]
+    good = fclock.replay(DM, fprog, inputs)[0]
     c, j = next((c, j) for c, ops in enumerate(fprog.cores) for j, op in enumerate(ops)
                 if op.kind == "dma" and op.views and op.views[0].level == "DDR" and op.views[0].offset > 0)
     op = fprog.cores[c][j]
     src, dst = op.views
     shifted = View(src.space, src.offset - 1, src.shape, src.strides)  # one element early
     fprog.cores[c][j] = dma_op(DM, shifted, dst, op.reads, op.writes, True, "shifted")
-    bad = engine.replay(DM, fprog, inputs)[0]
+    bad = fclock.replay(DM, fprog, inputs)[0]
     assert _close(good, get_op("conv2d").reference(wl, inputs)) and not _close(bad, good)
 
 
@@ -233,22 +262,26 @@ def test_dsp_dropped_barrier_changes_the_result_and_the_cycles():
     here so that a change to it is noticed)."""
     wl, k, fprog, inputs = _dsp("conv2d", "n=8,c=32,h=19,w=19,k=32,r=3,s=3,pad=1", None)
     assert k.config["w_path"] == "gsm"
-    good, _, t_good = engine.replay(DM, fprog, inputs)
+    good, _, t_good = fclock.replay(DM, fprog, inputs)
     cut = DspProgram(**{f.name: getattr(fprog, f.name) for f in dataclasses.fields(DspProgram)})
     cut.cores = [[op for op in ops if op.label != "W in GSM"] for ops in fprog.cores]
     assert sum(map(len, cut.cores)) < sum(map(len, fprog.cores))
-    bad, _, t_bad = engine.replay(DM, cut, inputs)
+    bad, _, t_bad = fclock.replay(DM, cut, inputs)
     assert _close(good, get_op("conv2d").reference(wl, inputs)) and not _close(bad, good)
     assert t_bad.cycles < t_good.cycles
     assert engine.timing(DM, cut).cycles == engine.timing(DM, fprog).cycles
 
 
 @pytest.mark.parametrize("figure", ["ddr_latency", "dma_startup"])
-def test_dsp_wrong_latency_changes_the_cycles(figure):
+def test_dsp_wrong_latency_is_caught_by_the_cross_check(figure):
+    """A DMA latency 50 cycles too long in the timing model's figures: the timing clock rises
+    (on the timing program and on the functional program), the functional clock (its own
+    tables, read from the target) does not, so on the same per-core program the two no longer
+    agree."""
     wl, k, fprog, inputs = _dsp("conv2d", "n=2,c=8,h=9,w=9,k=32,r=3,s=3,pad=1", None)
     base = engine.timing(DM, k.artifact["program"]).cycles
     wrong = dataclasses.replace(DM, **{figure: getattr(DM, figure) + 50})
-    slow = engine.timing(wrong, k.artifact["program"]).cycles
-    assert slow > base
-    assert engine.replay(wrong, fprog, inputs)[2].cycles == pytest.approx(slow, rel=0.03) \
-        and engine.replay(wrong, fprog, inputs)[2].cycles > engine.replay(DM, fprog, inputs)[2].cycles
+    assert engine.timing(wrong, k.artifact["program"]).cycles > base
+    fun = fclock.replay(wrong, fprog, inputs)[2].cycles
+    assert fun == fclock.replay(DM, fprog, inputs)[2].cycles == engine.timing(DM, fprog).cycles
+    assert engine.timing(wrong, fprog).cycles > fun

@@ -245,7 +245,8 @@ def test_dsp_functional_dma_mutation_is_caught(change, kern):
     assert fun != tim == _dsp_clocks(fprog, x)[1]
 
 
-VPU_CHANGES = [({"slots": {**DFC.slots, "fmac": 2}}, VK), ({"slots": {**DFC.slots, "fmac": 2}}, GCONV), ({"slots": {**DFC.slots, "ldst": 1}}, VK),
+VPU_CHANGES = [({"slots": {**DFC.slots, "fmac": 2}}, VK), ({"slots": {**DFC.slots, "fmac": 2}}, GCONV),
+               ({"slots": {**DFC.slots, "ldst": 1}}, VK),
                ({"slots": {**DFC.slots, "ldst": 1}}, POOL), ({"latency": {**DFC.latency, "fmac": 7}}, SOFT),
                ({"latency": {**DFC.latency, "vld": 5}}, VK), ({"branch": 8}, VK)]
 
