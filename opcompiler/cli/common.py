@@ -106,11 +106,23 @@ def _check_config(text: str) -> None:
     from ..config import NAMES
     from ..errors import OpcError
     from ..ops import did_you_mean
+    from pathlib import Path
+    expected = f"{', '.join(NAMES)}, a JSON object of knobs such as '{{\"m_tile\": 64}}' or a .json file"
     s = text.strip()
-    if s in NAMES or s.startswith("{") or s.endswith(".json"):
-        return  # a name, JSON or a file: parse_config says what is wrong with them
-    raise OpcError("neither a config name nor a JSON object" + did_you_mean(s, NAMES), arg="--config", value=text,
-                   expected="default, best, paper, a JSON object of knobs such as '{\"m_tile\": 64}' or a .json file")
+    if s in NAMES:
+        return
+    if s.endswith(".json"):
+        if not Path(s).is_file():
+            raise OpcError("no such file", arg="--config", value=text, expected=expected)
+        return  # its content: parse_config
+    if not s.startswith("{"):
+        raise OpcError("neither a config name nor a JSON object" + did_you_mean(s, NAMES), arg="--config",
+                       value=text, expected=expected)
+    try:
+        json.loads(s)
+    except json.JSONDecodeError as e:
+        raise OpcError(f"not valid JSON ({e.msg} at column {e.colno})", arg="--config", value=text,
+                       expected=expected) from None
 
 
 def shape_note(args: argparse.Namespace) -> None:
