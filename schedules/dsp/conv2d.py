@@ -1,4 +1,5 @@
-"""dsp-sim template for the conv2d family (conv2d, conv2d_bias_relu, conv2d_bn_relu): the
+"""dsp-sim template for the conv2d family (conv2d, conv2d_bias(_relu), conv2d_bn(_relu), and the
+residual epilogues conv2d_bias_add(_relu), conv2d_bn_add_relu): the
 VPE-vectorized direct convolution of seed 004 Algorithm 3, generalized (see `direct.py`)."""
 from __future__ import annotations
 
@@ -28,7 +29,10 @@ from .direct import (
 from .grouped import DspGroupedConv
 
 EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
-       "conv2d_bn": ("bn",)}
+       "conv2d_bn": ("bn",),
+       # conv + eltwise: the residual's tile staged DDR -> AM beside the input rows, added in the epilogue
+       "conv2d_bias_add": ("bias", "res"), "conv2d_bias_add_relu": ("bias", "res", "relu"),
+       "conv2d_bn_add_relu": ("bn", "res", "relu")}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (1, 2, 4, 8, 12, 16, 28, 32, 56)
@@ -65,6 +69,8 @@ class DirectTemplate(Template):
         ddr_in = stages * in_rows(sp, cf.rows) * min(in_cols(sp, cols), sp.w) * sp.c * 4
         ddr_w = sp.taps * sp.c * sp.k * 4 * (1 if cf.w_path == "gsm" else m.cores)
         ddr_out = sp.n * sp.ho * sp.wo * sp.k * 4
+        if "res" in sp.epi:  # the residual is read once, tile by tile, like the output is written
+            ddr_in += ddr_out
         busy_cores = min(m.cores, sp.n if cf.split == "batch" else sp.n * -(-sp.ho // cf.rows))
         return {
             "ddr_bytes": float(ddr_in + ddr_w + ddr_out), "sm_bytes_in": float(ddr_in), "am_bytes": float(fp["AM"]),
@@ -234,4 +240,9 @@ class DspDirectConv2d(DirectTemplate):
                                 leader_only=True))
             ddr["out_nhwc"] = (sp.n, sp.ho, sp.wo, sp.k)
             post.append(Relayout("out_nhwc", "out", out_shape, (sp.ho * sp.wo * sp.k, 1, sp.wo * sp.k, sp.k)))
+            if "res" in sp.epi:  # the residual is read in the output's (NHWC) layout
+                names["residual"] = "residual_nhwc"
+                ddr["residual_nhwc"] = (sp.n, sp.ho, sp.wo, sp.k)
+                pre.append(Relayout("residual", "residual_nhwc", (sp.n, sp.ho, sp.wo, sp.k),
+                                    (sp.k * sp.ho * sp.wo, sp.wo, 1, sp.ho * sp.wo)))
         return names, ddr, pre, post, out_shape

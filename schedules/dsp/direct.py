@@ -11,7 +11,9 @@ DDR -> SM (zero rows and halo columns give the padding), run the VPU pass, DMA t
 tile AM -> DDR (or AM -> GSM -> DDR). Two orders of the VPU pass:
 
 * `out` (output-stationary): register blocks of `pw` output pixels x `kv` vectors accumulate
-  over R*S*C in registers; the fused epilogue (bias, BN, ReLU) runs on the registers.
+  over R*S*C in registers; the fused epilogue (bias, BN, the residual, ReLU) runs on the
+  registers. A residual (conv + eltwise fusion) is an output-shaped tensor whose tile is DMAed
+  DDR -> AM with the stage's input rows and added after bias / BN, before ReLU.
 * `ws` (the paper's Algorithm 3 as written): for each input channel c the R*S x kv weight
   vectors sit in registers and each output pixel's partial sums are read, updated and
   written back in AM; the epilogue is a separate element-wise pass.
@@ -44,7 +46,7 @@ class ConvSpec:
     dil: int
     ho: int
     wo: int
-    epi: tuple[str, ...]  # subset of ("bias", "bn", "relu"), in order
+    epi: tuple[str, ...]  # subset of ("bias", "bn", "res", "relu"), in order ("res": a residual tensor added)
     layout: str = "NHWC"  # of the op's own tensors; NCHW (and transposed matmul) are relaid by DMA
     kind: str = "conv2d"
 
@@ -91,7 +93,9 @@ def footprint(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]:
     nbuf = 1 + cf.dbuf
     cols = min(cf.cols, sp.wo)
     npar = sum(EPI_REGS[e] for e in sp.epi)
-    am = (sp.taps * sp.c * kbp + npar * kbp + nbuf * cf.rows * cols * kbp) * F32
+    # the output tile, and the residual's tile of the same shape staged DDR -> AM per stage ("res")
+    tiles = 2 if "res" in sp.epi else 1
+    am = (sp.taps * sp.c * kbp + npar * kbp + tiles * nbuf * cf.rows * cols * kbp) * F32
     sm = nbuf * in_rows(sp, cf.rows) * in_cols(sp, cols) * sp.c * F32
     gsm = (sp.taps * sp.c * kbp * F32 if cf.w_path == "gsm" else 0) + (
         m.cores * nbuf * cf.rows * cols * kbp * F32 if cf.out_path == "gsm" else 0)
@@ -129,7 +133,8 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: i
         parts.append((mk_ws(m, npix, cf.kv, sp.r, sp.s, wo, True), sp.c - 1))
     calls = sp.c
     if sp.epi:
-        fm = sum(e in ("bias", "bn") for e in sp.epi)
-        parts.append((mk_ew(m, npix * cf.kv, 1, fm, int("relu" in sp.epi), sum(EPI_REGS[e] for e in sp.epi)), 1))
+        fm = sum(e in ("bias", "bn", "res") for e in sp.epi)
+        parts.append((mk_ew(m, npix * cf.kv, 1 + int("res" in sp.epi), fm, int("relu" in sp.epi),
+                            sum(EPI_REGS[e] for e in sp.epi)), 1))
         calls += 1
     return _sum(parts), calls

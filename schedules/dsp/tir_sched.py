@@ -6,9 +6,10 @@ with the same knobs as the direct-emission path (`direct.py`):
     ko (kv*32 output channels) -> weights and epilogue vectors cache_read into local.AM
       item (image, row block, column block), split across the cores
         pad block (zero padding + input rows) computed here in local.SM
+        (conv + eltwise) the residual's tile cached here in local.AM, DMAed beside the input rows
         yi, xo_blk (register blocks of pw pixels within an output row)
           conv2d reduction into local.REG (registers), then the epilogue blocks
-          (bias / batch_norm in local.REG, ReLU) writing the output tile in local.AM
+          (bias / batch_norm in local.REG, the residual's vadd, ReLU) writing the output tile in local.AM
         output tile local.AM -> DDR (the cache_write block)
 
 Loops carry `opc.dsp.*` annotations that say what each nest is on the chip: `dma` (one
@@ -97,6 +98,7 @@ def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
         sch.reverse_compute_at(b, pixels)
     sch.reverse_compute_at(o, item)
     depth = 2 if config["split"] == "items" else 3
+    _residual(sch, epi, item, depth)
     if config["out_path"] == "gsm":  # the tile AM -> GSM (this core's staging tile) -> DDR, as the paper
         g = sch.cache_write(o, 0, "local.GSM")
         sch.reverse_compute_at(g, item)
@@ -104,6 +106,21 @@ def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     sch.annotate(copy_loop(sch, o, depth), "opc.dsp.op", "dma")
     sch.annotate(copy_loop(sch, pad, depth), "opc.dsp.op", "dma")
     return sch, conv, ko, pixels, epi
+
+
+def _residual(sch, epi: list[str], item, depth: int) -> None:
+    """conv + eltwise: the residual tensor the `vadd` epilogue block reads, cached into a
+    local.AM tile at the stage loop (the item's rows x columns x kv*32 channels, double-buffered
+    with the stage's other tiles) and copied DDR -> AM by one DMA per stage, beside the input rows."""
+    if "vadd" not in epi:
+        return
+    blk = sch.get_sblock("vadd")
+    # the residual is the read that is not the previous epilogue step's result (in registers)
+    idx = next(i for i, r in enumerate(sch.get(blk).reads)
+               if (r.source if hasattr(r, "source") else r.buffer).scope() != "local.REG")
+    r = sch.cache_read(blk, idx, "local.AM")
+    sch.compute_at(r, item)
+    sch.annotate(copy_loop(sch, r, depth), "opc.dsp.op", "dma")
 
 
 def _tiles(sch, conv, last, names: list[str], config: Mapping[str, Any], cols: int, lanes: int, ws: bool):
@@ -180,6 +197,7 @@ def _ws_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
         sch.annotate(pix, "opc.dsp.op", "mk_ew")
     sch.reverse_compute_at(o, item)
     depth = 2 if config["split"] == "items" else 3
+    _residual(sch, epi, item, depth)
     if config["out_path"] == "gsm":
         g = sch.cache_write(o, 0, "local.GSM")
         sch.reverse_compute_at(g, item)
@@ -207,6 +225,8 @@ def _weights(sch, red, ko, config, epi: list[str]) -> None:
         rows = sch.fuse(*lps) if len(lps) > 1 else lps[0]
         sch.annotate(rows, "opc.dsp.op", "dma_shared")
     for b in epi:
+        if b == "vadd":  # the residual is a tile per stage (`_residual`), not a per-channel vector
+            continue
         blk_rv = sch.get_sblock(b)
         for i in range(1, len(sch.get(blk_rv).reads)):
             c = sch.cache_read(blk_rv, i, "local.AM")
@@ -283,6 +303,8 @@ def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
     func = lowered_func(wl, target, config)
     params = [p.name for p in func.params]
     ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
+    if "residual" in names:  # NCHW: the residual relaid to NHWC first
+        ddr_names["residual"] = names["residual"]
     kbp = config["kv"] * m.lanes
     nk = -(-sp.k // kbp)
     core_names, replicate, prepare = {}, [], []

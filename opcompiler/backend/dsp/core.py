@@ -119,7 +119,7 @@ def _run(m: DspMachine, prologue: list[Instr], body: Callable[[int], list[Instr]
     return MkCost(cycles=cycles, fmas=c["fmac"], vldst=c["ldst"], slds=c["sld"], valu=c["valu"])
 
 
-EPI_REGS = {"bias": 1, "bn": 2, "relu": 0}
+EPI_REGS = {"bias": 1, "bn": 2, "res": 0, "relu": 0}  # per-channel parameter vectors held in registers
 
 
 def _epi_instrs(m: DspMachine, acc: object, epi: tuple[str, ...], kv_index: int) -> list[Instr]:
@@ -129,6 +129,9 @@ def _epi_instrs(m: DspMachine, acc: object, epi: tuple[str, ...], kv_index: int)
             out.append(("fmac", acc, (acc, ("bias", kv_index)), m.fmac_latency))
         elif e == "bn":
             out.append(("fmac", acc, (acc, ("scale", kv_index), ("shift", kv_index)), m.fmac_latency))
+        elif e == "res":  # the residual's vector of this pixel loaded from its AM tile, then added
+            out.append(("ldst", ("res", acc), (), m.vld_latency))
+            out.append(("fmac", acc, (acc, ("res", acc)), m.fmac_latency))
         elif e == "relu":
             out.append(("valu", acc, (acc,), m.valu_latency))
     return out

@@ -51,12 +51,15 @@ def lowered(sch):
 
 
 # epilogue blocks of the conv family in the catalogue's computes, in order
-EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vrelu": "relu"}
+# ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM)
+EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vadd": "res", "vrelu": "relu"}
 REDUCTIONS = ("conv2d", "matmul", "matmul_rf_update")  # the reduction block of each family (split=k: the rfactor)
 
 
 class Lowerer:
     """Walks the lowered function once per core and returns that core's op list."""
+
+    am_in: set = frozenset()  # AM tiles a stage copies in from DDR (`_allocate`; lowerings with their own keep none)
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
                  kv: int, dbuf: bool, gsm_reread: bool,
@@ -106,6 +109,7 @@ class Lowerer:
         gsm = Allocator("GSM", self.m.cap("GSM"), 64)  # one for the cluster: every core sees the same
         found: list[tuple[Any, bool]] = []
         self.has_shared = False
+        stage_in: list[tuple[int, int]] = []  # (destination, source) of the copies inside a stage
 
         def visit(st, in_stage: bool) -> None:
             name = type(st).__name__
@@ -115,6 +119,11 @@ class Lowerer:
                 visit(st.block.body, in_stage)
             elif name == "For":
                 self.has_shared |= st.annotations.get("opc.dsp.op") == "dma_shared"
+                if in_stage and st.annotations.get("opc.dsp.op") == "dma":
+                    _, _, store = self._nest(st)
+                    val = store.value
+                    if type(val).__name__ in ("BufferLoad", "TensorLoad"):
+                        stage_in.append((_bkey(store), _bkey(val)))
                 visit(st.body, in_stage or "opc.dsp.stage" in st.annotations)
             elif name == "SeqStmt":
                 for x in st.seq:
@@ -140,6 +149,10 @@ class Lowerer:
                 n *= self.m.cores
             offs = tuple(alloc.alloc(f"{b.name}[{i}]", size) for i in range(n))
             self.space[bk] = (scope.split(".")[1], offs, in_stage)
+        # an AM tile a stage copies in from DDR (a residual read in the epilogue): a stage input,
+        # fetched with the SM input rows (the DMA-in phase) and read by the stage's VPU pass
+        self.am_in = {d for d, src in stage_in if self.space.get(d, ("",))[0] == "AM"
+                      and self.space.get(src, ("",))[0] == "DDR"}
 
     def _tag(self, bk: int, slot: int) -> str:
         sp = self._sp(bk)
@@ -149,6 +162,8 @@ class Lowerer:
             return f"sm{slot}"
         if sp[0] == "GSM":
             return f"gsmo{slot}" if sp[2] else "gsm_w"
+        if bk in self.am_in:
+            return f"ami{slot}"
         return f"amo{slot}" if sp[2] else "w"
 
     def _base(self, bk: int, slot: int) -> tuple[tuple, int]:
@@ -397,10 +412,10 @@ class Lowerer:
         zero = valid & ~copy
         slot = E.get("slot", 0)
         dspace, dbase = self._base(bdst, slot)
-        where = 0 if dspace[0] == "SM" else 2
+        where = 0 if dspace[0] == "SM" or bdst in self.am_in else 2
         sspace, sbase = self._base(bsrc, slot)
         dtag, stag = self._tag(bdst, slot), self._tag(bsrc, slot)
-        if where == 0:
+        if dspace[0] == "SM":
             # a zero already in this SM buffer and not overwritten since is not written again
             # (the side halo of full-width tiles is zeroed once per buffer, as the direct path does)
             zk = (k, slot)
@@ -596,8 +611,9 @@ class Lowerer:
             return
         key = ("ew", npix, epi)
         if key not in self._costs:
-            fm = sum(e in ("bias", "bn") for e in epi)
-            self._costs[key] = mk_ew(self.m, npix * self.kv, 1, fm, int("relu" in epi), sum(EPI_REGS[e] for e in epi))
+            fm = sum(e in ("bias", "bn", "res") for e in epi)  # the residual: one more load and add
+            self._costs[key] = mk_ew(self.m, npix * self.kv, 1 + int("res" in epi), fm, int("relu" in epi),
+                                     sum(EPI_REGS[e] for e in epi))
         stage[1].append((self._costs[key], (st, E) if self.fn else None))
 
     def _pred_at(self, info, g: dict):
@@ -615,7 +631,8 @@ class Lowerer:
                 for body, E in bodies:
                     _Exec(self, mem, slot).run(body, E)
                 return n
-        op = Op("vpu", "vpu", cycles=cost.cycles, reads=(f"sm{slot}", "w"), writes=(f"amo{slot}",), cost=cost,
+        reads = (f"sm{slot}", "w") + ((f"ami{slot}",) if self.am_in else ())
+        op = Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=(f"amo{slot}",), cost=cost,
                 nruns=len(calls), fn=f, label=f"VPU pass out {len(calls)} blocks")
         return self._intern(op)
 
