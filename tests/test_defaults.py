@@ -221,3 +221,14 @@ def test_tune_of_a_fused_op_measures_the_inherited_config_first(empty_logs):
     ids = [config_id(r.config) for r in RecordLog(res.log).read()]
     tmpl = get_template("conv2d", "ascend")
     assert ids[:2] == [config_id(tmpl.default(wl, t)), config_id(inh.spec)]
+
+
+def test_dsp_default_fits_a_long_reduction():
+    """VGG-11's first classifier layer (m=1, k=25,088, n=4,096): Algorithm 2 keeps the whole K on
+    the lanes (3.2 MB of AM of 768 KB); the default falls to the blocked GEMM, which fits."""
+    t = load_target("dsp-sim")
+    tmpl = get_template("matmul", "dsp")
+    for op in ("matmul", "matmul_bias_relu"):
+        wl = workload(op, "m=1,k=25088,n=4096,trans_b=1", dtype="float32")
+        cfg = tmpl.default(wl, t)
+        assert cfg["algo"] == "gemm" and tmpl.check(wl, t, cfg) is None

@@ -139,7 +139,18 @@ class DspFullyConnected(DirectTemplate):
                         "w_path": "gsm", "out_path": "ddr", "split": "items"})
                     if self.check(wl, target, cfg) is None:
                         return cfg
-        return cfg
+        # Algorithm 2 keeps the whole reduction on the lanes: a long K (VGG's 25,088-deep fc) does
+        # not fit AM. The blocked GEMM walks K in blocks, at any M; failing that, the first config of
+        # the space that fits, and a one-line refusal when none does
+        g = self._gemm_default(wl, target)
+        if self.check(wl, target, g) is None:
+            return g
+        for c in self.iter_space(wl, target):
+            c = self._fill(wl, target, c) if c.get("algo") != "gemm" else c
+            if self.check(wl, target, c) is None:
+                return c
+        raise OpcError(f"{wl.op} does not fit {target.name} with any tiling of {self.name}: "
+                       f"{self.check(wl, target, cfg)}", arg="--shape", expected="a smaller k or n")
 
     def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
         """Algorithm 2 as written: one input row at a time broadcast from SM, all output
