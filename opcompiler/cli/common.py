@@ -15,7 +15,7 @@ from ..workload import Workload
 # `opcompiler tune conv2d --target ascend-sim`); a note on stderr says when it was taken.
 DEFAULT_TARGET = "ascend-sim"
 
-CONFIG_HELP = ("default (the template's), best (your best verified record, else the shipped one; the template "
+CONFIG_HELP = ("default (the template's), best (the fastest verified record, yours or a shipped one; the template "
                "default when there is none), paper (the published schedule: dsp-sim's conv2d, matmul and "
                "element-wise templates), or a JSON object / .json file of knobs (default %(default)s)")
 
@@ -103,10 +103,11 @@ def check_args(args: argparse.Namespace) -> None:
 
 
 def _check_config(text: str) -> None:
+    from pathlib import Path
+
     from ..config import NAMES
     from ..errors import OpcError
     from ..ops import did_you_mean
-    from pathlib import Path
     expected = f"{', '.join(NAMES)}, a JSON object of knobs such as '{{\"m_tile\": 64}}' or a .json file"
     s = text.strip()
     if s in NAMES:
@@ -143,14 +144,15 @@ def shape_note(args: argparse.Namespace) -> None:
     if not shape:
         return  # a preset, whole (a matmul preset leaves the transpose flags at 0)
     from ..ops import PRESETS
-    filled = {}
+    filled: dict[str, list[str]] = {}  # where from -> the k=v it filled in
     for k, v in src.items():
-        if v in ("default", preset) and v is not None:
-            filled.setdefault(v, []).append(f"{k}={PRESETS[preset][k] if v == preset else defaults[k]}")
+        if v == "default":
+            filled.setdefault(f"{args.op}'s defaults", []).append(f"{k}={defaults[k]}")
+        elif preset is not None and v == preset:
+            filled.setdefault(f"preset {preset}", []).append(f"{k}={PRESETS[preset][k]}")
     if filled:
         note("--shape gave " + ",".join(k for k, v in src.items() if v == "shape") + "; filled in "
-             + "; ".join(f"from {'preset ' + v if v != 'default' else args.op + chr(39) + 's defaults'}: "
-                         + ",".join(kv) for v, kv in filled.items()))
+             + "; ".join(f"from {where}: " + ",".join(kv) for where, kv in filled.items()))
 
 
 def resolve(args: argparse.Namespace, default_dtype: str | None = None) -> tuple[Workload, Target]:
