@@ -35,7 +35,7 @@ PINNED = [
     ("matmul_bias_relu", "m=96,k=64,n=100", {"kv": 4, "pw": 6, "rows": 12}, (1199083, 160, 136), 1199083),
     ("matmul_bias_relu", "m=5,k=19,n=31,trans_a=1", {"kv": 1, "pw": 2, "rows": 4}, (1175347, 57, 26), 1175365),
 ]
-# lowered cycles at conversion (all <= corrected; 4 configs above the retired figure by 12-36 cycles,
+# lowered cycles at conversion, recorded from the code's own output (all <= corrected; 4 configs above the retired figure by 12-36 cycles,
 # the under-charged part of the emitter's pass)
 LOWERED = [1220709, 1223759, 1187542, 1174173, 1182330, 1174105, 1181121, 1199798, 1197365, 1175287]
 
@@ -54,7 +54,6 @@ def test_split_k_matches_numpy_and_the_retired_emitter(t, case):
     assert k.info["lowering"] == "tir"
     timed = be.measure(k)
     assert timed.cycles <= corrected
-    assert timed.cycles <= cyc or corrected > cyc
     assert timed.cycles == LOWERED[case]
     cnt = timed.metrics["counters"]
     assert (cnt["dma_transfers"], cnt["mk_calls"]) == (dmas, calls)
@@ -63,7 +62,8 @@ def test_split_k_matches_numpy_and_the_retired_emitter(t, case):
     res = be.run(k, xs)
     ref = d.reference(wl, xs)
     np.testing.assert_allclose(res.outputs[0], ref, rtol=1e-5, atol=1e-6 * float(np.abs(ref).max()))
-    assert res.cycles == timed.cycles
+    assert res.cycles == timed.cycles  # run reports the timing clock ...
+    assert res.metrics["functional_cycles"] == LOWERED[case]  # ... and the functional replay's own agrees
     assert res.metrics["functional_counters"] == cnt
     assert res.metrics["bytes_by_level"]["GSM"] > 0
 

@@ -99,6 +99,9 @@ def _machine(target: Target) -> Machine:
     key = (target.name, target.path, target.digest)
     if key not in _CACHE:
         _CACHE[key] = _build_machine(target)
+        from . import fclock  # the functional replay of this machine's programs reads the same file
+
+        fclock.bind(_CACHE[key], target)
     return _CACHE[key]
 
 

@@ -84,6 +84,9 @@ def machine(target: Target) -> DspMachine:
            target.clock_ghz)
     if key not in _CACHE:
         _CACHE[key] = _read(target)
+        from . import fclock  # the functional replay of this machine's programs reads the same file
+
+        fclock.bind(_CACHE[key], target)
     return _CACHE[key]
 
 
