@@ -232,3 +232,15 @@ def test_dsp_default_fits_a_long_reduction():
         wl = workload(op, "m=1,k=25088,n=4096,trans_b=1", dtype="float32")
         cfg = tmpl.default(wl, t)
         assert cfg["algo"] == "gemm" and tmpl.check(wl, t, cfg) is None
+
+
+def test_tune_prints_the_shipped_best_beside_its_own(empty_logs, capsys):
+    """Issue 29 item 2: a short tune of the README's first workload ends with the shipped record's
+    cycles and which one `--config best` will take."""
+    from opcompiler.cli import main
+
+    assert main(["tune", "conv2d", "--target", "ascend-sim", "--trials", "2", "--json"]) == 0
+    out = json.loads(capsys.readouterr().out)
+    shipped = find_best(workload("conv2d", preset="resnet50.res2_3x3", dtype="float16"), load_target("ascend-sim"))
+    assert out["shipped_best_cycles"] == shipped.record.cycles
+    assert out["config_best_uses"] == ("shipped" if shipped.record.cycles < out["best_cycles"] else "yours")

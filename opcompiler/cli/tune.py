@@ -194,11 +194,27 @@ def summarize(res: Any) -> dict[str, Any]:
     out["bound"] = best.metrics.get("bound") if best is not None else None
     out["speedup_over_default"] = res.speedup
     out["export_command"] = export_command(res) if best is not None else None
+    out.update(_shipped_beside(res))
     stats = getattr(res, "measure_stats", None) or {}
     out["candidates_per_second"] = round(stats["candidates_per_second"], 3) if stats.get("candidates") else None
     if "runner_restarts" in stats:  # a local GPU: build processes feeding one runner process
         out["gpu_measure"] = {k: stats[k] for k in ("builders", "runner_restarts") if k in stats}
     return out
+
+
+def _shipped_beside(res: Any) -> dict[str, Any]:
+    """The shipped record of the same key, if any, beside this tune's best, and which of the two
+    `--config best` (and export, compare) will take: the faster, yours on a tie."""
+    from ..tune.records import find_best, shipped_dir
+
+    path = shipped_dir() / res.target.name / f"{res.workload.op}.jsonl"
+    found = find_best(res.workload, res.target, path) if path.is_file() else None
+    if found is None:
+        return {}
+    rec = found.record
+    mine = res.best.cost if res.best is not None else float("inf")
+    return {"shipped_best_cycles": rec.cycles, "shipped_best_seconds": _seconds(rec, res.target),
+            "shipped_log": str(path), "config_best_uses": "shipped" if rec.cost < mine else "yours"}
 
 
 def _seconds(rec: Any, t: Target) -> float | None:
@@ -235,6 +251,12 @@ def print_summary(s: dict[str, Any]) -> None:
         rows.append(("measured", f"{s['candidates_per_second']:.2f} candidates/s"
                      + (f" ({gm['builders']} build processes, 1 GPU runner, {gm['runner_restarts']} runner restarts)"
                         if gm else "")))
+    if s.get("shipped_log"):
+        shipped = (f"{s['shipped_best_cycles']:,} cycles" if s.get("shipped_best_cycles") is not None
+                   else f"{(s['shipped_best_seconds'] or 0) * 1e3:.4g} ms")
+        uses = ("--config best, export and compare use it: it is faster than this tune's best"
+                if s["config_best_uses"] == "shipped" else "yours is at least as fast: --config best uses yours")
+        rows.append(("shipped record", f"{shipped} ({uses})"))
     rows.append(("record", s["log"]))
     if s["export_command"]:
         rows.append(("export it", s["export_command"]))
