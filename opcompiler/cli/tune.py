@@ -293,6 +293,10 @@ def cmd_best(args: argparse.Namespace) -> int:
            "template": rec.key["template"], "config": dict(rec.config), "cycles": rec.cycles,
            "seconds": _seconds(rec, target), "metrics": dict(rec.metrics), "verified": True,
            "key": dict(rec.key), "source": found.source, "log": str(found.path)}
+    if found.passed_over is not None:  # the other place's best, which this one beat
+        po = found.passed_over
+        out["passed_over"] = {"source": po.source, "log": str(po.path), "cycles": po.record.cycles,
+                              "seconds": _seconds(po.record, target), "config": dict(po.record.config)}
     if args.json:
         emit_json(out)
         return 0
