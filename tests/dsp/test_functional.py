@@ -79,11 +79,20 @@ def test_elemwise(be, op, shape):
     ("bn_relu", "n=3,c=13,h=9,w=9,layout=NHWC", None),
 ])
 def test_functional_and_timing_modes_agree(be, op, shape, config):
-    """The same cycles from run (functional) and measure (timing), and the timing program issues
-    exactly the transfers and instructions the functional execution performed."""
+    """run reports the timing clock (the same cycles as measure) and the functional replay's own
+    clock beside it: equal where no identical cores run as one group (the NCHW conv), else
+    below the timing clock by what the group's shared channel blocks cost (the documented
+    relation: within 10 % of the device cycles here); and the timing program
+    issues exactly the transfers and instructions the functional execution performed."""
     k, res = _check(be, op, config, shape=shape)
     timed = be.measure(k)
-    assert timed.cycles == res.cycles
+    assert timed.cycles == res.cycles == res.metrics["timing_cycles"]
+    fun, host = res.metrics["functional_cycles"], res.metrics["host_cycles"]
+    if "NCHW" in shape:
+        assert fun == timed.cycles and not res.metrics["clocks_differ"]
+    else:
+        assert fun < timed.cycles and res.metrics["clocks_differ"]
+        assert fun - host > 0.9 * (timed.cycles - host)  # here 5.7 % (conv) and 7.6 % (bn_relu) below
     assert res.metrics["functional_counters"] == timed.metrics["counters"]
 
 
