@@ -3,7 +3,7 @@ preset kinds and dtypes, without importing TVM. The CLI checks an op name, `--sh
 `--preset` and `--dtype` against this before it loads the catalogue (whose computes import TVM:
 seconds), so a typo is answered at once, and `opcompiler ops` lists it.
 
-It is generated from the catalogue (`python -m opcompiler.ops.index` rewrites the part between
+It is generated from the catalogue (`python -m opcompiler.ops.make_index` rewrites the part between
 the markers) and carries the SHA-256 of `catalogue.py` it was made from: when that file has
 changed since (`current()` is False), every user of the index falls back to the catalogue
 itself, so a stale index only ever costs time, never an answer. `tests/foundation/test_cli_fast.py`
@@ -103,24 +103,3 @@ def current() -> bool:
         return hashlib.sha256((Path(__file__).parent / "catalogue.py").read_bytes()).hexdigest() == CATALOGUE_SHA256
     except OSError:
         return False
-
-
-def _generate() -> str:
-    from . import list_ops
-    short = {repr(_CONV): "_CONV", repr(_EW): "_EW", repr(_MM): "_MM", repr(_F): "_F", repr(_C): "_C"}
-    sha = hashlib.sha256((Path(__file__).parent / "catalogue.py").read_bytes()).hexdigest()
-    lines = [f"CATALOGUE_SHA256 = {sha!r}", "OPS: dict[str, OpInfo] = {"]
-    for o in list_ops():
-        d, dts = repr(dict(o.defaults)), repr(tuple(o.dtypes))
-        lines.append(f"    {o.name!r}: OpInfo({o.family!r}, {o.summary!r},\n"
-                     f"        {short.get(d, d)}, {o.preset_kind!r}, {short.get(dts, dts)}),")
-    return "\n".join(lines + ["}"])
-
-
-if __name__ == "__main__":
-    import re
-    path = Path(__file__)
-    text = re.sub(r"(# BEGIN GENERATED\n).*?(# END GENERATED)", lambda m: m.group(1) + _generate() + "\n" + m.group(2),
-                  path.read_text(), flags=re.S)
-    path.write_text(text)
-    print(f"wrote {path}")

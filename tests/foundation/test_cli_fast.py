@@ -56,11 +56,11 @@ def test_ops_lists_shape_keys_and_defaults_without_tvm():
 
 
 def test_index_matches_the_catalogue():
-    """ops/index.py is generated from catalogue.py (`python -m opcompiler.ops.index`): current,
+    """ops/index.py is generated from catalogue.py (`python -m opcompiler.ops.make_index`): current,
     and equal to the catalogue op by op (names, families, summaries, defaults in order, kinds, dtypes)."""
     from opcompiler.ops import list_ops
     from opcompiler.ops.index import OPS, current
-    assert current(), "catalogue.py changed since ops/index.py was generated: run python -m opcompiler.ops.index"
+    assert current(), "catalogue.py changed since ops/index.py was generated: run python -m opcompiler.ops.make_index"
     assert sorted(OPS) == [o.name for o in list_ops()]
     for o in list_ops():
         i = OPS[o.name]
