@@ -233,6 +233,11 @@ def for_machine(machine) -> DspClock:
     got = _BOUND.get(id(machine))
     if got is not None and got[0] is machine:
         return got[1]
+    from .machine import source_target
+
+    src = source_target(machine)
+    if src is not None:
+        return clock(src)
     from ...target import load_target
 
     return clock(load_target(machine.name))

@@ -84,10 +84,17 @@ def machine(target: Target) -> DspMachine:
            target.clock_ghz)
     if key not in _CACHE:
         _CACHE[key] = _read(target)
-        from . import fclock  # the functional replay of this machine's programs reads the same file
-
-        fclock.bind(_CACHE[key], target)
+        _SOURCE[id(_CACHE[key])] = (_CACHE[key], target)  # the functional clock reads the same file
     return _CACHE[key]
+
+
+_SOURCE: dict[int, tuple[DspMachine, Target]] = {}
+
+
+def source_target(m: DspMachine) -> Target | None:
+    """The target description machine `m` was read from (None for a machine built elsewhere)."""
+    got = _SOURCE.get(id(m))
+    return got[1] if got is not None and got[0] is m else None
 
 
 def _read(target: Target) -> DspMachine:
