@@ -118,10 +118,10 @@ def _tiled(key: str, ub_tile: int, inline: bool):
     sch.annotate(inner, PRAGMA, "dma_copy")
     for nm in reversed(names):
         b = sch.get_sblock(nm)
-        sch.compute_at(b, tiles)
+        sch.compute_at(b, tiles, preserve_unit_loops=True)
         sch.annotate(sch.get_loops(b)[-1], PRAGMA, "vector_auto")
     for _, b in reversed(reads):
-        sch.compute_at(b, tiles, index=0)
+        sch.compute_at(b, tiles, preserve_unit_loops=True, index=0)
         sch.annotate(sch.get_loops(b)[-1], PRAGMA, "dma_copy")
     return sch.mod, sch.get(copy_out).name_hint
 
