@@ -315,12 +315,17 @@ def _audit_kernels(plan: Plan, built: list[tuple[Group, _Built | None]], values:
             and g.outputs[0] in values]
     prebuild(load_target("cpu"), [workload(g.op, dict(g.params), dtype="float32") for g in todo], "default")
 
-    def off(g: Group) -> float:
-        ins = [values[v] if v in values else plan.constants[v] for v in g.inputs]
+    def off(g: Group) -> float:  # constants as the kernel got them: stored in the plan's dtype
+        ins = [values[v] if v in values else _stored(plan.constants[v], plan.dtype) for v in g.inputs]
         return _rel(values[g.outputs[0]], _fp32_on_host(plan, g, ins, "default"))
     rel, g = max(((off(g), g) for g in todo), key=lambda x: x[0], default=(0.0, None))
     return {"kernels_ok": bool(todo) and rel <= tol, "kernels_checked": len(todo), "kernel_tolerance": tol,
             "worst_kernel": g.name if g else None, "worst_kernel_rel": rel}
+
+
+def _stored(x: np.ndarray, dtype: str) -> np.ndarray:
+    x = np.asarray(x)
+    return x.astype(dtype) if np.issubdtype(x.dtype, np.floating) else x
 
 
 def _rel(got: np.ndarray, want: np.ndarray) -> float:

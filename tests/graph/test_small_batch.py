@@ -12,3 +12,12 @@ def test_minigo_batch1_compare_dsp(models, capsys):
     out = capsys.readouterr().out
     for plan in ("unfused", "fused", "cost"):
         assert f"{plan} vs onnxruntime: OK" in out
+
+
+def test_minigo_batch1_compare_ascend(models, capsys):
+    """The same on ascend-sim (the default target): the one-element sigmoid chain builds (unit
+    loops kept at compute_at; it crashed emit_insn) and every plan matches onnxruntime."""
+    assert main(["compare", str(models["minigo"]), "--target", "ascend-sim", "--batch", "1"]) == 0
+    out = capsys.readouterr().out
+    for plan in ("unfused", "fused", "cost"):
+        assert f"{plan} vs onnxruntime: OK" in out
