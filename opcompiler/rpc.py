@@ -7,6 +7,10 @@ own backend (cpu or cuda), exports the kernel with `export_library`, uploads it 
 the tracker hands out, and runs / times it there with `time_evaluator`. It is an ordinary
 `Backend`, so the tuner measures through it unchanged (`rpc_backend(target, spec)`), and its
 records have the same form as local ones.
+
+The simulators go another way (`tune/remote.py`): `python -m opcompiler.rpc --key ascend-sim`
+(or `dsp-sim`, or `--target my.toml`) serves a measurement function, candidates travel as data,
+nothing is uploaded, and `Measurer` keeps one candidate in flight per free server under the key.
 """
 from __future__ import annotations
 
@@ -202,11 +206,15 @@ EXPOSED_WARNING = ("opcompiler.rpc: warning: listening on {host}: anyone who can
                    "a module and run it as this user; expose it only on a trusted network")
 
 
-def serve(tracker: str, key: str, host: str = LOOPBACK, port: int = 9090, port_end: int = 9199) -> None:
+def serve(tracker: str, key: str, host: str = LOOPBACK, port: int = 9090, port_end: int = 9199,
+          target: Target | None = None) -> None:
     """Start a TVM RPC server registered with `tracker` (HOST:PORT) under `key`, with the nvcc
     hook installed, and serve until interrupted. Equivalent to `python -m tvm.exec.rpc_server`
-    plus the hook. Listens on loopback unless `host` says otherwise: the server executes whatever
-    module a client uploads, so exposing it is the caller's explicit choice (with a warning)."""
+    plus the hook. With a simulator `target` it serves simulated measurement instead: the global
+    function `opcompiler.sim.measure`, which takes a candidate as data (tune/remote.py). Listens
+    on loopback unless `host` says otherwise: a TVM server executes whatever module a client
+    uploads, so exposing it is the caller's explicit choice (with a warning)."""
+    import functools
     import sys
     from tvm.rpc.server import Server
     if host not in (LOOPBACK, "localhost", "::1"):
@@ -214,9 +222,15 @@ def serve(tracker: str, key: str, host: str = LOOPBACK, port: int = 9090, port_e
     t_host, _, t_port = tracker.rpartition(":")
     if not t_host or not t_port.isdigit():
         raise OpcError("not HOST:PORT", arg="--tracker", value=tracker, expected="e.g. 10.0.0.5:9190")
+    init: Any = _server_init
+    what = ""
+    if target is not None:
+        from .tune.remote import server_init
+        init = functools.partial(server_init, str(Path(target.path).resolve()))
+        what = f", simulated measurement for {target.name} (digest {target.digest})"
     server = Server(host=host, port=port, port_end=port_end, key=key, tracker_addr=(t_host, int(t_port)),
-                    server_init_callback=_server_init)
-    print(f"opcompiler rpc server on {host}:{server.port}, key {key!r}, tracker {tracker}", flush=True)
+                    server_init_callback=init)
+    print(f"opcompiler rpc server on {host}:{server.port}, key {key!r}, tracker {tracker}{what}", flush=True)
 
     def stop(*_: Any) -> None:  # SIGTERM must not orphan the server's worker process
         server.terminate()
@@ -229,8 +243,26 @@ def serve(tracker: str, key: str, host: str = LOOPBACK, port: int = 9090, port_e
         server.terminate()
 
 
+def sim_target(key: str, target: str | None) -> Target | None:
+    """The simulator target a server measures for: `--target` (a name or a .toml file), else the
+    key when it names a simulator target (`--key ascend-sim`); None: a device server (cpu, cuda)."""
+    from .target import load_target
+    if target:
+        t = load_target(target)
+        if not capabilities(t).simulator:
+            raise OpcError(f"{t.name} is measured on its device: a cpu or cuda server takes no --target",
+                           arg="--target", value=target, expected="ascend-sim, dsp-sim or a simulator .toml file")
+        return t
+    try:
+        t = load_target(key)
+    except OpcError:
+        return None
+    return t if capabilities(t).simulator else None
+
+
 def main(argv: list[str] | None = None) -> int:
-    """`python -m opcompiler.rpc --tracker HOST:PORT --key KEY`: a device server for `--rpc`."""
+    """`python -m opcompiler.rpc --tracker HOST:PORT --key KEY`: a device server for `--rpc`, or with a
+    simulator key / `--target`, a simulated-measurement server."""
     import argparse
     import sys
     ap = argparse.ArgumentParser(prog="python -m opcompiler.rpc", description=serve.__doc__.split("\n\n")[0])
@@ -240,9 +272,11 @@ def main(argv: list[str] | None = None) -> int:
                     "any other address lets every host that reaches it run uploaded code, and prints a warning)")
     ap.add_argument("--port", type=int, default=9090, help="first port to try (default %(default)s)")
     ap.add_argument("--port-end", type=int, default=9199, help="last port to try (default %(default)s)")
+    ap.add_argument("--target", help="simulator target to measure for: ascend-sim, dsp-sim or a .toml file "
+                    "(default: the key, when it names a simulator target)")
     args = ap.parse_args(argv)
     try:
-        serve(args.tracker, args.key, args.host, args.port, args.port_end)
+        serve(args.tracker, args.key, args.host, args.port, args.port_end, sim_target(args.key, args.target))
     except OpcError as e:
         print(f"opcompiler.rpc: error: {e}", file=sys.stderr)
         return 2

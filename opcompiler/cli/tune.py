@@ -31,7 +31,8 @@ def register(sub: argparse._SubParsersAction) -> None:
                    "default max(32, trials/2))")
     p.add_argument("--no-transfer", action="store_true", help="do not warm-start from other shapes' records")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--rpc", help="HOST:PORT:KEY of an RPC tracker owning the device (cuda)")
+    p.add_argument("--rpc", help="HOST:PORT:KEY of an RPC tracker owning the device (cuda), or its simulator "
+                   "servers (ascend-sim, dsp-sim: python -m opcompiler.rpc --key KEY)")
     p.set_defaults(func=cmd_tune)
 
     p = sub.add_parser("best", help="print the best verified tuning record of one workload")
@@ -73,9 +74,9 @@ def cmd_tune(args: argparse.Namespace) -> int:
     _default_args(args)
     if capabilities(target).needs_device:
         _require_cuda(args.rpc, args.target, target)
-    elif args.rpc:
-        raise OpcError("only measures on remote devices (cuda targets)", arg="--rpc", value=args.rpc,
-                       expected="--target cuda")
+    elif args.rpc and not capabilities(target).simulator:
+        raise OpcError("only measures on remote devices (cuda targets) or simulator servers", arg="--rpc",
+                       value=args.rpc, expected="--target cuda, ascend-sim or dsp-sim")
     if args.workers is not None and args.workers < 0:
         raise OpcError("must be >= 0", arg="--workers", value=args.workers, expected="1 or 2 on this machine")
     wl, _ = resolve(args, _default_dtype(args.op, target))
@@ -112,7 +113,7 @@ def cmd_tune_model(args: argparse.Namespace) -> int:
     graph = load(args.op, batch=args.batch)
     trials = args.trials if args.trials is not None else 16 * capabilities(target).default_trials // 8
     res = tune_model(graph, target, trials, workers=args.workers, batch_size=max(8, args.batch_size),
-                     progress=not args.json, seed=args.seed, timeout=args.timeout)
+                     progress=not args.json, seed=args.seed, timeout=args.timeout, rpc=args.rpc or "")
     if args.json:
         emit_json(res.as_dict())
         return 0
@@ -197,6 +198,8 @@ def summarize(res: Any) -> dict[str, Any]:
     out.update(_shipped_beside(res))
     stats = getattr(res, "measure_stats", None) or {}
     out["candidates_per_second"] = round(stats["candidates_per_second"], 3) if stats.get("candidates") else None
+    if "rpc_servers" in stats:  # simulator servers under a tracker's key
+        out["rpc_measure"] = {"servers": stats["rpc_servers"], "resent": stats["rpc_resent"]}
     if "runner_restarts" in stats:  # a local GPU: build processes feeding one runner process
         out["gpu_measure"] = {k: stats[k] for k in ("builders", "runner_restarts") if k in stats}
     return out
@@ -250,7 +253,9 @@ def print_summary(s: dict[str, Any]) -> None:
         gm = s.get("gpu_measure")
         rows.append(("measured", f"{s['candidates_per_second']:.2f} candidates/s"
                      + (f" ({gm['builders']} build processes, 1 GPU runner, {gm['runner_restarts']} runner restarts)"
-                        if gm else "")))
+                        if gm else "")
+                     + (f" on {s['rpc_measure']['servers']} RPC servers ({s['rpc_measure']['resent']} re-sent)"
+                        if s.get("rpc_measure") else "")))
     if s.get("shipped_log"):
         shipped = (f"{s['shipped_best_cycles']:,} cycles" if s.get("shipped_best_cycles") is not None
                    else f"{(s['shipped_best_seconds'] or 0) * 1e3:.4g} ms")

@@ -11,6 +11,8 @@ that ran kernels) and keep their backend between tasks. `workers=0` measures in 
 
 A cuda target measured on this machine's GPU goes another way (`gpu_runner.py`): `workers` build
 processes that never initialise CUDA feed one runner process per GPU, started with `spawn`.
+A simulator target with an RPC spec goes to the servers a TVM tracker has under the key
+(`remote.py`): candidates travel as data, as many in flight as there are free servers.
 """
 from __future__ import annotations
 
@@ -148,19 +150,26 @@ class Measurer:
     The first task of a fresh worker also pays for its start-up (imports, backend creation),
     so its deadline is `timeout + startup_timeout`."""
 
-    def __init__(self, spec: BackendSpec, workers: int = 1, timeout: float = 60.0, startup_timeout: float = 120.0):
+    def __init__(self, spec: BackendSpec, workers: int = 1, timeout: float = 60.0, startup_timeout: float = 120.0,
+                 context: Any = None):
         if workers < 0:
             raise OpcError("must be >= 0", arg="--workers", value=workers, expected="0 (in process), 1, 2, ...")
         if workers > 1 and not spec.threads:
             spec = replace(spec, threads=max(1, (os.cpu_count() or 1) // workers))
         self.spec, self.n, self.timeout, self.startup_timeout = spec, workers, timeout, startup_timeout
-        self._gpu: Any = None
+        self._delegate: Any = None  # a GpuMeasurer or a RemoteMeasurer measures instead
+        if spec.rpc and capabilities(spec.target).simulator:
+            # a simulator target on the servers a tracker has under the key (remote.py)
+            from .remote import RemoteMeasurer
+            self._delegate = RemoteMeasurer(spec.target, spec.rpc, timeout=timeout, startup_timeout=startup_timeout)
+            return
         if self.uses_gpu_runner(spec, workers):
             # a local GPU: parallel build processes feeding one spawned runner process (gpu_runner.py)
             from .gpu_runner import GpuMeasurer
-            self._gpu = GpuMeasurer(spec, workers=workers, timeout=timeout, startup_timeout=max(startup_timeout, 180.0))
+            self._delegate = GpuMeasurer(spec, workers=workers, timeout=timeout,
+                                         startup_timeout=max(startup_timeout, 180.0))
             return
-        self._ctx = _context()
+        self._ctx = context or _context()  # a server's session forks its worker from itself (remote.py)
         self._workers: list[_Worker] = []
         self._fresh: set[int] = set()
         self._local: Backend | None = None
@@ -173,11 +182,18 @@ class Measurer:
         return workers > 0 and capabilities(spec.target).device_runner and not spec.rpc and not spec.factory
 
     @property
+    def parallelism(self) -> int:
+        """Candidates measured at once: the workers, or the servers' sessions under an RPC key."""
+        if self._delegate is not None and hasattr(self._delegate, "parallelism"):
+            return self._delegate.parallelism
+        return max(1, self.n)
+
+    @property
     def stats(self) -> dict[str, Any]:
         """Candidates measured, wall seconds spent measuring them, candidates per second (and on a GPU
         the builders, runner restarts, build and run seconds)."""
-        if self._gpu is not None:
-            return dict(self._gpu.stats)
+        if self._delegate is not None:
+            return dict(self._delegate.stats)
         rate = self._n_measured / self._t_measuring if self._t_measuring > 0 else 0.0
         return {"candidates": self._n_measured, "seconds": self._t_measuring, "candidates_per_second": rate}
 
@@ -188,8 +204,8 @@ class Measurer:
         self.close()
 
     def close(self) -> None:
-        if self._gpu is not None:
-            self._gpu.close()
+        if self._delegate is not None:
+            self._delegate.close()
             return
         for w in self._workers:
             try:
@@ -209,8 +225,8 @@ class Measurer:
     def measure(self, wl: Workload, configs: Sequence[Mapping[str, Any]], verify: bool = False, seed: int = 0,
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         """Measure every config; results in input order. `on_result(i, res)` fires as each finishes."""
-        if self._gpu is not None:
-            return self._gpu.measure(wl, configs, verify=verify, seed=seed, on_result=on_result)
+        if self._delegate is not None:
+            return self._delegate.measure(wl, configs, verify=verify, seed=seed, on_result=on_result)
         t0 = time.perf_counter()
         try:
             return self._measure(wl, configs, verify, seed, on_result)

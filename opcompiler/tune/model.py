@@ -119,9 +119,10 @@ def _logged_trials(task: Task, target: Target) -> int:
 
 
 def tune_model(graph: Any, target: str | Target, trials: int, *, workers: int = 1, batch_size: int = 16,
-               progress: bool = True, seed: int = 0, timeout: float = 60.0,
+               progress: bool = True, seed: int = 0, timeout: float = 60.0, rpc: str = "",
                on_round: Callable[[Task, int], None] | None = None) -> ModelTuneResult:
-    """Tune every distinct kernel of `graph` for `target` with `trials` measured configs in all."""
+    """Tune every distinct kernel of `graph` for `target` with `trials` measured configs in all.
+    `rpc` (HOST:PORT:KEY): measure on the tracker's servers, one set of sessions for the whole model."""
     from ..graph.cost import cost
     from .tuner import tune
     tgt = target if isinstance(target, Target) else load_target(target)
@@ -138,7 +139,10 @@ def tune_model(graph: Any, target: str | Target, trials: int, *, workers: int = 
     before = estimate(graph, tgt)
     done = sum(t.trials for t in tasks)
     start = done
-    bar = None
+    bar = measurer = None
+    if rpc:
+        from .measure import BackendSpec, Measurer
+        measurer = Measurer(BackendSpec(target=tgt, rpc=rpc), workers=workers, timeout=timeout)
     if progress:
         from tqdm import tqdm
         bar = tqdm(total=trials, initial=min(done, trials), desc=f"tune {graph.name}", unit="trial",
@@ -149,12 +153,12 @@ def tune_model(graph: Any, target: str | Target, trials: int, *, workers: int = 
             if not live:
                 break
             task = max(live, key=lambda t: t.share() / (1 + t.trials / batch_size))
-            want = min(batch_size, trials - done)
+            want = min(max(batch_size, measurer.parallelism if measurer is not None else 0), trials - done)
             if bar is not None:
                 bar.set_postfix_str(f"{task.label[:60]}", refresh=True)
             res = tune(task.wl.op, tgt, shape=dict(task.wl.params), dtype=task.wl.dtype,
                        trials=task.trials + want, workers=workers, batch_size=min(8, want), timeout=timeout,
-                       early_stop=0, seed=seed, progress=False)
+                       early_stop=0, seed=seed, progress=False, rpc=rpc, measurer=measurer)
             got = res.trials - task.trials
             task.trials = res.trials
             if got < want or "every valid config" in res.stop_reason:
@@ -168,6 +172,8 @@ def tune_model(graph: Any, target: str | Target, trials: int, *, workers: int = 
     finally:
         if bar is not None:
             bar.close()
+        if measurer is not None:
+            measurer.close()
     after = estimate(graph, tgt)
     return ModelTuneResult(model=graph.name, target=tgt, tasks=tasks, skipped=skipped, before=before, after=after,
                            trials=done, new_trials=done - start, elapsed=time.perf_counter() - t0)

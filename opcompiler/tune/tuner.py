@@ -9,6 +9,7 @@ model is trained on them, and `trials` counts the records already there.
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import os
 import re
@@ -107,11 +108,13 @@ class TuneResult:
 
 def tune(op: str, target: str | Target = "cpu", *, shape: str | Mapping[str, Any] | None = None,
          preset: str | None = None, batch: int | None = None, dtype: str | None = None,
-         on_trial: Callable[[int, MeasureResult], None] | None = None, **options: Any) -> TuneResult:
-    """Tune `op` at one shape for `target`; keyword options are `TuneOptions` fields."""
+         on_trial: Callable[[int, MeasureResult], None] | None = None, measurer: Measurer | None = None,
+         **options: Any) -> TuneResult:
+    """Tune `op` at one shape for `target`; keyword options are `TuneOptions` fields. `measurer`:
+    one to measure with (and leave open), shared by calls for the same target (`tune_model`)."""
     tgt = target if isinstance(target, Target) else load_target(target)
     wl = make_workload(op, shape, preset=preset, batch=batch, dtype=dtype)
-    return Tuner(wl, tgt, TuneOptions(**options)).run(on_trial)
+    return Tuner(wl, tgt, TuneOptions(**options)).run(on_trial, measurer=measurer)
 
 
 class Tuner:
@@ -127,7 +130,8 @@ class Tuner:
 
     # -- the loop -------------------------------------------------------------------------
 
-    def run(self, on_trial: Callable[[int, MeasureResult], None] | None = None) -> TuneResult:
+    def run(self, on_trial: Callable[[int, MeasureResult], None] | None = None,
+            measurer: Measurer | None = None) -> TuneResult:
         t0 = time.perf_counter()
         opt = self.opt
         everything = self.log.read()
@@ -150,9 +154,11 @@ class Tuner:
         bar = _progress(opt, total=opt.trials, initial=min(done, opt.trials), desc=f"tune {self.wl.op}")
         invalid = sum(1 for s in states.values() if not s.record.valid)
         spec = BackendSpec(target=self.target, factory=opt.backend_factory, rpc=opt.rpc)
-        with Measurer(spec, workers=opt.workers, timeout=opt.timeout) as measurer:
+        with (contextlib.nullcontext(measurer) if measurer is not None
+              else Measurer(spec, workers=opt.workers, timeout=opt.timeout)) as measurer:
             while done < opt.trials:
-                want = min(opt.batch_size, opt.trials - done)
+                # a batch keeps every worker (or every free RPC server) busy
+                want = min(max(opt.batch_size, measurer.parallelism), opt.trials - done)
                 first = [c for c in seeds if config_id(c) not in strategy.measured][:want]
                 batch = strategy.next_batch(want - len(first)) if want > len(first) else []
                 if first:
@@ -160,8 +166,9 @@ class Tuner:
                 if not batch:
                     stop = "every valid config of the space is measured"
                     break
-                results = measurer.measure(self.wl, batch, seed=opt.seed)
-                self.log.append([self._record(c, r) for c, r in zip(batch, results)])
+                # each record is appended as its result arrives: an interrupted run keeps every one
+                results = measurer.measure(self.wl, batch, seed=opt.seed,
+                                           on_result=lambda i, r, b=batch: self.log.append(self._record(b[i], r)))
                 strategy.observe([(c, r.cost) for c, r in zip(batch, results)])
                 for c, r in zip(batch, results):
                     done += 1
