@@ -11,9 +11,9 @@ same transfers at the same times, so the channel is held for all of them.
 
 The scoreboard, the channels, barriers and the steady-state skip are the simulator core's
 (`opcompiler.sim.scoreboard`); the DSP ISA adds a transfer's engine and channel cycles, FMAC
-busy time and the issued-work counters. `replay` is functional mode with its own accounting
-(`opcompiler.sim.trace`): the per-core op lists as executed, never this scoreboard; tests
-hold the two to each other. `report` builds the run's metrics from the typed `Profile`.
+busy time and the issued-work counters. `execute` runs a program's values; functional mode's
+own clock is `fclock.replay` (its own tables, never this scoreboard); tests hold the two clocks
+to each other. `report` builds the run's metrics from the typed `Profile`.
 """
 from __future__ import annotations
 
@@ -28,7 +28,6 @@ from tqdm import tqdm
 from ...errors import OpcFailure
 from ...sim.profile import Profile, Timing
 from ...sim.scoreboard import Channels, Scoreboard, barrier, interleave, merge, run_repeated
-from ...sim.trace import BARRIER, WORK, Event, Trace
 from .machine import DspMachine
 from .program import F32, Op, Program, Repeat, View, dma_cycles, expand
 
@@ -276,40 +275,6 @@ def _execute_phases(prog: Program, mem: Memory, counters: Counters, pos: list[in
                 done = op.execute(mem)  # a VPU pass returns the micro-kernel calls it executed
                 counters.add_op(op, 1, done if isinstance(done, int) else None)
             bar.update(pos[c] - start)
-
-
-def replay(m: DspMachine, prog: Program, inputs: Sequence[np.ndarray]) -> tuple[np.ndarray, Counters, Timing]:
-    """Functional mode with its own accounting: `execute` the (functional) program, recording
-    every op each core executed, in the order it executed them (cores phase by phase between
-    barriers), as a trace; `sim.trace` derives the dependencies from the trace and evaluates
-    them with the shared DDR and GSM channels, independently of `timing` (no repeat blocks,
-    steady-state skips or core groups: one op list per core). Returns (output, counters,
-    Timing)."""
-    tr = Trace(len(prog.cores))
-    statics: dict[int, tuple] = {}
-
-    def record(c: int, op: Op) -> None:
-        if op.kind == "barrier":
-            tr.record(c, Event(BARRIER))
-            return
-        st = statics.get(id(op))
-        if st is None:
-            if op.kind == "dma":
-                eng, ddr, gsm = _dma_cycles(m, op)
-                st = statics[id(op)] = Event(WORK, op.pipe, tuple(op.reads), tuple(op.writes), eng,
-                                             (("ddr", ddr), ("gsm", gsm)), m.dma_startup)
-            else:
-                st = statics[id(op)] = Event(WORK, op.pipe, tuple(op.reads), tuple(op.writes), op.cycles)
-        tr.record(c, st)
-
-    out, counters = execute(m, prog, inputs, record)
-    acc = tr.account()
-    host = sum(cyc for _, cyc, _ in prog.host_pre) + sum(cyc for _, cyc, _ in prog.host_post)
-    busy = dict(acc.busy)
-    busy["host"] = host
-    t = Timing(cycles=int(acc.cycles + host), host_cycles=int(host), busy=busy,
-               bytes_by_level=counters.bytes_by_level, counters=counters, detail={"dsp_cycles": int(acc.cycles)})
-    return out, counters, t
 
 
 def _host_bytes(prog: Program, counters: Counters) -> None:
