@@ -6,12 +6,24 @@ The same random sample of check-valid configs is measured by every variant; work
 is excluded (each pool is warmed on a few other configs first).
 
     python benchmarks/tune_throughput.py [--n 96] [--json]
+
+`--rpc` measures remote measurement instead (issue 26), in one run: it starts a TVM tracker and
+simulator servers on loopback (`python -m opcompiler.rpc --key ...`, subprocesses) and measures
+candidates per second with 1 server and with 2 (one or two candidates in flight) on the same
+sample of one op's configs, in alternating rounds. It prints the load average (`os.getloadavg`)
+before and after: on a shared machine other processes' load is part of the figure.
+
+    python benchmarks/tune_throughput.py --rpc [--n 64] [--rounds 3] [--target ascend-sim]
 """
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import random
+import signal
+import socket
+import subprocess
 import sys
 import tempfile
 import time
@@ -41,11 +53,132 @@ def sample(space: Space, n: int, seed: int) -> list[dict]:
     return out
 
 
+RPC_WORKLOADS = {"ascend-sim": ("conv2d", "resnet50.res2_3x3", "float16"),
+                 "dsp-sim": ("conv2d", "minigo.conv3_res", "float32")}
+RPC_KEY = "opc-bench"
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _free_servers(port: int) -> int:
+    import tvm
+    try:
+        return tvm.rpc.connect_tracker("127.0.0.1", port).summary()["queue_info"].get(RPC_KEY, {}).get("free", 0)
+    except Exception:
+        return 0
+
+
+def _start(cmd: list[str], log: str) -> subprocess.Popen:
+    return subprocess.Popen(cmd, stdout=open(log, "w"), stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def rpc_main(args: argparse.Namespace) -> int:
+    """1 vs 2 loopback simulator servers on one op: candidates per second, same configs. Both
+    servers run throughout; "1 server" keeps one session (one candidate in flight), "2 servers"
+    two. The two are measured in alternating rounds, so a change in other processes' load
+    falls on both; the median round of each is reported."""
+    import statistics
+
+    from opcompiler.tune.remote import RemoteMeasurer
+    tname = args.target
+    op, preset, dtype = RPC_WORKLOADS.get(tname, RPC_WORKLOADS["ascend-sim"])
+    target = load_target(tname)
+    wl = workload(op, preset=preset, dtype=dtype)
+    space = Space.of(wl, target, get_template(get_op(op).family, target.family))
+    cfgs, warm = sample(space, args.n, 0), sample(space, 4, 1)
+    tmp = tempfile.mkdtemp(prefix="opc_rpc_bench_")
+    port = _free_port()
+    spec = f"127.0.0.1:{port}:{RPC_KEY}"
+    procs = [_start([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
+                     "--port-end", str(port + 1)], f"{tmp}/tracker.log")]
+    rates: dict[int, list[float]] = {1: [], 2: []}
+    ok = {1: 0, 2: 0}
+    try:
+        deadline = time.time() + 60
+        while True:  # servers started before the tracker listens would wait 5 s to retry
+            try:
+                socket.create_connection(("127.0.0.1", port), timeout=1).close()
+                break
+            except OSError:
+                if time.time() > deadline:
+                    raise SystemExit(f"the tracker did not start; see {tmp}")
+                time.sleep(0.2)
+        for n in (1, 2):
+            procs.append(_start([sys.executable, "-m", "opcompiler.rpc", "--tracker", f"127.0.0.1:{port}", "--key",
+                                 RPC_KEY, "--target", tname, "--port", str(29700 + 50 * n),
+                                 "--port-end", str(29749 + 50 * n)], f"{tmp}/server{n}.log"))
+        deadline = time.time() + 120
+        while _free_servers(port) < 2:
+            if time.time() > deadline:
+                raise SystemExit(f"servers did not register; see {tmp}")
+            time.sleep(0.5)
+        with Measurer(BackendSpec(target=target), workers=0) as m:  # reference: in this process, no RPC
+            m.measure(wl, warm)
+            t0 = time.perf_counter()
+            m.measure(wl, cfgs)
+            local = len(cfgs) / (time.perf_counter() - t0)
+        load_before = os.getloadavg()
+        for r in range(args.rounds):
+            for n in (1, 2) if r % 2 == 0 else (2, 1):
+                deadline = time.time() + 60
+                while _free_servers(port) < 2:  # the last round's sessions have ended
+                    if time.time() > deadline:
+                        raise SystemExit(f"servers did not come back; see {tmp}")
+                    time.sleep(0.2)
+                m = RemoteMeasurer(target, spec, timeout=300, max_slots=n)
+                try:
+                    m.measure(wl, warm)  # sessions opened, the servers' measuring workers started
+                    assert m.parallelism == n, m.stats
+                    t0 = time.perf_counter()
+                    res = m.measure(wl, cfgs)
+                    rates[n].append(len(cfgs) / (time.perf_counter() - t0))
+                finally:
+                    m.close()
+                ok[n] = sum(x.status == "ok" for x in res)
+                print(f"round {r + 1}: {n} server(s) {rates[n][-1]:.1f} candidates/s", file=sys.stderr)
+        load_after = os.getloadavg()
+    finally:
+        for p in procs:
+            try:
+                os.killpg(p.pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+            p.wait(timeout=30)
+    med = {n: statistics.median(v) for n, v in rates.items()}
+    ratios = [b / a for a, b in zip(rates[1], rates[2])]
+    out = {"target": target.name, "workload": f"{op} {preset} {dtype}", "n": len(cfgs), "rounds": args.rounds,
+           "cand/s": rates, "median_cand/s": med, "ratio_of_medians": med[2] / med[1], "ratio_per_round": ratios,
+           "ok": ok, "in_process_cand/s": local, "cpus": os.cpu_count(), "loadavg_before": load_before,
+           "loadavg_after": load_after}
+    if args.json:
+        print(json.dumps(out, indent=1))
+        return 0
+    print(f"\nremote measurement on loopback, {target.name} {op} {preset} {dtype}: {len(cfgs)} random check-valid "
+          f"configs per round, the same every round; {args.rounds} alternating rounds; {os.cpu_count()} CPUs")
+    print(f"{'servers':>8}{'median cand/s':>15}  rounds")
+    for n in (1, 2):
+        print(f"{n:>8}{med[n]:>15.1f}  " + " ".join(f"{v:.1f}" for v in rates[n]) + f"   ({ok[n]} ok)")
+    print(f"2 servers / 1 server: {med[2] / med[1]:.2f}x (median rounds; per round "
+          + " ".join(f"{x:.2f}x" for x in ratios) + f"); in this process, no RPC: {local:.1f} candidates/s")
+    print("load average (1, 5, 15 min) before: " + ", ".join(f"{v:.2f}" for v in load_before)
+          + "; after: " + ", ".join(f"{v:.2f}" for v in load_after))
+    return 0
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--n", type=int, default=96, help="candidates per variant")
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--rpc", action="store_true", help="1 vs 2 loopback simulator servers instead (issue 26)")
+    ap.add_argument("--target", default="ascend-sim", help="with --rpc: ascend-sim or dsp-sim")
+    ap.add_argument("--rounds", type=int, default=3, help="with --rpc: alternating rounds per variant")
     args = ap.parse_args()
+    if args.rpc:
+        return rpc_main(args)
     rows = []
     for tname, op, preset, dtype in WORKLOADS:
         target = load_target(tname)
