@@ -128,6 +128,34 @@ def test_a_template_version_mismatch_is_refused():
     assert refusal({**req, "protocol": PROTOCOL + 1}, t).endswith(f"the client {PROTOCOL + 1}")
 
 
+def test_an_interrupted_remote_run_resumes_losing_nothing(farm, tmp_path):
+    """Ctrl-C in the middle of a batch: every result that arrived is in the log, and the re-run
+    measures only the rest."""
+    import _thread
+    log = tmp_path / "i.jsonl"
+    common = dict(trials=24, tuner="random", seed=6, early_stop=0, transfer=False, progress=False, verify=False,
+                  log=str(log), rpc=farm[0], **CONV)
+
+    def interrupt_when_running() -> None:
+        deadline = time.time() + 60
+        while time.time() < deadline and not (log.exists() and len(log.read_text().splitlines()) >= 3):
+            time.sleep(0.01)
+        _thread.interrupt_main()
+
+    t = threading.Thread(target=interrupt_when_running, daemon=True)
+    t.start()
+    with pytest.raises(KeyboardInterrupt):
+        tune("conv2d", "ascend-sim", **common)
+    t.join(timeout=5)
+    before = _lines(log)
+    assert 3 <= len(before) < 24
+    again = tune("conv2d", "ascend-sim", **common)
+    recs = _lines(log)
+    assert again.new_trials == 24 - len(before)  # nothing measured twice, nothing that arrived lost
+    assert len(recs) == 24 and len({config_id(r["config"]) for r in recs}) == 24
+    assert {r["status"] for r in recs} == {"ok"}
+
+
 def test_killing_a_server_mid_run_loses_no_candidate(farm, tmp_path):
     spec, port, servers, _ = farm
     log = tmp_path / "k.jsonl"
