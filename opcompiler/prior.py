@@ -148,8 +148,10 @@ def ranked(template: Any, wl: Workload, target: Target) -> list[tuple[float, dic
 
 def derived_default(template: Any, wl: Workload, target: Target) -> dict | None:
     """The best-predicted valid candidate, or None (no model, or no candidate fits)."""
-    r = ranked(template, wl, target)
-    return dict(r[0][1]) if r else None
+    for _, cfg in ranked(template, wl, target) or ():
+        if template.check(wl, target, cfg) is None:  # the ranking is cached; the check is asked again
+            return dict(cfg)
+    return None
 
 
 def measure_top(template: Any, wl: Workload, target: Target, k: int, backend: Any) -> tuple[dict, int] | None:
