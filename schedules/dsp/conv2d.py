@@ -38,6 +38,13 @@ ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (1, 2, 4, 8, 12, 16, 28, 32, 56)
 
 
+_FITTED: dict[tuple, Program] = {}  # timing programs the default's search built, for the build after it
+
+
+def _fit_key(wl: Workload, target: Target, config: Mapping[str, Any]) -> tuple:
+    return (wl, target.digest, tuple(sorted((k, str(v)) for k, v in config.items())))
+
+
 class DirectTemplate(Template):
     """Shared by the direct-convolution and fully-connected templates: knobs, checks, lowering."""
 
@@ -54,6 +61,10 @@ class DirectTemplate(Template):
         why = self.check(wl, target, config)
         if why is not None and "host_copies" in why:
             raise OpcError(why, arg="--config", value=dict(config))
+        if not functional:  # the default's search may just have built it (`_tir_fits`)
+            hit = _FITTED.pop(_fit_key(wl, target, config), None)
+            if hit is not None:
+                return hit
         return build_program(self, wl, target, config, functional)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
@@ -177,9 +188,12 @@ class DspDirectConv2d(DirectTemplate):
         the tile `check` counts (the build is cached, so the default's first build reuses it)."""
         from .tir_sched import build_program
         try:
-            build_program(self, wl, target, cfg, False)
+            prog = build_program(self, wl, target, cfg, False)
         except OpcError:
             return False
+        if len(_FITTED) >= 4:  # programs of large images are large: keep the last few only
+            _FITTED.pop(next(iter(_FITTED)))
+        _FITTED[_fit_key(wl, target, cfg)] = prog  # the build that follows takes it
         return True
 
     def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
