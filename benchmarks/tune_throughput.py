@@ -96,6 +96,8 @@ def rpc_main(args: argparse.Namespace) -> int:
     procs = [_start([sys.executable, "-m", "tvm.exec.rpc_tracker", "--host", "127.0.0.1", "--port", str(port),
                      "--port-end", str(port + 1)], f"{tmp}/tracker.log")]
     rates: dict[int, list[float]] = {1: [], 2: []}
+    busy: dict[int, list[float]] = {1: [], 2: []}  # server-side seconds measuring / wall seconds
+    per: dict[int, list[float]] = {1: [], 2: []}  # server-side seconds per candidate
     ok = {1: 0, 2: 0}
     try:
         deadline = time.time() + 60
@@ -135,7 +137,10 @@ def rpc_main(args: argparse.Namespace) -> int:
                     assert m.parallelism == n, m.stats
                     t0 = time.perf_counter()
                     res = m.measure(wl, cfgs)
-                    rates[n].append(len(cfgs) / (time.perf_counter() - t0))
+                    wall = time.perf_counter() - t0
+                    rates[n].append(len(cfgs) / wall)
+                    busy[n].append(sum(x.elapsed for x in res) / wall)
+                    per[n].append(statistics.median(x.elapsed for x in res))
                 finally:
                     m.close()
                 ok[n] = sum(x.status == "ok" for x in res)
@@ -152,18 +157,21 @@ def rpc_main(args: argparse.Namespace) -> int:
     ratios = [b / a for a, b in zip(rates[1], rates[2])]
     out = {"target": target.name, "workload": f"{op} {preset} {dtype}", "n": len(cfgs), "rounds": args.rounds,
            "cand/s": rates, "median_cand/s": med, "ratio_of_medians": med[2] / med[1], "ratio_per_round": ratios,
-           "ok": ok, "in_process_cand/s": local, "cpus": os.cpu_count(), "loadavg_before": load_before,
+           "busy_servers": busy, "server_s_per_candidate": per, "ok": ok, "in_process_cand/s": local, "cpus": os.cpu_count(), "loadavg_before": load_before,
            "loadavg_after": load_after}
     if args.json:
         print(json.dumps(out, indent=1))
         return 0
     print(f"\nremote measurement on loopback, {target.name} {op} {preset} {dtype}: {len(cfgs)} random check-valid "
           f"configs per round, the same every round; {args.rounds} alternating rounds; {os.cpu_count()} CPUs")
-    print(f"{'servers':>8}{'median cand/s':>15}  rounds")
+    print(f"{'servers':>8}{'median cand/s':>15}{'busy servers':>14}{'ms/cand on server':>19}  cand/s per round")
     for n in (1, 2):
-        print(f"{n:>8}{med[n]:>15.1f}  " + " ".join(f"{v:.1f}" for v in rates[n]) + f"   ({ok[n]} ok)")
+        print(f"{n:>8}{med[n]:>15.1f}{statistics.median(busy[n]):>14.2f}{statistics.median(per[n]) * 1e3:>19.1f}  "
+              + " ".join(f"{v:.1f}" for v in rates[n]) + f"   ({ok[n]} ok)")
     print(f"2 servers / 1 server: {med[2] / med[1]:.2f}x (median rounds; per round "
           + " ".join(f"{x:.2f}x" for x in ratios) + f"); in this process, no RPC: {local:.1f} candidates/s")
+    print("busy servers: the servers' measuring seconds over wall seconds (how many candidates were being measured "
+          "at once); ms/cand on server: the median candidate's build + simulation, CPU contention included")
     print("load average (1, 5, 15 min) before: " + ", ".join(f"{v:.2f}" for v in load_before)
           + "; after: " + ", ".join(f"{v:.2f}" for v in load_after))
     return 0
