@@ -43,7 +43,7 @@ class BackendSpec:
             mod, fn = self.factory.split(":")
             return getattr(import_module(mod), fn)(self.target)
         if self.rpc:
-            from ..rpc import rpc_backend
+            from ..backend.rpc import rpc_backend
             return rpc_backend(self.target, self.rpc)
         return get_backend(self.target)
 

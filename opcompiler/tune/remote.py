@@ -6,10 +6,10 @@
 
 **Server.** `python -m opcompiler.rpc --key ascend-sim` (or `dsp-sim`, or `--target my.toml`)
 starts TVM's own RPC server with one global PackedFunc, `opcompiler.sim.measure`, registered by
-`server_init` before the server forks its session processes. The client sends a candidate as
+`remote_server.server_init` before the server forks its session processes. The client sends a candidate as
 JSON *data*: the workload, the config, the target's content and digest, the template's name and
 version, verify / seed / timeout. No code is uploaded. The server refuses a candidate whose
-target digest or template version differs from its own (`refusal`: the figures that differ, or
+target digest or template version differs from its own (`remote_server.refusal`: the figures that differ, or
 both versions); otherwise it builds the candidate with its installed opcompiler and measures it
 exactly as a local worker would (a `Measurer` with one worker process in the session, so a
 candidate that crashes or hangs is recorded `crash` / `timeout` as locally): timing mode, and the
@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import os
 import queue
 import socket
 import threading
@@ -36,7 +35,7 @@ from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..errors import OpcError
-from ..target import Target, load_target
+from ..target import Target
 from ..workload import Workload
 from .process import MeasureResult, _one_line
 
@@ -44,147 +43,6 @@ MEASURE_FUNC = "opcompiler.sim.measure"
 PROTOCOL = 1
 MAX_SENDS = 3  # a candidate lost with this many servers (died or hung) is recorded as a crash
 SERVER_STARTUP = 10.0  # a session's measuring worker is forked from the warm server: seconds, not minutes
-
-
-# ------------------------------------------------------------------ the server side
-
-_SERVED: dict[str, Any] = {}  # this process's target; in a session process also its Measurer
-
-
-def server_init(target_path: str) -> None:
-    """TVM's `server_init_callback`: runs in the server process before it listens. Loads the
-    target, imports what every candidate needs (each session is a fork of this process, so it
-    starts warm) and registers `opcompiler.sim.measure` (inherited by every session)."""
-    import tvm_ffi
-
-    from ..backend import get_backend
-    from ..ops import catalogue  # noqa: F401  (the op registry)
-    from ..template import templates
-    target = load_target(target_path)
-    templates()
-    get_backend(target)
-    _SERVED.clear()
-    _SERVED["target"] = target
-    _SERVED["content"] = Path(target.path).read_text(encoding="utf-8") if target.path else ""
-    tvm_ffi.register_global_func(MEASURE_FUNC, measure_request, override=True)
-    _keep_server_alive()
-
-
-def _keep_server_alive() -> None:
-    """TVM's server raises out of its accept loop (and so stops serving) when a session process
-    exits with an error, which is what a client that goes away mid-candidate (Ctrl-C, a deadline)
-    causes. A session that ends, however it ends, must leave the server serving."""
-    import tvm.rpc.server as srv
-    if getattr(srv._serve_loop, "_opc_safe", False):
-        return
-    original = srv._serve_loop
-
-    def serve_loop(sock: Any, load_library: Any, work_path: Any) -> None:
-        try:
-            original(sock, load_library, work_path)
-        except BaseException:  # the client is gone; nothing to answer
-            pass
-        finally:
-            _close_measurer()
-        os._exit(0)
-
-    serve_loop._opc_safe = True  # type: ignore[attr-defined]
-    srv._serve_loop = serve_loop
-
-
-def _close_measurer() -> None:
-    m = _SERVED.pop("measurer", None)
-    if m is not None:
-        try:
-            m.close()
-        except Exception:
-            pass
-
-
-def _flat(doc: Any, prefix: str = "") -> dict[str, Any]:
-    if isinstance(doc, dict):
-        out: dict[str, Any] = {}
-        for k, v in doc.items():
-            out.update(_flat(v, f"{prefix}.{k}" if prefix else str(k)))
-        return out
-    if isinstance(doc, list) and doc and all(isinstance(v, dict) and "name" in v for v in doc):
-        return _flat({str(v["name"]): v for v in doc}, prefix)  # [[memory]] by name
-    return {prefix: doc}
-
-
-def _figure_diff(mine: str, theirs: str, limit: int = 4) -> str:
-    """The figures (dotted keys) whose values differ between two target files' contents."""
-    import tomllib
-
-    from ..target import _values_only
-    try:
-        a, b = (_flat(_values_only(tomllib.loads(t))) for t in (mine, theirs))
-    except Exception:
-        return ""
-    keys = sorted(k for k in set(a) | set(b) if a.get(k) != b.get(k))
-    shown = [f"{k} {b.get(k, '(absent)')!r} sent, {a.get(k, '(absent)')!r} here" for k in keys[:limit]]
-    return "; ".join(shown) + (f"; {len(keys) - limit} more" if len(keys) > limit else "")
-
-
-def refusal(req: Mapping[str, Any], target: Target, content: str = "") -> str:
-    """Why this server will not measure `req` ('' when it will): another protocol, another target
-    (its digest), an op it does not know, or another template (name or version)."""
-    from .. import __version__
-    where = f"the server on {socket.gethostname()} (opcompiler {__version__}, target {target.name} {target.digest})"
-    if req.get("protocol") != PROTOCOL:
-        return f"{where} speaks measurement protocol {PROTOCOL}, the client {req.get('protocol')!r}"
-    sent = req.get("target") or {}
-    if sent.get("digest") != target.digest:
-        diff = _figure_diff(content, sent.get("content") or "") if content and sent.get("content") else ""
-        return (f"{where} refuses a candidate for target {sent.get('name')!r} digest {sent.get('digest')!r}: "
-                f"the target descriptions differ" + (f" ({diff})" if diff else "")
-                + "; start servers for that target (python -m opcompiler.rpc --target FILE) or tune for theirs")
-    wl = req.get("workload") or {}
-    tmpl = req.get("template") or {}
-    try:
-        from ..ops import get_op
-        from ..template import get_template
-        mine = get_template(get_op(wl.get("op")).family, target.family)
-    except Exception as e:
-        return f"{where} cannot measure op {wl.get('op')!r}: {_one_line(e)}"
-    if (mine.name, int(mine.version)) != (tmpl.get("name"), tmpl.get("version")):
-        return (f"{where} refuses a candidate for template {tmpl.get('name')} version {tmpl.get('version')} "
-                f"(client opcompiler {req.get('opc_version')}): it has {mine.name} version {mine.version}; "
-                "run the same opcompiler on both sides")
-    return ""
-
-
-def _session_measurer(timeout: float) -> Any:
-    """This session's Measurer: one worker process forked from the (warm) session process."""
-    import multiprocessing as mp
-
-    from .measure import BackendSpec, Measurer
-    m = _SERVED.get("measurer")
-    if m is None:
-        m = Measurer(BackendSpec(target=_SERVED["target"]), workers=1, timeout=timeout,
-                     startup_timeout=SERVER_STARTUP, context=mp.get_context("fork"))
-        _SERVED["measurer"] = m
-    m.timeout = timeout
-    return m
-
-
-def measure_request(text: str) -> str:
-    """`opcompiler.sim.measure`: one candidate as JSON in, `{"result": MeasureResult}`,
-    `{"refused": why}` or `{"error": what}` as JSON out."""
-    from .records import _jsonable
-    try:
-        req = json.loads(text)
-        target = _SERVED["target"]
-        why = refusal(req, target, _SERVED.get("content", ""))
-        if why:
-            return json.dumps({"refused": why})
-        w = req["workload"]
-        wl = Workload.make(w["op"], w["params"], w["dtype"])
-        m = _session_measurer(float(req.get("timeout", 60.0)))
-        res = m.measure(wl, [req["config"]], verify=bool(req.get("verify")), seed=int(req.get("seed", 0)))[0]
-        return json.dumps({"result": dataclasses.asdict(res)}, default=_jsonable)
-    except Exception as e:
-        return json.dumps({"error": f"{type(e).__name__}: {_one_line(e)}"})
 
 
 # ------------------------------------------------------------------ the client side
@@ -299,7 +157,7 @@ class RemoteMeasurer:
 
     def __init__(self, target: Target, spec: Any, *, timeout: float = 60.0, startup_timeout: float = 120.0,
                  priority: int = 1, max_slots: int = 256):
-        from ..rpc import RpcSpec, parse_rpc
+        from ..rpc_spec import RpcSpec, parse_rpc
         self.spec: RpcSpec = parse_rpc(spec) if isinstance(spec, str) else spec
         self.target, self.timeout, self.startup_timeout = target, timeout, startup_timeout
         self.priority, self.max_slots = priority, max_slots
@@ -500,4 +358,4 @@ class RemoteMeasurer:
             self._tracker = None
 
 
-__all__ = ["RemoteMeasurer", "server_init", "measure_request", "refusal", "MEASURE_FUNC", "PROTOCOL"]
+__all__ = ["RemoteMeasurer", "MEASURE_FUNC", "PROTOCOL"]

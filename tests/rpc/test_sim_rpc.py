@@ -119,7 +119,8 @@ def test_a_target_digest_mismatch_is_refused(farm, tmp_path):
 
 def test_a_template_version_mismatch_is_refused():
     from opcompiler.target import load_target
-    from opcompiler.tune.remote import PROTOCOL, refusal
+    from opcompiler.tune.remote import PROTOCOL
+    from opcompiler.tune.remote_server import refusal
     t = load_target("ascend-sim")
     req = {"protocol": PROTOCOL, "opc_version": "9.9", "target": {"name": t.name, "digest": t.digest},
            "workload": {"op": "conv2d"}, "template": {"name": "ascend.conv2d", "version": 999}}
