@@ -91,7 +91,9 @@ def tensor_core_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTil
     stages = cfg.get("stages", 1)  # pipelined: each operand tile is multi-buffered `stages` times
     a_sh = bm * (bk + SMEM_PAD_HALF) * 2 * stages
     b_sh = bn * (bk + SMEM_PAD_HALF) * 2 * stages
-    c_sh = bm * bn * 4  # fp32 accumulators staged (static shared) for the fused epilogue
+    # WMMA: fp32 accumulators staged (static shared) for the fused epilogue; mma_sync: none (the
+    # epilogue runs on the accumulator registers, see `schedule_mma`)
+    c_sh = 0 if cfg.get("mma", "wmma") == "mma_sync" else bm * bn * 4
     frags_c = cfg["warp_row_tiles"] * cfg["warp_col_tiles"]
     # a 16x16 fragment spread over 32 lanes is 8 values per thread: fp32 acc 8 regs, fp16 operands 4
     regs = 8 * frags_c + 4 * (cfg["warp_row_tiles"] + cfg["warp_col_tiles"]) + 48
@@ -247,11 +249,12 @@ def normalize_gemm(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV) -> None:
 
 # ------------------------------------------------------------------ fp16 on tensor cores
 
-def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any],
-                         vecs: tuple[int, int]) -> None:
-    """Tile the normalized GEMM for WMMA fragments (see the module docstring); `vecs` are the
-    A and B load widths (`operand_vectors`)."""
-    from .intrin import get_wmma_intrin_group
+def _tile_for_tensor_cores(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any],
+                           vecs: tuple[int, int]) -> tuple:
+    """What the WMMA and mma.sync schedules share: pad to the block tile, blockize the 16x16x16
+    fragment, tile blocks / warps / K steps, bind (with `raster` grouping), and stage A and B in
+    padded dynamic shared memory (the im2col gather inlined into the copy). Returns
+    (outer, inner, bx, ty, k0, k1)."""
     brw, bcw = cfg["block_row_warps"], cfg["block_col_warps"]
     wr, wc, chunk = cfg["warp_row_tiles"], cfg["warp_col_tiles"], cfg["chunk"]
     warps = brw * bcw
@@ -268,7 +271,7 @@ def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cf
     j0, j1, j2 = sch.split(j, [None, bcw, wc])
     k0, k1 = sch.split(k, [None, chunk])
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
-    bx = sch.fuse(i0, j0)
+    bx = sch.fuse(*_raster(sch, i0, j0, cfg.get("raster", 1)))
     ty = sch.fuse(i1, j1)
     sch.bind(batch, "blockIdx.y")
     sch.bind(bx, "blockIdx.x")
@@ -282,12 +285,48 @@ def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cf
         sch.bind(f2, "threadIdx.x")
         sch.bind(f1, "threadIdx.y")
         sch.vectorize(f3)
+        # row stride = 8 halves (16 B) mod 32 halves: the 8 rows one ldmatrix (or WMMA load) phase reads
+        # start in 8 different 16-byte bank groups for every chunk (rows of 48, 80 or 144 B), so
+        # neither the fragment loads nor the 16-byte cp.async stores conflict
         sch.storage_align(cr, 0, axis=-2, factor=16, offset=SMEM_PAD_HALF)
         return cr
 
     a_sh, b_sh = to_shared(0), to_shared(1)
     _inline_producers(sch, a_sh)  # the pad / im2col gather happens inside the copy
     _inline_producers(sch, b_sh)
+    return outer, inner, bx, ty, k0, k1
+
+
+def _raster(sch: s_tir.Schedule, i0: s_tir.schedule.LoopRV, j0: s_tir.schedule.LoopRV, group: int) -> list:
+    """Block order for L2 reuse: with `group` > 1, consecutive blocks walk `group` M tiles down one
+    N column before moving to the next column (CUTLASS's threadblock swizzle), so a wave reuses the
+    same few A row panels and B column panels from L2. Applied only where `group` divides the
+    number of M tiles (and there is more than one N tile); otherwise plain row-major order."""
+    mt = int(sch.get(i0).extent)
+    if group <= 1 or mt % group or mt == group or int(sch.get(j0).extent) == 1:
+        return [i0, j0]
+    io, ii = sch.split(i0, [None, group])
+    sch.reorder(io, j0, ii)
+    return [io, j0, ii]
+
+
+def _apply_pipeline(sch: s_tir.Schedule, k0: s_tir.schedule.LoopRV, stages: int) -> None:
+    if stages > 1:  # k0's body: the A copy, the B copy, the k1 loop (fragment loads + mma)
+        sch.annotate(k0, "software_pipeline_stage", [0, 0, stages - 1])
+        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
+        sch.annotate(k0, "software_pipeline_async_stages", [0])  # the copies become cp.async (tirx.use_async_copy)
+
+
+def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any],
+                         vecs: tuple[int, int]) -> None:
+    """Tile the normalized GEMM for WMMA fragments (see the module docstring); `vecs` are the
+    A and B load widths (`operand_vectors`). `mma = mma_sync` goes to `schedule_mma`."""
+    if cfg.get("mma", "wmma") == "mma_sync":
+        schedule_mma(sch, block, cfg, vecs)
+        return
+    from .intrin import get_wmma_intrin_group
+    warps = cfg["block_row_warps"] * cfg["block_col_warps"]
+    outer, inner, bx, ty, k0, k1 = _tile_for_tensor_cores(sch, block, cfg, vecs)
     a_frag = sch.cache_read(outer, 0, "wmma.matrix_a")
     b_frag = sch.cache_read(outer, 1, "wmma.matrix_b")
     sch.compute_at(a_frag, k1)
@@ -315,17 +354,80 @@ def schedule_tensor_core(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cf
     sch.tensorize(sch.get_loops(init_inner)[-2], g["init"])
     sch.tensorize(sch.get_loops(c_frag)[-2], g["store"])
     sch.tensorize(sch.get_loops(inner)[-3], g["compute"])
-    stages = cfg.get("stages", 1)
-    if stages > 1:  # k0's body: the A copy, the B copy, the k1 loop (fragment loads + mma)
-        sch.annotate(k0, "software_pipeline_stage", [0, 0, stages - 1])
-        sch.annotate(k0, "software_pipeline_order", [0, 1, 2])
-        sch.annotate(k0, "software_pipeline_async_stages", [0])  # the copies become cp.async (tirx.use_async_copy)
+    _apply_pipeline(sch, k0, cfg.get("stages", 1))
     _inline_consumers(sch, c_sh)  # cast, bias, bn, relu, add applied on the way out
     fused = sch.fuse(*sch.get_loops(c_sh)[-2:])
     _, f1, f2, f3 = sch.split(fused, [None, warps, 32, 4])
     sch.bind(f1, "threadIdx.y")
     sch.bind(f2, "threadIdx.x")
     sch.vectorize(f3)
+
+
+# ------------------------------------------------------------------ fp16 on tensor cores: mma.sync + ldmatrix
+
+def _ldmatrix_layout(*axes: Any) -> tuple:
+    """Index map of a warp-scope fragment buffer [..., rows, cols] onto the mma.sync register layout:
+    [..., rows // 16, cols // 16, lane (32), element (8)], as TVM's ldmatrix / mma intrinsics
+    expect it (`shared_16x16_to_ldmatrix_32x8_layout`)."""
+    from .intrin import shared_16x16_to_ldmatrix_32x8_layout
+    *lead, i, j = axes
+    return (*lead, i // FRAG, j // FRAG, *shared_16x16_to_ldmatrix_32x8_layout(i % FRAG, j % FRAG))
+
+
+def schedule_mma(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapping[str, Any],
+                 vecs: tuple[int, int]) -> None:
+    """The normalized GEMM on PTX `mma.sync.m16n8k16` (fp16 x fp16 -> fp32) with `ldmatrix.x4`
+    fragment loads, from TVM's own intrinsics (`mma_ldmatrix_f16_a_dyn`, `mma_ldmatrix_f16_b_trans_dyn`,
+    `mma_f16f16f32_trans_b`, `mma_fill_16x16_f32`: the ones MetaSchedule's tensor-core rule uses).
+    Block / warp / K tiling, the padded shared layout, `raster` and the `stages` cp.async pipeline
+    are the WMMA schedule's (`_tile_for_tensor_cores`). The fragments live in registers (warp scope,
+    re-laid out to the mma lane / element order). There is no shared-memory staging of C: each
+    lane applies the fused epilogue (cast, bias, bn scale / shift, relu, add) to its own 8 accumulator
+    values per 16x16 fragment and stores them straight to global memory."""
+    from .intrin import get_mma_intrin_group
+    outer, inner, bx, ty, k0, k1 = _tile_for_tensor_cores(sch, block, cfg, vecs)
+    a_w = sch.cache_read(outer, 0, "warp")
+    b_w = sch.cache_read(outer, 1, "warp")
+    sch.compute_at(a_w, k1)
+    sch.compute_at(b_w, k1)
+    c_w = sch.cache_write(outer, 0, "warp")
+    sch.reverse_compute_at(c_w, ty)
+    init = sch.decompose_reduction(outer, k0)
+    init_inner = sch.get_child_blocks(init)[0]
+    # B is [S, J, K] (K innermost): the "transposed B" intrinsics
+    g = get_mma_intrin_group(load_scope="shared.dyn", store_scope="global", in_dtype="float16",
+                             out_dtype="float32", trans_a=False, trans_b=True)
+    loads = []
+    for frag in (a_w, b_w):
+        fi, fj = sch.get_loops(frag)[-2:]
+        fi0, fi1 = sch.split(fi, [None, FRAG])
+        fj0, fj1 = sch.split(fj, [None, FRAG])
+        sch.reorder(fi0, fj0, fi1, fj1)
+        sch.unroll(fi0)
+        sch.unroll(fj0)
+        loads.append(fi1)
+    sch.transform_layout(a_w, ("write", 0), _ldmatrix_layout)
+    sch.transform_layout(b_w, ("write", 0), _ldmatrix_layout)
+    sch.transform_layout(c_w, ("read", 0), _ldmatrix_layout)
+    sch.tensorize(loads[0], g["load_a"])
+    sch.tensorize(loads[1], g["load_b"])
+    sch.tensorize(sch.get_loops(init_inner)[-2], g["init"])
+    sch.tensorize(sch.get_loops(inner)[-3], g["compute"])
+    _apply_pipeline(sch, k0, cfg.get("stages", 1))
+    # the epilogue in registers: inline cast / bias / bn / relu / add into the accumulator store, then
+    # walk each 16x16 fragment in the mma lane order: row = 8 * r1 + r0, col = 8 * c2 + 2 * c1 + c0
+    # with lane = 4 * r0 + c1 and element = 4 * c2 + 2 * r1 + c0 (`_ldmatrix_layout`)
+    _inline_consumers(sch, c_w)
+    ci, cj = sch.get_loops(c_w)[-2:]
+    ci0, ci1 = sch.split(ci, [None, FRAG])
+    cj0, cj1 = sch.split(cj, [None, FRAG])
+    r1, r0 = sch.split(ci1, [2, 8])
+    c2, c1, c0 = sch.split(cj1, [2, 4, 2])
+    sch.reorder(ci0, cj0, r0, c1, c2, r1, c0)
+    sch.bind(sch.fuse(r0, c1), "threadIdx.x")
+    sch.unroll(c2)
+    sch.unroll(r1)
+    sch.unroll(c0)
 
 
 # ------------------------------------------------------------------ fp32 on CUDA cores

@@ -1,4 +1,4 @@
-"""TVM's CUDA tensor intrinsics (WMMA), imported in seconds instead of most of a minute.
+"""TVM's CUDA tensor intrinsics (WMMA, mma.sync / ldmatrix), imported in seconds instead of most of a minute.
 
 `import tvm.s_tir.tensor_intrin.cuda` runs the package's `__init__`, which parses about 250
 TVMScript functions (every target's intrinsics). For each, TVM's `T.prim_func` entry calls
@@ -82,3 +82,6 @@ def _load():
 
 _cuda = _load()
 get_wmma_intrin_group = _cuda.get_wmma_intrin_group
+# mma.sync m16n8k16 + ldmatrix (the intrinsics MetaSchedule's tensor-core rule uses)
+get_mma_intrin_group = _cuda.get_mma_intrin_group
+shared_16x16_to_ldmatrix_32x8_layout = _cuda.shared_16x16_to_ldmatrix_32x8_layout

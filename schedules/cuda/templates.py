@@ -1,6 +1,7 @@
 """CUDA templates for the matmul and conv2d families (fused epilogues included).
 
-fp16 runs on the tensor cores (WMMA 16x16x16, fp32 accumulate), fp32 on the CUDA cores; both
+fp16 runs on the tensor cores (WMMA 16x16x16, or with `mma = mma_sync` PTX mma.sync m16n8k16 fed by
+ldmatrix; fp32 accumulate), fp32 on the CUDA cores; both
 through one implicit-GEMM normalization (`gemm.py`). Knobs are declared here next to the
 schedule that reads them; `check()` states validity from the target description (threads per
 block, shared memory per block, registers per thread and per SM, from `targets/cuda-*.toml`).
@@ -32,6 +33,11 @@ TC_KNOBS = (  # fp16 tensor-core schedule
     Knob("vec", (2, 4, 8), "fp16 elements per vectorized global -> shared load (at most 4 for a strided operand)"),
     Knob("stages", (1, 2, 3), "shared-memory pipeline depth: 1 = load then compute; 2-3 = cp.async multi-stage "
                               "(A and B tiles multi-buffered, loads for step k+stages-1 in flight during step k)"),
+    Knob("mma", ("wmma", "mma_sync"), "tensor-core instructions: wmma = WMMA fragments (m16n16k16), epilogue through "
+                                      "a shared staging tile; mma_sync = PTX mma.sync.m16n8k16 + ldmatrix.x4, epilogue "
+                                      "on the accumulator registers, no staging tile"),
+    Knob("raster", (1, 4, 8), "block order: 1 = row-major; g = groups of g M tiles walk one N column before the next "
+                              "(L2 reuse; applied where g divides the M tiles)"),
 )
 SIMT_KNOBS = (  # fp32 CUDA-core schedule
     Knob("threads_x", (8, 16, 32), "threads per block along N"),
@@ -89,7 +95,7 @@ class CudaGemmTemplate(Template):
             bcw, wc = _pick(pairs, n)
             chunk = 2 if k > 16 else 1
             return {"block_row_warps": brw, "block_col_warps": bcw, "warp_row_tiles": wr,
-                    "warp_col_tiles": wc, "chunk": chunk, "vec": 8, "stages": 1}
+                    "warp_col_tiles": wc, "chunk": chunk, "vec": 8, "stages": 1, "mma": "wmma", "raster": 1}
         return {"threads_x": 16 if n >= 64 else 8, "threads_y": 8 if m >= 32 else 4, "micro_x": 4 if n >= 64 else 1,
                 "micro_y": 4 if m >= 32 else 1, "micro_k": 16, "vec": 2, "unroll": 256}
 
