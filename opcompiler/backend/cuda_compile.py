@@ -146,6 +146,7 @@ def cuda_compiler() -> str:
 _PTXAS = re.compile(r"Used (\d+) registers")
 _SPILL = re.compile(r"(\d+) bytes spill stores, (\d+) bytes spill loads")
 _SMEM = re.compile(r"(\d+) bytes smem")
+_STACK = re.compile(r"(\d+) bytes stack frame")
 _FLAGS = ["-U__CUDA_NO_HALF_OPERATORS__", "-U__CUDA_NO_HALF_CONVERSIONS__", "--use_fast_math"]
 
 
@@ -154,8 +155,10 @@ def ptxas_facts(log: str) -> dict[str, Any]:
     regs = [int(x) for x in _PTXAS.findall(log)]
     spills = [(int(a), int(b)) for a, b in _SPILL.findall(log)]
     smem = [int(x) for x in _SMEM.findall(log)]
+    stack = [int(x) for x in _STACK.findall(log)]
     return {"registers_per_thread": max(regs) if regs else 0, "spill_bytes": sum(a + b for a, b in spills),
-            "static_smem_bytes": max(smem) if smem else 0}
+            "static_smem_bytes": max(smem) if smem else 0,
+            "stack_frame_bytes": max(stack) if stack else 0}  # local memory per thread (arrays not in registers)
 
 
 def _sm(arch: str) -> str:
@@ -309,6 +312,14 @@ def fatbin_entries(data: bytes) -> list[dict[str, Any]]:
         out.append(entry)
         off += ehsize + size
     return out
+
+
+def embedded_ptx(fatbin: bytes) -> str:
+    """The PTX text a fatbin carries (its first uncompressed PTX image), "" when it has none."""
+    for e in fatbin_entries(fatbin):
+        if e["kind"] == "ptx" and not e["compressed"]:
+            return fatbin[e["offset"]:e["offset"] + e["bytes"]].split(b"\0", 1)[0].decode(errors="replace")
+    return ""
 
 
 def _elf_bytes(fatbin: bytes) -> int:
