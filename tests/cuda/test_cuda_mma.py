@@ -194,3 +194,14 @@ def test_mma_sync_kernels_match_numpy_on_gpu(built, case):
 def tvm_cuda_arch() -> int:
     from opcompiler.backend.cuda import device_arch
     return int(device_arch()[3:])
+
+
+@pytest.mark.skipif(has_gpu(), reason="this machine has a GPU: the no-GPU exit does not apply")
+def test_benchmark_says_no_gpu_and_exits_2():
+    import subprocess
+    import sys
+    from pathlib import Path
+    script = Path(__file__).resolve().parents[2] / "benchmarks" / "cuda_mma_vs_peers.py"
+    proc = subprocess.run([sys.executable, str(script), "--layers", "fc"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2
+    assert "needs an NVIDIA GPU (nothing was measured)" in proc.stderr
