@@ -142,6 +142,8 @@ class CudaGemmTemplate(Template):
             "gemm_m": m, "gemm_n": n, "gemm_k": k, "tile_m": t.bm, "tile_n": t.bn, "tile_k": t.bk,
             "threads_per_block": t.threads, "shared_bytes": t.shared_bytes, "registers_est": t.registers,
             "stages": config.get("stages", 1),
+            "mma_sync": 1.0 if config.get("mma", "wmma") == "mma_sync" else 0.0,
+            "raster": config.get("raster", 1),
             "blocks": t.blocks, "waves": t.blocks / sms,
             "pad_waste": t.m_pad * t.n_pad * t.k_pad / (m * n * k) - 1.0,
             # FLOPs per byte staged into shared memory per K step
