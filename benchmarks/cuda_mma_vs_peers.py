@@ -39,15 +39,10 @@ from contextlib import contextmanager
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from cuda_vs_torch import CONV_PRESETS, torch_seconds  # noqa: E402
+from cuda_vs_torch import CONV_PRESETS, gpu_torch_or_exit, torch_seconds  # noqa: E402
 
 FUSED_PRESETS = ("resnet50.res2_3x3", "resnet50.res3_3x3", "resnet50.res4_3x3", "resnet50.res5_3x3")
 ALL = tuple(p.split(".")[1] for p in CONV_PRESETS) + ("fc",)
-
-
-def _no_gpu(why: str) -> None:
-    print(f"cuda_mma_vs_peers: {why}; this benchmark needs an NVIDIA GPU (nothing was measured)", file=sys.stderr)
-    sys.exit(2)
 
 
 # ------------------------------------------------------------------ our template, one instruction kind
@@ -237,15 +232,8 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     t_start = time.perf_counter()
 
-    from opcompiler.backend.cuda import CudaBackend, has_gpu
-    if not has_gpu():
-        _no_gpu("no CUDA GPU found (tvm.cuda(0).exist is False)")
-    try:
-        import torch
-    except ImportError:
-        _no_gpu("PyTorch is not installed (pip install 'opcompiler[torch]')")
-    if not torch.cuda.is_available():
-        _no_gpu("PyTorch sees no CUDA device")
+    torch = gpu_torch_or_exit("cuda_mma_vs_peers")
+    from opcompiler.backend.cuda import CudaBackend
 
     from opcompiler.ops import get_op, workload
     from opcompiler.target import load_target

@@ -21,9 +21,24 @@ CONV_PRESETS = ("resnet50.conv1", "resnet50.res2_1x1a", "resnet50.res2_3x3", "re
 MATMUL_PRESETS = ("resnet50.fc",)
 
 
-def _no_gpu(why: str) -> None:
-    print(f"cuda_vs_torch: {why}; this benchmark needs an NVIDIA GPU (nothing was measured)", file=sys.stderr)
-    sys.exit(2)
+def gpu_torch_or_exit(script: str):
+    """PyTorch, once TVM sees a CUDA GPU and PyTorch sees CUDA; otherwise one line naming what is
+    missing, and exit status 2 (shared by the GPU benchmarks)."""
+    from opcompiler.backend.cuda import has_gpu
+
+    def no_gpu(why: str) -> None:
+        print(f"{script}: {why}; this benchmark needs an NVIDIA GPU (nothing was measured)", file=sys.stderr)
+        sys.exit(2)
+
+    if not has_gpu():
+        no_gpu("no CUDA GPU found (tvm.cuda(0).exist is False)")
+    try:
+        import torch
+    except ImportError:
+        no_gpu("PyTorch is not installed (pip install 'opcompiler[torch]')")
+    if not torch.cuda.is_available():
+        no_gpu("PyTorch sees no CUDA device")
+    return torch
 
 
 def torch_seconds(op: str, wl, inputs, repeats: int = 50) -> float:
@@ -71,15 +86,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--json", help="also write the rows to this file")
     args = ap.parse_args(argv)
 
-    from opcompiler.backend.cuda import CudaBackend, has_gpu
-    if not has_gpu():
-        _no_gpu("no CUDA GPU found (tvm.cuda(0).exist is False)")
-    try:
-        import torch
-    except ImportError:
-        _no_gpu("PyTorch is not installed (pip install 'opcompiler[torch]')")
-    if not torch.cuda.is_available():
-        _no_gpu("PyTorch sees no CUDA device")
+    torch = gpu_torch_or_exit("cuda_vs_torch")
+    from opcompiler.backend.cuda import CudaBackend
 
     from tqdm import tqdm
 

@@ -33,7 +33,7 @@ from opcompiler.backend import get_backend
 from opcompiler.ops import workload
 from opcompiler.prior import measure_top
 from opcompiler.target import load_target
-from opcompiler.tune.records import RecordLog, fold, shipped_dir
+from opcompiler.tune.records import shipped_dir, verified_bests
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -42,28 +42,19 @@ def shipped_rows(target_name: str, topk: int) -> list[dict]:
     target = load_target(target_name)
     backend = get_backend(target)
     rows = []
-    for log in sorted((shipped_dir() / target.name).glob("*.jsonl")):
-        groups: dict[str, list] = {}
-        for r in RecordLog(log).read(warn=False):
-            if r.key["target_digest"] == target.digest:
-                groups.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
-        for k, recs in groups.items():
-            key = json.loads(k)
-            best = min((s.record for s in fold(recs).values() if s.verified), key=lambda r: r.cost, default=None)
-            if best is None:
-                continue
-            wl = workload(key["op"], key["params"], dtype=key["dtype"])
-            t0 = time.perf_counter()
-            kernel = backend.build(wl, None)
-            cyc = backend.measure(kernel).cycles
-            row = {"target": target.name, "op": key["op"], "shape": _shape(key["params"]), "default": cyc,
-                   "best": int(best.cost), "ratio": cyc / best.cost, "default_config": dict(kernel.config),
-                   "seconds": time.perf_counter() - t0}
-            if topk:
-                got = measure_top(backend.template(wl), wl, target, topk, backend)
-                row["topk"] = got[1] if got else None
-                row["topk_ratio"] = got[1] / best.cost if got else None
-            rows.append(row)
+    for key, best in verified_bests(shipped_dir() / target.name, target):
+        wl = workload(key["op"], key["params"], dtype=key["dtype"])
+        t0 = time.perf_counter()
+        kernel = backend.build(wl, None)
+        cyc = backend.measure(kernel).cycles
+        row = {"target": target.name, "op": key["op"], "shape": _shape(key["params"]), "default": cyc,
+               "best": int(best.cost), "ratio": cyc / best.cost, "default_config": dict(kernel.config),
+               "seconds": time.perf_counter() - t0}
+        if topk:
+            got = measure_top(backend.template(wl), wl, target, topk, backend)
+            row["topk"] = got[1] if got else None
+            row["topk_ratio"] = got[1] / best.cost if got else None
+        rows.append(row)
     return rows
 
 

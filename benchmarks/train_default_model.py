@@ -29,7 +29,7 @@ from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target
 from opcompiler.template import get_template
 from opcompiler import prior
-from opcompiler.tune.records import RecordLog, shipped_dir
+from opcompiler.tune.records import shipped_dir, verified_bests
 
 DATA = Path(__file__).resolve().parent / "default_model_data"
 OPS = {"conv2d": ("conv2d", "conv2d", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn"),
@@ -37,11 +37,7 @@ OPS = {"conv2d": ("conv2d", "conv2d", "conv2d_bias_relu", "conv2d_bn_relu", "con
 
 
 def shipped_shapes(target) -> set:
-    out = set()
-    for log in (shipped_dir() / target.name).glob("*.jsonl"):
-        for r in RecordLog(log).read(warn=False):
-            out.add(json.dumps(r.key["params"], sort_keys=True))
-    return out
+    return {json.dumps(key["params"], sort_keys=True) for key, _ in verified_bests(shipped_dir() / target.name, target)}
 
 
 def draw(family: str, rng: random.Random) -> dict:

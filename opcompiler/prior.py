@@ -95,14 +95,19 @@ def _log2(v: Any) -> float:
     return float("nan")
 
 
-def feature_dict(template: Any, wl: Workload, target: Target, cfg: Mapping[str, Any]) -> dict[str, float]:
-    """Named features of one config: knobs and shape (log2), the machine (cores), the fused
-    epilogue's length, and the template's derived quantities (log2 of sizes, ratios as they are)."""
+def feature_dict(template: Any, wl: Workload, target: Target, cfg: Mapping[str, Any],
+                 knob_values: Mapping[str, tuple] | None = None) -> dict[str, float]:
+    """Named features of one config: knobs (log2; a named value by its place among the knob's
+    values) and shape (log2), the machine (cores), the fused epilogue's length, and the template's
+    derived quantities (log2 of sizes, ratios as they are). `knob_values`: the template's space
+    as {name: values}, when the caller has it."""
     from .ops import get_op
 
+    if knob_values is None:
+        knob_values = {k.name: k.values for k in template.space(wl, target)}
     out: dict[str, float] = {}
     for k, v in cfg.items():
-        out[f"knob.{k}"] = _log2(v) if not isinstance(v, str) else float(hash(v) % 7)
+        out[f"knob.{k}"] = float(knob_values[k].index(v)) if isinstance(v, str) else _log2(v)
     for k, v in wl.params:
         if isinstance(v, (int, float)) and not isinstance(v, bool):
             out[f"shape.{k}"] = _log2(v)
@@ -138,8 +143,9 @@ def ranked(template: Any, wl: Workload, target: Target) -> list[tuple[float, dic
     for single in (False, True):
         valid = [c for c in candidates(template, wl, target, single) if template.check(wl, target, c) is None]
         if valid:
-            pred = booster.inplace_predict(rows(columns, [feature_dict(template, wl, target, c) for c in valid]),
-                                           missing=np.nan)
+            values = {k.name: k.values for k in template.space(wl, target)}
+            pred = booster.inplace_predict(rows(columns, [feature_dict(template, wl, target, c, values)
+                                                          for c in valid]), missing=np.nan)
             out = sorted(((float(2.0 ** p), c) for p, c in zip(pred, valid)), key=lambda t: t[0])
             break
     _RANKED[key] = out

@@ -17,7 +17,8 @@ from opcompiler.ops import workload
 from opcompiler.prior import candidates, derived_default, load_model, ranked
 from opcompiler.target import load_target
 from opcompiler.template import get_template
-from opcompiler.tune.records import Record, RecordLog, default_log_path, find_best, fold, record_key, shipped_dir
+from opcompiler.tune.records import (Record, RecordLog, default_log_path, find_best, record_key, shipped_dir,
+                                      verified_bests)
 
 
 @pytest.fixture
@@ -28,17 +29,8 @@ def empty_logs(tmp_path, monkeypatch):
 
 def _shipped_bests(target):
     """(workload, best verified cycles) of every shipped record key for `target`."""
-    out = []
-    for log in sorted((shipped_dir() / target.name).glob("*.jsonl")):
-        groups = {}
-        for r in RecordLog(log).read(warn=False):
-            if r.key["target_digest"] == target.digest:
-                groups.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
-        for k, recs in groups.items():
-            key = json.loads(k)
-            best = min((s.record for s in fold(recs).values() if s.verified), key=lambda r: r.cost)
-            out.append((workload(key["op"], key["params"], dtype=key["dtype"]), best.cost))
-    return out
+    return [(workload(key["op"], key["params"], dtype=key["dtype"]), best.cost)
+            for key, best in verified_bests(shipped_dir() / target.name, target)]
 
 
 def test_ascend_models_are_shipped_and_rank_only_valid_candidates():

@@ -21,7 +21,7 @@ from ..target import Target
 from ..workload import Workload
 
 _LOCK = threading.Lock()
-_KERNELS: dict[tuple, "Built"] = {}
+_KERNELS: dict[tuple, Kernel] = {}  # (target, workload, config) -> the kernel, built once
 _COSTS: dict[tuple, float] = {}
 _BACKENDS: dict[tuple[str, str], Backend] = {}
 MAX_CACHED = 4096  # kernels kept per process (a DenseNet-121 has a few hundred distinct ones)
@@ -50,16 +50,14 @@ def built(target: Target, wl: Workload, config: str = "best", backend: Backend |
     cfg, source = _resolve(wl, target, config)
     key = _key(target, wl, cfg)
     with _LOCK:
-        hit = _KERNELS.get(key)
-    if hit is not None and hit.config_source == source:
-        return hit
-    kernel = hit.kernel if hit is not None else (backend or backend_for(target)).build(wl, cfg)
-    b = Built(kernel, source)
-    with _LOCK:
-        if len(_KERNELS) >= MAX_CACHED:
-            _KERNELS.pop(next(iter(_KERNELS)))
-        _KERNELS[key] = b
-    return b
+        kernel = _KERNELS.get(key)
+    if kernel is None:
+        kernel = (backend or backend_for(target)).build(wl, cfg)
+        with _LOCK:
+            if len(_KERNELS) >= MAX_CACHED:
+                _KERNELS.pop(next(iter(_KERNELS)))
+            _KERNELS[key] = kernel
+    return Built(kernel, source)
 
 
 def _resolve(wl: Workload, target: Target, config: str | None) -> tuple[Any, str]:
@@ -80,26 +78,26 @@ def prebuild(target: Target, wls: list[Workload], config: str = "best", workers:
     built here; a kernel that fails to build is left for `built` to report."""
     if not capabilities(target).threaded_build:
         return 0
-    todo: dict[tuple, tuple[Workload, Any, str]] = {}
+    todo: dict[tuple, tuple[Workload, Any]] = {}
     for wl in wls:
-        cfg, source = _resolve(wl, target, config)
+        cfg, _ = _resolve(wl, target, config)
         key = _key(target, wl, cfg)
         if key not in _KERNELS and key not in todo:
-            todo[key] = (wl, cfg, source)
+            todo[key] = (wl, cfg)
     workers = workers or min(os.cpu_count() or 1, 8)
     if workers < 2 or len(todo) < 2:
         return 0
     from concurrent.futures import ThreadPoolExecutor
     backend = backend_for(target)
 
-    def one(item: tuple[tuple, tuple[Workload, Any, str]]) -> bool:
-        key, (wl, cfg, source) = item
+    def one(item: tuple[tuple, tuple[Workload, Any]]) -> bool:
+        key, (wl, cfg) = item
         try:
             kernel = backend.build(wl, cfg)
         except Exception:  # `built` raises the real error, in order, when the plan asks for it
             return False
         with _LOCK:
-            _KERNELS[key] = Built(kernel, source)
+            _KERNELS[key] = kernel
         return True
 
     with ThreadPoolExecutor(max_workers=min(workers, len(todo)), thread_name_prefix="opc-build") as pool:

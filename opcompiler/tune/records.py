@@ -377,16 +377,33 @@ def iter_logs(root: str | os.PathLike) -> Iterator[Path]:
         yield from sorted(root.rglob("*.jsonl"))
 
 
+def by_key(path: str | os.PathLike, keep: Any = None, warn: bool = True) -> dict[str, list[Record]]:
+    """One log's records grouped by key (canonical JSON text), those `keep(record)` accepts."""
+    groups: dict[str, list[Record]] = {}
+    for r in RecordLog(path).read(warn):
+        if keep is None or keep(r):
+            groups.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
+    return groups
+
+
+def verified_bests(root: str | os.PathLike, target: Target) -> list[tuple[dict[str, Any], Record]]:
+    """(key, best verified record) of every key measured for `target` (its current description,
+    by digest) in the logs under `root`: the shipped records' workloads, say."""
+    out = []
+    for path in iter_logs(root):
+        for k, recs in by_key(path, lambda r: r.key.get("target_digest") == target.digest, warn=False).items():
+            best = best_of(recs, verified_only=True)
+            if best is not None:
+                out.append((json.loads(k), best))
+    return out
+
+
 def summarize(root: str | os.PathLike, target: str | None = None, source: str = "") -> list[dict[str, Any]]:
     """One row per (log file, workload key): trials, invalid, verified, best cost; `source` labels
     where the records come from ("user", "shipped", "given")."""
     rows = []
     for path in iter_logs(root):
-        groups: dict[str, list[Record]] = {}
-        for r in RecordLog(path).read():
-            if target is not None and r.key.get("target") != target:
-                continue
-            groups.setdefault(json.dumps(r.key, sort_keys=True), []).append(r)
+        groups = by_key(path, None if target is None else (lambda r: r.key.get("target") == target))
         for k, recs in groups.items():
             key = json.loads(k)
             states = fold(recs)
