@@ -10,6 +10,7 @@ graphs and export call `choose` first when they want to report where a config ca
 """
 from __future__ import annotations
 
+import functools
 import json
 from dataclasses import dataclass
 from pathlib import Path
@@ -100,6 +101,16 @@ def _size(n: float) -> str:
     return f"{n:.3g} PB"
 
 
+@functools.cache
+def _host_memory() -> int:
+    """This host's RAM in bytes (0 when psutil cannot tell), read once: every build asks."""
+    try:
+        import psutil
+        return int(psutil.virtual_memory().total)
+    except (ImportError, OSError):
+        return 0
+
+
 def beyond_machine(wl: Workload, target: Target) -> None:
     """Refuse, in one line and before anything is scheduled, a workload whose inputs and output do
     not fit the target's off-chip memory (its largest bounded level shared by every core: the 910's
@@ -112,10 +123,8 @@ def beyond_machine(wl: Workload, target: Target) -> None:
     cap = max((m.capacity_bytes for m in offchip), default=0)
     where = max(offchip, key=lambda m: m.capacity_bytes).name if cap else "host memory"
     if cap == 0 or any(m.capacity_bytes == 0 for m in offchip):
-        try:
-            import psutil
-            cap = psutil.virtual_memory().total
-        except (ImportError, OSError):
+        cap = _host_memory()
+        if not cap:
             return
         where = "this host's memory (the model's off-chip memory is unbounded, but the values live here)"
     if shape_bytes > cap:
