@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import itertools
 import random
-from dataclasses import dataclass
-from typing import Any, ClassVar, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Iterator, Mapping, Sequence
 
 from .errors import OpcError
 from .target import Target
@@ -44,6 +44,42 @@ class Knob:
         vs = list(self.values)
         shown = vs if len(vs) <= 8 else vs[:3] + ["..."] + vs[-2:]
         return f"{self.name} in {{{', '.join(map(str, shown))}}}"
+
+
+@dataclass(eq=False)
+class HostLayout:
+    """The host-side layout a simulator kernel expects (not counted in its cycles): `pack` turns
+    the user's arrays into the device buffers by name, `unpack` the named output buffer (of
+    `out_shape` / `out_dtype`) back into the user's array. None: the arrays go as they are."""
+
+    pack: Callable[[list], dict] | None = None
+    unpack: Callable[[Any], Any] | None = None
+    out_name: str = ""
+    out_shape: tuple = ()
+    out_dtype: str = ""
+
+
+@dataclass(eq=False)
+class Scheduled:
+    """What a simulator template's `apply` returns: a scheduled TIR module and what the backend
+    needs to lower it, never a program. The backend picks its lowering by `lowering` (and by the
+    module's own annotations: buffer scopes, intrinsic names, pipeline stages) and assembles the
+    program itself.
+
+    `module()` builds the scheduled module lazily ((IRModule, argument specs)); `key` names it
+    for the backend's compile-and-trace cache (equal keys, equal modules). `params` carries the
+    tiling facts a lowering reads that the module does not state (slots, groups, core split).
+    `buffers` are the (level, name, bytes) the lowering will allocate, so a config that does not
+    fit is refused with the machine's CapacityError before TVM is paid for."""
+
+    lowering: str
+    key: tuple = ()
+    module: Callable[[], Any] | None = None
+    params: Mapping[str, Any] = field(default_factory=dict)
+    host: HostLayout = field(default_factory=HostLayout)
+    buffers: Sequence[tuple[str, str, int]] = ()
+    flops: float = 0.0
+    info: Mapping[str, Any] = field(default_factory=dict)
 
 
 class Template:
