@@ -31,6 +31,7 @@ if sys.version_info >= (3, 11):
 else:  # pragma: no cover
     import tomli as tomllib
 
+from . import device
 from .capabilities import FAMILIES, capabilities
 from .errors import OpcError
 
@@ -222,7 +223,45 @@ def builtin_targets() -> Mapping[str, Target]:
     return MappingProxyType(out)
 
 
-AUTO_CUDA = "cuda"  # the GPU in this machine (opcompiler.backend.cuda.resolve_auto_target)
+AUTO_CUDA = "cuda"  # the GPU in this machine (`resolve_auto_target`)
+DEFAULT_CUDA = "cuda-sm80"  # what `--target cuda` builds for on a machine without a GPU
+
+
+def _cuda_targets() -> dict[int, Target]:
+    """The shipped cuda targets by architecture number (sm_80 -> 80)."""
+    out = {}
+    for t in builtin_targets().values():
+        if t.family == "cuda" and "arch" in t.extra:
+            n = device.arch_digits(t.extra["arch"])
+            if n is None:
+                raise OpcError(f"target file {t.path}: extra.arch {t.extra['arch']!r} is not a CUDA architecture",
+                               expected="sm_80, sm_90, ...")
+            out[n] = t
+    return out
+
+
+@cache
+def resolve_auto_target() -> Target:
+    """`--target cuda`: the shipped target for this machine's GPU (`opcompiler.device`); `cuda-sm80`
+    without a GPU. A GPU newer than every target file gets the newest older one (its PTX is
+    JIT-compiled there; a one-line note says so); a GPU older than all of them cannot be served (OpcError)."""
+    dev = device.device_arch()
+    if dev is None:
+        return builtin_targets()[DEFAULT_CUDA]
+    targets, n = _cuda_targets(), device.arch_digits(dev)
+    if n in targets:
+        return targets[n]
+    older = [a for a in targets if a <= n]
+    if not older:
+        have = ", ".join(f"{t.name} (sm_{a})" for a, t in sorted(targets.items()))
+        raise OpcError(f"this machine's GPU is {dev}, older than every cuda target ({have}); write a target file "
+                       f"for it (copy targets/{DEFAULT_CUDA}.toml, set arch = \"{dev}\" and its figures)",
+                       arg="--target", value="cuda", expected="--target path/to/cuda-" + dev.replace("_", "") + ".toml")
+    t = targets[max(older)]
+    print(f"opcompiler: note: no target file for this machine's {dev} GPU; building for {t.name} "
+          f"({t.extra['arch']} + PTX, which the driver JIT-compiles for {dev}); figures are {t.name}'s",
+          file=sys.stderr)
+    return t
 
 
 def load_target(name_or_path: str) -> Target:
@@ -231,12 +270,7 @@ def load_target(name_or_path: str) -> Target:
     if name_or_path.endswith(".toml") or "/" in name_or_path:
         return parse_target(Path(name_or_path))
     if name_or_path == AUTO_CUDA:
-        try:
-            from .backend.cuda import resolve_auto_target
-        except ModuleNotFoundError:  # a build without the cuda backend: the alias in the file
-            pass
-        else:
-            return resolve_auto_target()
+        return resolve_auto_target()
     targets = builtin_targets()
     if name_or_path in targets:
         return targets[name_or_path]

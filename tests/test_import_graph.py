@@ -22,12 +22,7 @@ ROOT = Path(__file__).resolve().parents[1]
 
 # Edges that close a cycle and remain on purpose, each with why: a debt, not a design. The
 # graph is checked without them, and each must still close a cycle (a debt paid leaves the list).
-KNOWN: dict[tuple[str, str], str] = {
-    ("opcompiler.target", "opcompiler.backend.cuda"):
-        "`load_target('cuda')` asks the CUDA backend for this machine's GPU (resolve_auto_target); "
-        "the device query lives in backend/cuda.py, above the backend interface, and belongs in a "
-        "module below it",
-}
+KNOWN: dict[tuple[str, str], str] = {}
 
 
 def _module_files() -> dict[str, Path]:

@@ -10,13 +10,12 @@ Building never touches the GPU. `run` and `measure` need one: without it they sa
 `--rpc`.
 
 `--target cuda` means the GPU in this machine: the target file whose arch is its compute
-capability (`tvm.cuda(0).compute_version`), or `cuda-sm80` (`DEFAULT_TARGET`) when there is no GPU.
+capability (`tvm.cuda(0).compute_version`), or `cuda-sm80` (`DEFAULT_TARGET`) when there is no GPU;
+`opcompiler.target.resolve_auto_target` picks it, asking `opcompiler.device` for the GPU.
 """
 from __future__ import annotations
 
-import os
 import statistics
-import sys
 from functools import cache
 from pathlib import Path
 from typing import Any, Mapping, Sequence
@@ -24,96 +23,29 @@ from typing import Any, Mapping, Sequence
 import numpy as np
 import tvm
 
+from .. import device
 from ..errors import OpcError, OpcFailure
 from ..ops import get_op
-from ..target import Target
+from ..target import DEFAULT_CUDA, Target, resolve_auto_target  # noqa: F401  (`--target cuda`, for callers)
 from ..workload import Workload
 from .base import Backend, Kernel, RunResult, device_args
 from .cuda_compile import (arch_number, compile_cuda, cuda_compiler, fatbin_entries, nvcc_path,  # noqa: F401
                            ptxas_facts)
 
 NO_GPU = "no CUDA GPU found on this machine; use --rpc HOST:PORT:KEY to measure on a remote device"
-DEFAULT_TARGET = "cuda-sm80"  # what `--target cuda` builds for on a machine without a GPU
+DEFAULT_TARGET = DEFAULT_CUDA  # what `--target cuda` builds for on a machine without a GPU
 
-# ------------------------------------------------------------------ the GPU in this machine
-
-_FORBIDDEN = ""  # set in build processes: asking for the GPU there is a bug (they must never initialise CUDA)
-_TOUCHED = False  # whether this process asked TVM's device API about a CUDA device
-
-
-def forbid_cuda(why: str = "this is a build process") -> None:
-    """Make this process unable to initialise CUDA: hide every device from the driver
-    (CUDA_VISIBLE_DEVICES="", read when CUDA initialises) and make `has_gpu`/`tvm.cuda` raise."""
-    global _FORBIDDEN
-    _FORBIDDEN = why
-    os.environ["CUDA_VISIBLE_DEVICES"] = ""
-
-    def _refuse(*_: Any, **__: Any) -> Any:
-        raise RuntimeError(f"CUDA must not be initialised here ({_FORBIDDEN})")
-    tvm.cuda = _refuse  # type: ignore[assignment]
-    tvm.runtime.cuda = _refuse  # type: ignore[attr-defined]
-
-
-def cuda_touched() -> bool:
-    return _TOUCHED
-
-
-def has_gpu() -> bool:
-    """Whether this process sees a CUDA device (False when TVM has no CUDA runtime)."""
-    global _TOUCHED
-    if _FORBIDDEN:
-        raise RuntimeError(f"CUDA must not be initialised here ({_FORBIDDEN})")
-    _TOUCHED = True
-    try:
-        return bool(tvm.cuda(0).exist)
-    except Exception:  # a TVM build without the CUDA runtime
-        return False
-
-
-@cache
-def device_arch(device: int = 0) -> str | None:
-    """The compute capability of the GPU in this machine as `sm_XX` (TVM's device API), None without one."""
-    if not has_gpu():
-        return None
-    return "sm_" + tvm.cuda(device).compute_version.replace(".", "")
-
-
-def _cuda_targets() -> dict[int, Target]:
-    from ..target import builtin_targets
-    return {arch_number(t.extra["arch"]): t for t in builtin_targets().values()
-            if t.family == "cuda" and "arch" in t.extra}
-
-
-@cache
-def resolve_auto_target() -> Target:
-    """`--target cuda`: the shipped target for this machine's GPU; `cuda-sm80` without a GPU.
-    A GPU newer than every target file gets the newest older one (its PTX is JIT-compiled there;
-    a one-line note says so); a GPU older than all of them cannot be served (OpcError)."""
-    from ..target import builtin_targets
-    dev = device_arch()
-    if dev is None:
-        return builtin_targets()[DEFAULT_TARGET]
-    targets, n = _cuda_targets(), arch_number(dev)
-    if n in targets:
-        return targets[n]
-    older = [a for a in targets if a <= n]
-    if not older:
-        have = ", ".join(f"{t.name} (sm_{a})" for a, t in sorted(targets.items()))
-        raise OpcError(f"this machine's GPU is {dev}, older than every cuda target ({have}); write a target file "
-                       f"for it (copy targets/{DEFAULT_TARGET}.toml, set arch = \"{dev}\" and its figures)",
-                       arg="--target", value="cuda", expected="--target path/to/cuda-" + dev.replace("_", "") + ".toml")
-    t = targets[max(older)]
-    print(f"opcompiler: note: no target file for this machine's {dev} GPU; building for {t.name} "
-          f"({t.extra['arch']} + PTX, which the driver JIT-compiles for {dev}); figures are {t.name}'s",
-          file=sys.stderr)
-    return t
+# The GPU in this machine is `opcompiler.device`'s business (below the targets, which resolve
+# `--target cuda` through it); its names stay importable from here for the backend's callers.
+forbid_cuda, cuda_touched, has_gpu, device_arch = (device.forbid_cuda, device.cuda_touched, device.has_gpu,
+                                                   device.device_arch)
 
 
 def check_servable(target: Target) -> None:
     """Refuse, with one line naming both architectures (OpcError, exit 2), a target whose code this
     machine's GPU cannot run: one built for a newer architecture. An older target is served: its
     module carries PTX, which the driver JIT-compiles for the newer GPU."""
-    dev = device_arch()
+    dev = device.device_arch()
     arch = str(target.extra.get("arch", "sm_80"))
     if dev is None or arch == dev:
         return
@@ -128,7 +60,7 @@ def require_device_or_rpc(rpc_spec: str | None, target: Target | None = None) ->
     nor an `--rpc HOST:PORT:KEY` to measure on, or when the local GPU cannot run `target`'s code."""
     if rpc_spec:
         return
-    if not has_gpu():
+    if not device.has_gpu():
         raise OpcError(NO_GPU)
     if target is not None:
         check_servable(target)
@@ -173,7 +105,7 @@ def _hook_arch() -> str:
     cur = tvm.target.Target.current(allow_none=True)
     if cur is not None and cur.kind.name == "cuda" and cur.attrs.get("arch"):
         return str(cur.attrs["arch"])
-    if not _FORBIDDEN and (dev := device_arch()):
+    if not device.cuda_forbidden() and (dev := device.device_arch()):
         return dev
     from ..target import builtin_targets
     return str(builtin_targets()[DEFAULT_TARGET].extra["arch"])
@@ -267,7 +199,7 @@ class CudaBackend(Backend):
     # -- on a GPU ---------------------------------------------------------------------------
 
     def _device(self) -> tvm.runtime.Device:
-        if not has_gpu():
+        if not device.has_gpu():
             raise OpcError(NO_GPU)
         check_servable(self.target)
         return tvm.cuda(0)
@@ -317,7 +249,7 @@ def cuda_metrics(target: Target, wl: Workload, seconds: float) -> dict[str, Any]
     flops = get_op(wl.op).flops(wl)
     out: dict[str, Any] = {"percent_of_peak": percent_of_peak(target, wl.dtype, flops, seconds),
                            "tflops": flops / seconds / 1e12 if seconds > 0 else 0.0, **roofline(target, wl, seconds)}
-    if not _FORBIDDEN and (dev := device_arch()):
+    if not device.cuda_forbidden() and (dev := device.device_arch()):
         arch = str(target.extra.get("arch", ""))
         out["device_arch"] = dev
         out["loaded_as"] = "sass" if arch == dev else f"ptx jit ({arch} ptx on {dev})"

@@ -30,6 +30,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from ..device import arch_digits
 from ..errors import OpcError, OpcFailure
 
 COMPILERS = ("nvrtc", "nvcc")
@@ -54,10 +55,10 @@ class CudaBinary:
 
 def arch_number(arch: str) -> int:
     """`sm_90` / `sm_90a` / `compute_80` / `9.0` -> 90 / 90 / 80 / 90."""
-    m = re.fullmatch(r"(?:sm_|compute_)?(\d+)\.?(\d)?[af]?", str(arch).strip())
-    if not m:
+    n = arch_digits(arch)
+    if n is None:
         raise OpcError(f"not a CUDA architecture: {arch!r}", expected="sm_80, sm_90, ...")
-    return int(m.group(1) + (m.group(2) or ""))
+    return n
 
 
 # ------------------------------------------------------------------ which compiler

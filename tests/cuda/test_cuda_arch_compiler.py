@@ -13,6 +13,7 @@ import subprocess
 
 import pytest
 
+from opcompiler import device as gpu_device
 from opcompiler.backend import cuda
 from opcompiler.backend import cuda_compile as cc
 from opcompiler.backend.cuda import CudaBackend, cuda_source, has_gpu, tvm_cuda_target
@@ -30,8 +31,8 @@ SMALL = workload("matmul", "m=32,k=64,n=48", dtype="float16")
 def gpu_is(monkeypatch):
     """Pretend this machine has a GPU of the given compute capability (as TVM's device API reports it)."""
     def set_arch(arch: str | None) -> None:
-        monkeypatch.setattr(cuda, "device_arch", lambda device=0: arch)
-        monkeypatch.setattr(cuda, "has_gpu", lambda: arch is not None)
+        monkeypatch.setattr(gpu_device, "device_arch", lambda device=0: arch)
+        monkeypatch.setattr(gpu_device, "has_gpu", lambda: arch is not None)
         cuda.resolve_auto_target.cache_clear()
     yield set_arch
     cuda.resolve_auto_target.cache_clear()

@@ -94,8 +94,9 @@ def test_builders_never_initialise_cuda():
 def test_a_builder_cannot_reach_the_gpu(monkeypatch):
     """What `forbid_cuda` does in a build process: TVM's device API and `has_gpu` refuse."""
     import tvm
+    from opcompiler import device
     from opcompiler.backend import cuda
-    monkeypatch.setattr(cuda, "_FORBIDDEN", "")
+    monkeypatch.setattr(device, "_FORBIDDEN", "")
     monkeypatch.setattr(tvm, "cuda", tvm.cuda)
     monkeypatch.setattr(tvm.runtime, "cuda", getattr(tvm.runtime, "cuda", None), raising=False)
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "0")
