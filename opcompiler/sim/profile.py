@@ -1,6 +1,13 @@
 """The typed outcome of a simulation: `Timing` (what a replay produced) and `Profile` (the
 report: cycles and time at the clock, busy per unit, bytes per memory level, peak, the bound
-and the roofline). Both machines produce these; each names its own units and levels."""
+and the roofline). Both machines produce these; each names its own units and levels.
+
+The bound is decided by one rule for every machine, `bound_of`: the unit with the largest busy
+ratio bounds the kernel when it is busy at least half the time (`BUSY_FLOOR`); below that no
+unit is, and the kernel is bound by latency (its units wait on each other). A unit whose issue
+slots carry another unit's work (`feeds`: the DSP's VPU issue carries its FMACs' operations)
+names that unit when it is at least `FED_SHARE` as busy, since the busy issue slots are then
+doing its work. `report` is a run's metrics: the profile's keys, the machine's own, the mode."""
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -35,6 +42,26 @@ class Timing:
             raise AttributeError(f"{type(self).__name__} has no {name!r}") from None
 
 
+BUSY_FLOOR = 0.5  # a unit busy at least this share of the run bounds it; below: latency
+FED_SHARE = 0.9  # an issuing unit names the unit it feeds when that one is this busy relative to it
+LATENCY = "latency (pipes wait on each other)"
+
+
+def bound_of(ratio: Mapping[str, float], labels: Mapping[str, str] | None = None,
+             feeds: Mapping[str, str] | None = None) -> str:
+    """The one bound rule (see the module docstring). `ratio`: busy share per unit, unrounded,
+    in the machine's order (the first of equal shares wins); `labels`: how a bounding unit is
+    named (default: its key); `feeds`: issuing unit -> the unit whose work it issues."""
+    labels, feeds = labels or {}, feeds or {}
+    unit = max(ratio, key=ratio.get)
+    if ratio[unit] < BUSY_FLOOR:
+        return LATENCY
+    fed = feeds.get(unit)
+    if fed is not None and ratio[fed] >= FED_SHARE * ratio[unit]:
+        unit = fed
+    return labels.get(unit, unit)
+
+
 @dataclass(frozen=True, kw_only=True)
 class Profile:
     """What a run reports, in one typed form for every simulated machine."""
@@ -48,7 +75,7 @@ class Profile:
     bytes_by_level: Mapping[str, int]
     offchip_bytes: float  # bytes to and from the off-chip level (the roofline's denominator)
     offchip_gbps: float
-    bound: str  # the resource that bounds the kernel
+    bound: str  # the resource that bounds the kernel: `bound_of(busy_ratio, ...)`
 
     @property
     def seconds(self) -> float:
@@ -85,4 +112,12 @@ class Profile:
         """The keys every simulated machine reports."""
         return {"cycles": self.cycles, "time_us": self.seconds * 1e6, "tflops": self.achieved_flops / 1e12,
                 "percent_of_peak": self.percent_of_peak, "bound": self.bound,
+                "pipe_ratios": {k: round(v, 4) for k, v in self.busy_ratio.items()},
                 "bytes_by_level": dict(self.bytes_by_level), "roofline": self.roofline()}
+
+
+def report(p: Profile, machine_keys: Mapping[str, Any], functional: bool) -> dict[str, Any]:
+    """A run's metrics, for every simulated machine: the profile's common keys (cycles, time,
+    TFLOPS, percent of peak, bound, busy ratios per unit as `pipe_ratios`, bytes per level, the
+    roofline), then the machine's own keys, then the mode ("functional" or "timing")."""
+    return {**p.metrics(), **machine_keys, "mode": "functional" if functional else "timing"}

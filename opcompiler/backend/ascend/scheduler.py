@@ -28,7 +28,7 @@ run's metrics from the typed `Profile`.
 """
 from __future__ import annotations
 
-from ...sim.profile import Profile, Timing
+from ...sim.profile import Profile, Timing, bound_of, report as sim_report
 from ...sim.scoreboard import Scoreboard, barrier
 from ...sim.trace import STALL, WORK as EV_WORK, Event, Trace
 from . import fclock
@@ -39,7 +39,8 @@ from .machine import PIPES
 
 GB = 1e9
 
-__all__ = ["Timing", "Profile", "schedule", "replay", "run", "cost", "profile", "report", "CONTENTION_ROUNDS"]
+__all__ = ["Timing", "Profile", "schedule", "replay", "run", "cost", "profile", "report", "report_keys",
+           "CONTENTION_ROUNDS"]
 
 
 def _hbm_fraction(prog: Program, gm_bytes: tuple[int, int] | None = None) -> tuple[float, int, int]:
@@ -299,7 +300,8 @@ PIPE_RESOURCE = {"M": "cube (M pipe)", "V": "vector unit (V pipe)", "S": "scalar
 def profile(m, plan, t: Timing, dtype: str) -> Profile:
     """The typed report of one kernel: core 0's replay scaled to the active cores (core 0 holds
     the largest share), the peak of the unit the plan names (cube or vector), the HBM traffic
-    after L2 hits as the roofline's off-chip bytes."""
+    after L2 hits as the roofline's off-chip bytes; busy ratios per pipe over core 0's cycles
+    and the bound by the simulator core's one rule (`opcompiler.sim.profile.bound_of`)."""
     import numpy as np
 
     if plan.unit == "cube":
@@ -308,9 +310,8 @@ def profile(m, plan, t: Timing, dtype: str) -> Profile:
         peak_per_cycle = float(m.lanes(np.dtype(dtype).itemsize))
     n = plan.active_cores
     hbm_bytes = (t.gm_read_bytes * t.hbm_read_fraction + t.gm_write_bytes) * n
-    ratios = {PIPE_RATIO[p]: round(t.busy[p] / t.cycles, 4) if t.cycles else 0.0 for p in PIPE_RATIO}
-    busiest = max(PIPE_RATIO, key=lambda p: t.busy[p])
-    bound = PIPE_RESOURCE[busiest] if t.busy[busiest] >= 0.5 * t.cycles else "latency (pipes wait on each other)"
+    ratios = {PIPE_RATIO[p]: t.busy[p] / t.cycles if t.cycles else 0.0 for p in PIPE_RATIO}
+    bound = bound_of(ratios, labels={PIPE_RATIO[p]: PIPE_RESOURCE[p] for p in PIPE_RATIO})
     by_level = {"GM_read": t.gm_read_bytes * n, "GM_write": t.gm_write_bytes * n,
                 m.offchip_name: int(hbm_bytes), "L2_hit": int(t.gm_read_bytes * (1 - t.hbm_read_fraction) * n)}
     for key, v in t.bytes_by_path.items():
@@ -321,20 +322,20 @@ def profile(m, plan, t: Timing, dtype: str) -> Profile:
                    bytes_by_level=by_level, offchip_bytes=hbm_bytes, offchip_gbps=m.offchip_gbps, bound=bound)
 
 
+def report_keys(plan, t: Timing, p: Profile) -> dict:
+    """The DaVinci core's own report keys, beside the profile's (`opcompiler.sim.profile.report`)."""
+    n = plan.active_cores
+    ratios = {k: round(v, 4) for k, v in p.busy_ratio.items()}
+    return {
+        "gm_bytes": (t.gm_read_bytes + t.gm_write_bytes) * n,
+        "memory_bound_ratio": round(ratios["mte2_ratio"] / max(ratios["mac_ratio"], ratios["vec_ratio"], 1e-9), 4),
+        "active_cores": n, "sync_events_core0": t.syncs, "instructions_core0": t.instructions,
+        "l2_hit_ratio": round(1 - t.hbm_read_fraction, 4),
+        "bytes_note": "bytes are core 0's traffic x active cores (core 0 holds the largest share)",
+    }
+
+
 def report(m, plan, t: Timing, dtype: str, functional: bool) -> dict:
     """The metrics a run reports (what `AscendSimBackend` returns), from the typed profile."""
     p = profile(m, plan, t, dtype)
-    n = plan.active_cores
-    ratios = dict(p.busy_ratio)
-    base = p.metrics()
-    return {
-        **{k: base[k] for k in ("cycles", "time_us", "tflops", "percent_of_peak", "bound")},
-        "pipe_ratios": ratios, "bytes_by_level": base["bytes_by_level"],
-        "gm_bytes": (t.gm_read_bytes + t.gm_write_bytes) * n,
-        "memory_bound_ratio": round(ratios["mte2_ratio"] / max(ratios["mac_ratio"], ratios["vec_ratio"], 1e-9), 4),
-        "roofline": base["roofline"],
-        "active_cores": n, "sync_events_core0": t.syncs, "instructions_core0": t.instructions,
-        "l2_hit_ratio": round(1 - t.hbm_read_fraction, 4),
-        "mode": "functional" if functional else "timing",
-        "bytes_note": "bytes are core 0's traffic x active cores (core 0 holds the largest share)",
-    }
+    return sim_report(p, report_keys(plan, t, p), functional)

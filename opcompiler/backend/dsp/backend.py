@@ -1,58 +1,54 @@
-"""DspSimBackend: build a DSP template's lowered program, run it (values + cycles) or time it."""
+"""DspSimBackend: the FT-M7032 DSP cluster on the simulator shell (`opcompiler.backend.sim`)."""
 from __future__ import annotations
 
-from typing import Sequence
-
-import numpy as np
-
-from ...config import ConfigSpec
+from ...sim.buffers import Level
+from ...sim.profile import Profile
+from ...template_base import Config, Template
 from ...workload import Workload
-from ..base import Backend, Kernel, RunResult
+from ..sim import SimBackend
 from . import fclock
-from .engine import Timing, report, timing
-from .machine import machine
+from .engine import Timing, profile, report_keys, timing
+from .machine import DspMachine, machine
 
 
-class DspSimBackend(Backend):
+class DspSimBackend(SimBackend):
     """The FT-M7032 DSP cluster simulator (`--target dsp-sim`).
 
-    `build` lowers the template's schedule into a program of DMA transfers and VPU passes for
-    each core (capacities enforced: CapacityError); `run` executes it on simulated memories
-    (functional: real values) and times it; `measure` times it only. Both give the same cycles.
+    Its lowering turns the template's schedule into a program of DMA transfers and VPU passes for
+    each core (capacities enforced: CapacityError); its executor runs the functional program on
+    simulated memories (real values), timed by its own clock (`fclock.replay`: its own tables read
+    from the target, costs from what executed, never the timing model's); its timing replay
+    (`engine.timing`) runs identical cores as one group. A functional run reports the timing
+    model's cycles (the tuner's and the records' figure); both clocks are in the metrics.
     """
 
     family = "dsp"
+    REPORTED_CLOCK = "timing"
 
-    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
-        m = machine(self.target)
-        tmpl, cfg = self.resolve(wl, config)
+    def load_machine(self, target) -> DspMachine:
+        return machine(target)
+
+    def offchip_level(self) -> Level:
+        return self.machine.level("DDR")
+
+    def lower(self, wl: Workload, tmpl: Template, cfg: Config) -> tuple[dict, dict]:
+        m = self.machine
         prog = tmpl.apply(wl, self.target, cfg)  # timing program: validates capacities, fast
         info = {"data_mode": m.data_mode, "cores_used": prog.cores_used, **prog.info}
-        return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,
-                      config=dict(cfg), artifact={"template": tmpl, "program": prog}, info=info)
+        return {"template": tmpl, "program": prog}, info
 
-    def run(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> RunResult:
-        """Functional mode: the functional program executes on simulated memories and is timed
-        by its own clock (`fclock.replay`: its own tables read from the target, costs from what
-        executed, never the timing model's); the reported `cycles` stay the timing model's (the
-        tuner's and the records' figure), which runs identical cores as one group. Both clocks
-        are in the metrics (`functional_cycles`, `timing_cycles`), with `clocks_differ`."""
-        m = machine(self.target)
+    def timing(self, kernel) -> Timing:
+        return timing(self.machine, kernel.artifact["program"])
+
+    def functional(self, kernel, inputs) -> tuple[list, Timing, dict]:
+        m = self.machine
         tmpl = kernel.artifact["template"]
         fprog = tmpl.apply(kernel.workload, self.target, kernel.config, functional=True)
         out, counters, ft = fclock.replay(m, fprog, inputs, fclock.clock(self.target))
-        t = timing(m, kernel.artifact["program"])
-        res = self._result(kernel, t, [out])
-        res.metrics["functional_counters"] = counters.as_dict()
-        res.metrics["functional_cycles"], res.metrics["timing_cycles"] = ft.cycles, t.cycles
-        res.metrics["clocks_differ"] = ft.cycles != t.cycles
-        return res
+        return [out], ft, {"functional_counters": counters.as_dict()}
 
-    def measure(self, kernel: Kernel, inputs: Sequence[np.ndarray] | None = None) -> RunResult:
-        return self._result(kernel, timing(machine(self.target), kernel.artifact["program"]), None)
+    def profile(self, kernel, t: Timing) -> Profile:
+        return profile(self.machine, kernel.artifact["program"], t)
 
-    def _result(self, kernel: Kernel, t: Timing, outputs: list[np.ndarray] | None) -> RunResult:
-        m = machine(self.target)
-        metrics = report(m, kernel.artifact["program"], t)
-        seconds = t.cycles / m.clock_hz
-        return RunResult(outputs=outputs, seconds=seconds, cycles=t.cycles, metrics=metrics)
+    def report_keys(self, kernel, t: Timing, p: Profile) -> dict:
+        return report_keys(self.machine, kernel.artifact["program"], t, p)

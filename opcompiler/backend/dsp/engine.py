@@ -26,7 +26,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ...errors import OpcFailure
-from ...sim.profile import Profile, Timing
+from ...sim.profile import Profile, Timing, bound_of, report as sim_report
 from ...sim.scoreboard import Channels, Scoreboard, barrier, interleave, merge, run_repeated
 from .machine import DspMachine
 from .program import F32, Op, Program, Repeat, View, dma_cycles, expand
@@ -299,34 +299,30 @@ def profile(m: DspMachine, prog: Program, t: Timing) -> Profile:
         "GSM bandwidth": t.busy.get("gsm", 0.0) / cyc,
         "DMA engines": t.busy.get("dma", 0.0) / (m.cores * cyc),
     }
-    bound = max(share, key=share.get)
-    if bound == "VPU issue" and share["FMAC"] >= 0.9 * share["VPU issue"]:
-        bound = "FMAC"  # the VPU is busy and almost every cycle issues its 3 FMAs
-    elif bound == "VPU issue":
-        bound = "VPU issue (FMAC latency / loads)"
+    # the one bound rule; the VPU's issue slots carry the FMACs' operations: when the FMACs are
+    # almost as busy, they bound the kernel, else the VPU's issue does (FMAC latency, loads)
+    bound = bound_of(share, labels={"VPU issue": "VPU issue (FMAC latency / loads)"}, feeds={"VPU issue": "FMAC"})
     return Profile(cycles=t.cycles, clock_hz=m.clock_hz, flops=prog.flops, peak_flops=m.peak_flops * m.cores,
                    busy=dict(t.busy), busy_ratio=share, bytes_by_level=dict(t.counters.bytes_by_level),
                    offchip_bytes=t.counters.bytes_by_level.get("DDR", 0),
                    offchip_gbps=m.ddr_bytes_per_cycle * m.clock_hz / 1e9, bound=bound)
 
 
-def report(m: DspMachine, prog: Program, t: Timing) -> dict:
-    """The metrics a run reports (what `DspSimBackend` returns, plus the profile's common keys:
-    time, TFLOPS and the roofline), from the typed profile."""
-    p = profile(m, prog, t)
+def report_keys(m: DspMachine, prog: Program, t: Timing, p: Profile) -> dict:
+    """The cluster's own report keys, beside the profile's (`opcompiler.sim.profile.report`)."""
     seconds = t.cycles / m.clock_hz
-    gflops = prog.flops / seconds / 1e9 if seconds else 0.0
     share = p.busy_ratio
     return {
-        **p.metrics(),
-        "percent_of_peak": 100.0 * gflops * 1e9 / p.peak_flops if p.peak_flops else 0.0,
-        "gflops": gflops,
-        "bound": p.bound,
+        "gflops": prog.flops / seconds / 1e9 if seconds else 0.0,
         "busy_ratios": {k: round(v, 4) for k, v in share.items()},
-        "pipe_ratios": {k: round(v, 4) for k, v in share.items()},  # printed by `opcompiler run`
         "fmac_utilization": share["FMAC"],
-        "bytes_by_level": dict(t.counters.bytes_by_level),
         "counters": t.counters.as_dict(),
         "dsp_cycles": t.dsp_cycles, "host_cycles": t.host_cycles,
         "data_mode": m.data_mode, "cores_used": prog.cores_used,
     }
+
+
+def report(m: DspMachine, prog: Program, t: Timing, functional: bool = False) -> dict:
+    """The metrics a run reports (what `DspSimBackend` returns), from the typed profile."""
+    p = profile(m, prog, t)
+    return sim_report(p, report_keys(m, prog, t, p), functional)
