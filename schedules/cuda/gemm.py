@@ -76,14 +76,24 @@ class GemmTiles:
     shared_bytes: int  # shared memory per block (operand tiles + staging)
     static_shared_bytes: int  # the part allocated statically (`__shared__`), limited to 48 KB by CUDA
     registers: int  # estimated registers per thread (accumulators + operands + addressing)
+    split_k: int = 1  # K slices computed as a batch over blockIdx.z (`split_k_rfactor`)
+    workspace_bytes: int = 0  # global fp32 partial sums of the split-K slices (0 without split-K)
+
+    @property
+    def output_tiles(self) -> int:
+        """Thread blocks one K slice needs: the M x N block tiles."""
+        return (self.m_pad // self.bm) * (self.n_pad // self.bn)
 
     @property
     def blocks(self) -> int:
-        return (self.m_pad // self.bm) * (self.n_pad // self.bn)
+        return self.output_tiles * self.split_k
 
 
 def tensor_core_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTiles:
-    """Geometry of the fp16 tensor-core schedule for `cfg`."""
+    """Geometry of the fp16 tensor-core schedule for `cfg`. With `split_k` = s > 1 each thread block
+    reduces one of s K slices (k / s long, padded to the block's K step); the partial sums are the
+    fp32 workspace [s, m_pad, n_pad] (padded to the block tile: the partial-sum stores need no
+    bounds checks) that the reduction kernel reads back (`split_k_rfactor`)."""
     bm = FRAG * cfg["block_row_warps"] * cfg["warp_row_tiles"]
     bn = FRAG * cfg["block_col_warps"] * cfg["warp_col_tiles"]
     bk = FRAG * cfg["chunk"]
@@ -97,8 +107,11 @@ def tensor_core_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTil
     frags_c = cfg["warp_row_tiles"] * cfg["warp_col_tiles"]
     # a 16x16 fragment spread over 32 lanes is 8 values per thread: fp32 acc 8 regs, fp16 operands 4
     regs = 8 * frags_c + 4 * (cfg["warp_row_tiles"] + cfg["warp_col_tiles"]) + 48
+    split = cfg.get("split_k", 1)
     return GemmTiles(bm=bm, bn=bn, bk=bk, threads=32 * warps, m_pad=_ceil(m, bm), n_pad=_ceil(n, bn),
-                     k_pad=_ceil(k, bk), shared_bytes=a_sh + b_sh + c_sh, static_shared_bytes=c_sh, registers=regs)
+                     k_pad=split * _ceil(-(-k // split), bk), shared_bytes=a_sh + b_sh + c_sh,
+                     static_shared_bytes=c_sh, registers=regs, split_k=split,
+                     workspace_bytes=split * _ceil(m, bm) * _ceil(n, bn) * 4 if split > 1 else 0)
 
 
 def simt_tiles(m: int, n: int, k: int, cfg: Mapping[str, Any]) -> GemmTiles:
@@ -273,7 +286,8 @@ def _tile_for_tensor_cores(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, 
     sch.reorder(i0, j0, i1, j1, k0, k1, i2, j2)
     bx = sch.fuse(*_raster(sch, i0, j0, cfg.get("raster", 1)))
     ty = sch.fuse(i1, j1)
-    sch.bind(batch, "blockIdx.y")
+    # split-K: the batch axis is the K slice (`split_k_rfactor`), one grid z index each
+    sch.bind(batch, "blockIdx.z" if cfg.get("split_k", 1) > 1 else "blockIdx.y")
     sch.bind(bx, "blockIdx.x")
     sch.bind(ty, "threadIdx.y")
 
@@ -417,7 +431,12 @@ def schedule_mma(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mappi
     # the epilogue in registers: inline cast / bias / bn / relu / add into the accumulator store, then
     # walk each 16x16 fragment in the mma lane order: row = 8 * r1 + r0, col = 8 * c2 + 2 * c1 + c0
     # with lane = 4 * r0 + c1 and element = 4 * c2 + 2 * r1 + c0 (`_ldmatrix_layout`)
-    _inline_consumers(sch, c_w)
+    if cfg.get("split_k", 1) > 1:
+        # the store writes the fp32 partial sums to the workspace; the epilogue is the reduction kernel's
+        from tvm.s_tir.dlight.gpu.matmul import auto_inline_consumers
+        auto_inline_consumers(sch, c_w)  # the reindex / padding copies only
+    else:
+        _inline_consumers(sch, c_w)
     ci, cj = sch.get_loops(c_w)[-2:]
     ci0, ci1 = sch.split(ci, [None, FRAG])
     cj0, cj1 = sch.split(cj, [None, FRAG])
@@ -428,6 +447,46 @@ def schedule_mma(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mappi
     sch.unroll(c2)
     sch.unroll(r1)
     sch.unroll(c0)
+
+
+# ------------------------------------------------------------------ split-K (small-M GEMMs)
+
+SPLIT_K_THREADS = 128  # threads per block of the split-K reduction kernel
+
+
+def split_k_rfactor(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                    split_k: int) -> tuple[s_tir.schedule.SBlockRV, s_tir.schedule.SBlockRV]:
+    """Cut the K reduction of `block` (a matmul: loops i, j, k) into `split_k` slices with TVM's
+    rfactor: `<name>_rf` computes the fp32 partial sums P[s, i, j] = sum over slice s of A * B into
+    an intermediate global buffer (the workspace; a GEMM whose batch axis is the slice s, scheduled
+    on the tensor cores with s on blockIdx.z), and the original block becomes the sum over s of
+    P[s, i, j], which `schedule_split_k_reduce` turns into a second, small kernel carrying the
+    epilogue. No atomics: each partial sum is written once and read once. Returns (rf, write-back)."""
+    loops = sch.get_loops(block)
+    ext = int(sch.get(loops[-1]).extent)
+    if len(loops) != 3 or ext % split_k:
+        raise ValueError(f"split_k={split_k} needs a matmul block (i, j, k) whose K ({ext}) it divides")
+    ko, _ = sch.split(loops[-1], [split_k, None])
+    rf = sch.rfactor(ko, 0)
+    i, j, ko, _ = sch.get_loops(rf)
+    sch.reorder(ko, i, j)  # loops in the rf block's iterator order (s, i, j, k), as normalize_gemm needs
+    return rf, block
+
+
+def schedule_split_k_reduce(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV,
+                            threads: int = SPLIT_K_THREADS) -> None:
+    """The split-K write-back (out[i, j] = sum_s P[s, i, j]) as its own kernel: one thread per
+    output element (consecutive threads on consecutive j: coalesced workspace reads), the `split_k`
+    partial sums added in registers in slice order, then the fused epilogue (bias, relu, cast)
+    inlined into the one global store."""
+    acc = sch.cache_write(block, 0, "local")
+    i, j, ko = sch.get_loops(block)
+    bx, tx = sch.split(sch.fuse(i, j), [None, threads])
+    sch.bind(bx, "blockIdx.x")
+    sch.bind(tx, "threadIdx.x")
+    sch.unroll(ko)
+    sch.reverse_compute_at(acc, tx, preserve_unit_loops=True)
+    _inline_consumers(sch, acc)
 
 
 # ------------------------------------------------------------------ fp32 on CUDA cores
@@ -474,17 +533,41 @@ def schedule_simt(sch: s_tir.Schedule, block: s_tir.schedule.SBlockRV, cfg: Mapp
 
 # ------------------------------------------------------------------ reading figures back
 
-def measured_shared_bytes(mod: tvm.IRModule, target: tvm.target.Target) -> int:
-    """Shared memory per block of the lowered kernel: its static shared allocations plus the
-    merged dynamic buffer the launch asks for, read from TVM's own lowering pipeline."""
+def _lower(mod: tvm.IRModule, target: tvm.target.Target) -> tuple[tvm.IRModule, dict]:
+    """(host module, {target: device module}) of `mod` through TVM's own lowering pipeline."""
     from tvm.tirx.build import split_host_device_mods
     lower = tvm.tirx.get_default_tir_pipeline(target)[0]  # (lowering, host finalize, device finalize)
     bound = tvm.tirx.transform.BindTarget(target.with_host(tvm.target.Target("llvm")))(mod)
     with target:
-        _, device_mods = split_host_device_mods(lower(bound))
+        return split_host_device_mods(lower(bound))
+
+
+def measured_shared_bytes(mod: tvm.IRModule, target: tvm.target.Target) -> int:
+    """Shared memory per block of the lowered kernel: its static shared allocations plus the
+    merged dynamic buffer the launch asks for, read from TVM's own lowering pipeline."""
+    _, device_mods = _lower(mod, target)
     from tvm.s_tir.analysis import calculate_allocated_bytes
     total = 0
     for dev_mod in device_mods.values():
         for per_scope in calculate_allocated_bytes(dev_mod).values():
             total += sum(int(v) for scope, v in per_scope.items() if str(scope).startswith("shared"))
     return total
+
+
+def measured_workspace_bytes(mod: tvm.IRModule, target: tvm.target.Target) -> int:
+    """Global memory the lowered module allocates besides its arguments (the split-K workspace:
+    an intermediate global buffer the host allocates and passes to the kernels)."""
+    host_mod, _ = _lower(mod, target)
+    from tvm.s_tir.analysis import calculate_allocated_bytes
+    return sum(int(v) for per_scope in calculate_allocated_bytes(host_mod).values()
+               for scope, v in per_scope.items() if str(scope) == "global")
+
+
+def launch_extents(mod: tvm.IRModule, target: tvm.target.Target) -> dict[str, dict[str, int]]:
+    """Each lowered kernel's launch extents by thread tag ({kernel: {"blockIdx.z": 4, ...}}), read
+    from its `launch_thread` statements (TVM 0.27's Python API has no TIR statement visitor)."""
+    import re
+    _, device_mods = _lower(mod, target)
+    return {gv.name_hint: {tag: int(n) for tag, n in
+                           re.findall(r'T\.launch_thread\("((?:blockIdx|threadIdx)\.[xyz])", (\d+)\)', str(func))}
+            for dev_mod in device_mods.values() for gv, func in dev_mod.functions.items()}

@@ -39,6 +39,10 @@ TC_KNOBS = (  # fp16 tensor-core schedule
     Knob("raster", (1, 4, 8), "block order: 1 = row-major; g = groups of g M tiles walk one N column before the next "
                               "(L2 reuse; applied where g divides the M tiles)"),
 )
+# fp16 matmul family only (the conv's implicit GEMM keeps one K loop)
+SPLIT_K = Knob("split_k", (1, 2, 4, 8), "split-K for small-M GEMMs (mma_sync only): K cut into s slices computed "
+                                        "as a batch over blockIdx.z, fp32 partial sums in a global workspace, then "
+                                        "a reduction kernel adds them and applies the epilogue; 1 = off")
 SIMT_KNOBS = (  # fp32 CUDA-core schedule
     Knob("threads_x", (8, 16, 32), "threads per block along N"),
     Knob("threads_y", (4, 8, 16), "threads per block along M"),
@@ -61,6 +65,17 @@ def _dims(wl: Workload, block: str) -> tuple[int, int, int]:
     """(M, N, K) of the workload's implicit GEMM (batch and output pixels folded into M)."""
     ins, out = get_op(wl.op).compute(wl)
     return gemm.gemm_dims(te.create_prim_func([*ins, out]), block)
+
+
+def split_k_module(wl: Workload, block: str, split_k: int) -> tvm.IRModule:
+    """The split-K compute definition, unscheduled: the op's TE compute with the reduction of
+    `block` cut into `split_k` slices (`gemm.split_k_rfactor`: fp32 partial sums, then their sum
+    and the epilogue). The CUDA schedule tiles exactly this; any target (llvm) can build it as it is,
+    which is how the decomposition is checked against numpy without a GPU."""
+    ins, out = get_op(wl.op).compute(wl)
+    sch = tvm.s_tir.Schedule(te.create_prim_func([*ins, out]).with_attr("global_symbol", "main"))
+    gemm.split_k_rfactor(sch, sch.get_sblock(block), split_k)
+    return sch.mod
 
 
 def _pick(pairs: list[tuple[int, int]], limit: int) -> tuple[int, int]:
@@ -111,11 +126,34 @@ class CudaGemmTemplate(Template):
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         if config.get("algo") == "direct":
             return DIRECT_WRONG
+        if (why := self._check_split_k(wl, target, config)) is not None:
+            return why
         if wl.dtype == "float16" and "float16" not in target.units.get("tensor_core", {}).get("dtypes", ()):
             return f"{target.name} declares no fp16 tensor core"
         if config.get("stages", 1) > 1 and gemm.arch_of(target) < 80:
             return f"stages={config['stages']} needs cp.async (sm_80 or newer); {target.name} is sm_{gemm.arch_of(target)}"
         return gemm.check_tiles(self.tiles(wl, config), target)
+
+    def _check_split_k(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
+        """Why `split_k` cannot or should not be used with this config, or None (also for split_k = 1)."""
+        split = config.get("split_k", 1)
+        if split == 1:
+            return None
+        if wl.dtype != "float16" or config.get("mma", "wmma") != "mma_sync":
+            return f"split_k={split} is a mma_sync schedule (fp16, mma=mma_sync)"
+        m, n, k = _dims(wl, self.block)
+        t = self.tiles(wl, config)
+        if k % (split * t.bk):
+            return (f"split_k={split} cuts K={k} into slices of {k / split:g}, not a whole number of "
+                    f"{t.bk}-wide K steps (chunk={config['chunk']})")
+        if t.output_tiles >= target.cores:
+            return (f"split_k={split} buys nothing: the {m}x{n} output already makes {t.output_tiles} blocks of "
+                    f"{t.bm}x{t.bn} for the target's {target.cores} SMs")
+        steps = k // (split * t.bk)
+        if steps < config.get("stages", 1):
+            return (f"split_k={split} leaves {steps} K step(s) of {t.bk} per slice, fewer than the "
+                    f"{config['stages']} pipeline stages")
+        return None
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> tvm.s_tir.Schedule:
         ins, out = get_op(wl.op).compute(wl)
@@ -126,6 +164,9 @@ class CudaGemmTemplate(Template):
             schedule_direct(sch, main, config, wl.layout)
             return sch
         vecs = gemm.operand_vectors(sch.get(main), config["vec"], async_copy=config.get("stages", 1) > 1)
+        if config.get("split_k", 1) > 1:  # the partial-sum GEMM is scheduled below; the reduction kernel here
+            main, write_back = gemm.split_k_rfactor(sch, main, config["split_k"])
+            gemm.schedule_split_k_reduce(sch, write_back)
         gemm.normalize_gemm(sch, main)
         if wl.dtype == "float16":
             gemm.schedule_tensor_core(sch, main, config, vecs)
@@ -144,6 +185,7 @@ class CudaGemmTemplate(Template):
             "stages": config.get("stages", 1),
             "mma_sync": 1.0 if config.get("mma", "wmma") == "mma_sync" else 0.0,
             "raster": config.get("raster", 1),
+            "split_k": config.get("split_k", 1), "workspace_bytes": t.workspace_bytes,
             "blocks": t.blocks, "waves": t.blocks / sms,
             "pad_waste": t.m_pad * t.n_pad * t.k_pad / (m * n * k) - 1.0,
             # FLOPs per byte staged into shared memory per K step
@@ -159,6 +201,14 @@ class CudaMatmul(CudaGemmTemplate):
     name = "cuda.matmul.gemm"
     op_families = ("matmul",)
     block = "matmul"
+
+    def space(self, wl: Workload, target: Target) -> list[Knob]:
+        knobs = super().space(wl, target)
+        return knobs + [SPLIT_K] if wl.dtype == "float16" else knobs
+
+    def default(self, wl: Workload, target: Target) -> dict[str, Any]:
+        cfg = super().default(wl, target)
+        return {**cfg, "split_k": 1} if wl.dtype == "float16" else cfg
 
 
 @register_template
