@@ -11,7 +11,10 @@ Rows: the ResNet-50 layers (fp16, NHWC, batch 32; fc = 256 x 2048 x 1000) and "f
 
 - `wmma`  : our template with `mma = wmma` (the default instructions), tuned `--trials` (else default);
 - `mma`   : our template with `mma = mma_sync` (mma.sync.m16n8k16 + ldmatrix, epilogue in registers),
-            same trial budget, its output checked against numpy before it is timed;
+            same trial budget, its output checked against numpy before it is timed; for the fc row the
+            tuned (or default) config is then timed at every `split_k` (1, 2, 4, 8: K cut into slices on
+            blockIdx.z, a reduction kernel adds them) that check() allows, and the fastest is kept
+            (the row's JSON holds each split_k's time or the reason it was refused);
 - `MS`    : MetaSchedule, `tune_tir` on the op's TE compute with the same trial budget (tensor-core
             rules: `cuda-tensorcore`), in a spawned child process (`--ms-timeout` each);
 - `torch` : PyTorch eager (cuDNN / cuBLAS); fused rows: its three ops conv2d, addcmul (BN folded
@@ -69,7 +72,8 @@ def pinned_mma(value: str):
 
 
 def ours(backend, target, wl, mma: str, trials: int, workers: int, log_dir: str, check: bool) -> dict:
-    """Tune (or take the default of) our template with `mma`, then time it (and check it vs numpy)."""
+    """Tune (or take the default of) our template with `mma` (mma_sync on a matmul: then the best
+    `split_k`, `best_split_k`), then time it (and check it vs numpy)."""
     from opcompiler.ops import get_op
     from opcompiler.verify import compare
     cfg = None
@@ -84,14 +88,48 @@ def ours(backend, target, wl, mma: str, trials: int, workers: int, log_dir: str,
         kernel = backend.build(wl, tmpl_cfg)
     d = get_op(wl.op)
     inputs = d.make_inputs(wl, seed=1)
+    sweep = None
+    if mma == "mma_sync" and d.family == "matmul" and wl.dtype == "float16":
+        kernel, sweep = best_split_k(backend, target, wl, kernel, inputs)
     out: dict = {"config": kernel.config, "registers": kernel.info.get("registers_per_thread"),
                  "spill_bytes": kernel.info.get("spill_bytes")}
+    if sweep is not None:
+        out["split_k_sweep"] = sweep
     if check:
         r = backend.run(kernel, inputs)
         ok, err = compare(r.outputs[0], d.reference(wl, inputs))
         out["max_abs_error"], out["correct"] = float(err), bool(ok)
     out["seconds"] = backend.measure(kernel, inputs).seconds
     return out
+
+
+def best_split_k(backend, target, wl, kernel, inputs) -> tuple:
+    """The small-M GEMM's split_k, on top of the tuned (or default) config: time the config at every
+    `split_k` value check() allows and keep the fastest. Returns (kernel, {split_k: seconds or why not})."""
+    from opcompiler.ops import get_op
+    from opcompiler.template import get_template
+    tmpl = get_template(get_op(wl.op).family, "cuda")
+    knob = next((k for k in tmpl.space(wl, target) if k.name == "split_k"), None)
+    if knob is None:
+        return kernel, {}
+    sweep: dict = {}
+    best, best_s = kernel, None
+    for s in knob.values:
+        cfg = {**kernel.config, "split_k": s}
+        why = tmpl.check(wl, target, cfg)
+        if why is not None:
+            sweep[s] = f"refused: {why}"
+            continue
+        try:
+            k = kernel if s == kernel.config.get("split_k", 1) else backend.build(wl, cfg)
+            secs = backend.measure(k, inputs).seconds
+        except Exception as e:  # noqa: BLE001 - one failing split_k must not lose the column
+            sweep[s] = f"failed: {type(e).__name__}: {str(e)[:200]}"
+            continue
+        sweep[s] = secs
+        if best_s is None or secs < best_s:
+            best, best_s = k, secs
+    return best, sweep
 
 
 # ------------------------------------------------------------------ MetaSchedule, in a child process
@@ -316,6 +354,10 @@ def main(argv: list[str] | None = None) -> int:
         for col in ("wmma", "mma_sync", "ms", "torch", "compile"):
             if "skipped" in row.get(col, {}):
                 print(f"    {col}: {row[col]['skipped']}", flush=True)
+        if row["mma_sync"].get("split_k_sweep"):
+            times = ", ".join(f"{s}: {v * 1e6:.1f} us" if isinstance(v, float) else f"{s}: {v[:60]}"
+                              for s, v in row["mma_sync"]["split_k_sweep"].items())
+            print(f"    mma split_k {row['mma_sync']['config'].get('split_k')} kept ({times})", flush=True)
         rows.append(row)
         if args.json:
             Path(args.json).write_text(json.dumps({"gpu": gpu, "target": target.name, "trials": args.trials,

@@ -244,3 +244,38 @@ def test_split_k_kernels_match_numpy_on_gpu(built, case):
     res = CudaBackend(target).run(k, inputs)
     ok, err = compare(res.outputs[0], d.reference(k.workload, inputs))
     assert ok, f"max abs error {err}"
+
+
+def test_benchmark_tunes_split_k_for_the_fc_row():
+    """`benchmarks/cuda_mma_vs_peers.py` times the fc's mma_sync config at every split_k check() allows
+    and keeps the fastest (here with a stand-in backend and made-up times: no GPU figure)."""
+    import sys
+    from pathlib import Path
+    from types import SimpleNamespace
+    sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "benchmarks"))
+    try:
+        import cuda_mma_vs_peers as bench
+    finally:
+        sys.path.pop(0)
+    tmpl = get_template("matmul", "cuda")
+    wl = workload("matmul", preset="resnet50.fc", batch=256, dtype="float16")  # the benchmark's fc row
+    fake_seconds = {1: 4.0, 2: 3.0, 4: 2.0, 8: 2.5}
+
+    class Backend:
+        def build(self, wl, cfg):
+            return SimpleNamespace(config=tmpl.config(wl, SM90, cfg))
+
+        def measure(self, k, inputs):
+            return SimpleNamespace(seconds=fake_seconds[k.config["split_k"]])
+
+    be = Backend()
+    start = be.build(wl, {"mma": "mma_sync"})
+    assert start.config["split_k"] == 1
+    best, sweep = bench.best_split_k(be, SM90, wl, start, None)
+    assert set(sweep) == {1, 2, 4, 8}
+    allowed = {s for s, v in sweep.items() if isinstance(v, float)}
+    assert 1 in allowed and len(allowed) > 1
+    assert all(v.startswith("refused: ") for s, v in sweep.items() if s not in allowed)
+    assert best.config["split_k"] == min(allowed, key=fake_seconds.get)
+    assert {k: v for k, v in best.config.items() if k != "split_k"} == {k: v for k, v in start.config.items()
+                                                                        if k != "split_k"}
