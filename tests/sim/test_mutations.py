@@ -7,11 +7,15 @@ ascend-sim: cube (MMAD) cost, vector cost, each data path's bandwidth (GM->L1, G
 L1->L0A incl. Load3D, L1->L0B, L0C->UB, UB->GM), the shared HBM bandwidth, the set_flag /
 wait_flag cost, the pipe barrier, the scalar issue cost.
 dsp-sim: DMA engine rate, DDR and GSM bandwidth, per-run cost, the FMAC and vector load/store
-issue slots, the FMAC latency, the cluster barrier."""
+issue slots, the FMAC latency, the cluster barrier; the register-blocked micro-kernels of the
+direct convolution (output- and weight-stationary), the k-split and their epilogue passes
+(slots, latencies, loop exit, register window); the host's share (launch, CPU <-> DSP copies,
+host-side replication)."""
 from __future__ import annotations
 
 import dataclasses
 import functools
+from types import MappingProxyType
 
 import numpy as np
 import pytest
@@ -32,6 +36,8 @@ AFC = afc.clock(AT)
 DT = load_target("dsp-sim")
 DM = dsp_machine(DT)
 DFC = dfc.clock(DT)
+DT_COPY = dataclasses.replace(DT, extra=MappingProxyType({**DT.extra, "data_mode": "copy"}))  # CPU <-> DSP copies
+DM_COPY = dsp_machine(DT_COPY)
 
 # ---------------------------------------------------------------- ascend
 
@@ -173,15 +179,17 @@ GEMM = ("matmul", "m=300,k=260,n=270")
 GCONV = ("conv2d_bn_relu", "n=2,c=6,h=13,w=37,k=6,groups=6,stride=2,pad=1")  # grouped: vector passes
 
 
-def _dsp_fprog(op, shape):
+def _dsp_fprog(op, shape, config=None, mode="shared"):
+    target = DT_COPY if mode == "copy" else DT
     wl = workload(op, shape, dtype="float32")
-    k = get_backend(DT).build(wl)
-    return get_template(get_op(op).family, "dsp").apply(wl, DT, k.config, functional=True), get_op(op).make_inputs(wl)
+    k = get_backend(target).build(wl, dict(config) if config else None)
+    return (get_template(get_op(op).family, "dsp").apply(wl, target, k.config, functional=True),
+            get_op(op).make_inputs(wl))
 
 
 @functools.lru_cache(maxsize=None)
-def _dsp(op, shape):
-    return _dsp_fprog(op, shape)
+def _dsp(op, shape, config=None, mode="shared"):
+    return _dsp_fprog(op, shape, config, mode)
 
 
 def _dsp_clocks(fprog, x, fc=DFC, m=DM):
@@ -288,3 +296,155 @@ def test_dsp_barrier_cost_mutation_is_caught(monkeypatch):
     monkeypatch.setattr(engine, "barrier", slow)
     fun, tim = _dsp_clocks(fprog, x)
     assert fun0 == tim0 and fun == fun0 and tim > tim0
+
+
+# ---------------------------------------------------------------- dsp: micro-kernels, host share
+
+_KS = (("split", "k"), ("w_path", "ddr"), ("out_path", "ddr"), ("order", "out"), ("dbuf", 1), ("cols", 1))
+MK_OUT = ("conv2d_bias_relu", "n=1,c=64,h=14,w=14,k=128,r=3,s=3,pad=1,layout=NHWC", None)  # mk_out + bias, relu
+MK_WS = ("conv2d_bn_add_relu", "n=3,c=13,h=9,w=9,k=64,r=3,s=3,pad=1,layout=NHWC",  # mk_ws + mk_ew epilogue,
+         (("order", "ws"), ("pw", 1), ("dbuf", 0), ("w_path", "host_copies"), ("out_path", "gsm"),
+          ("split", "batch"), ("rows", 4)))  # host-side W replication
+MK_KS = ("matmul_bias_relu", "m=7,k=100,n=65", _KS + (("kv", 2), ("pw", 3), ("rows", 4)))  # k-split: mk_out + mk_ew
+MK_KERNELS = [MK_OUT, MK_WS, MK_KS]
+COPY = ("conv2d", "n=2,c=8,h=9,w=9,k=32,r=3,s=3,pad=1", None, "copy")  # CPU <-> DSP copies
+
+
+def _mk_ops(fprog):
+    """The VPU ops of a program, each of micro-kernel calls only (what this part mutates)."""
+    ops = [op for ops in fprog.cores for op in ops if op.kind == "vpu"]
+    assert ops and all(op.cost is not None and op.cost.calls for op in ops)
+    return ops
+
+
+def _mk_clocks(fprog, fc=DFC):
+    """(functional clock, timing model) of every micro-kernel pass of the program, summed."""
+    ops = _mk_ops(fprog)
+    return sum(fc.call(c) for op in ops for c in op.cost.calls), sum(op.cycles for op in ops)
+
+
+def _whole_clocks(fprog, x, fc=DFC, m=DM):
+    """(functional clock, timing clock) of the same per-core program, whole call (host included)."""
+    return dfc.replay(m, fprog, x, fc)[2].cycles, engine.timing(m, fprog).cycles
+
+
+@pytest.mark.parametrize("kern", MK_KERNELS)
+def test_dsp_micro_kernel_clocks_agree_before_any_mutation(kern):
+    """Every call's cycles on the two accountings (`core.mk_*` and the functional clock's own
+    stream), and the whole call."""
+    fprog, x = _dsp(*kern)
+    calls = {c for op in _mk_ops(fprog) for c in op.cost.calls}
+    assert {c[0] for c in calls} == ({"out"} if kern is MK_OUT else {"ws", "ew"} if kern is MK_WS else {"out", "ew"})
+    mk = {"out": core.mk_out, "ws": core.mk_ws, "ew": core.mk_ew}
+    for c in calls:
+        assert DFC.call(c) == mk[c[0]](DM, *c[1:]).cycles > 0, c
+    fun, tim = _whole_clocks(fprog, x)
+    assert fun == tim > 0
+
+
+MK_CHANGES = [{"slots": {**DFC.slots, "fmac": 1}}, {"slots": {**DFC.slots, "ldst": 1}},
+              {"slots": {**DFC.slots, "sld": 1}}, {"latency": {**DFC.latency, "fmac": 7}},
+              {"latency": {**DFC.latency, "vld": 5}}, {"latency": {**DFC.latency, "valu": 3}},
+              {"branch": DFC.branch + 1}, {"registers": 16}]
+
+
+@pytest.mark.parametrize("kern", MK_KERNELS)
+@pytest.mark.parametrize("change", MK_CHANGES)
+def test_dsp_functional_micro_kernel_mutation_is_caught(change, kern):
+    """A slot, a latency, the loop exit or the register file broken in the functional clock
+    only: the micro-kernel calls it executed no longer cost what the timing model declares."""
+    if kern is MK_KS and (change.get("latency", {}).get("valu") or change.get("slots", {}).get("sld") == 1):
+        # its 3 x 2 block waits on the FMAC latency, not on 3 scalar loads a step; its relu is
+        # one VALU op per vector behind a DMA (both covered by MK_OUT and MK_WS)
+        pytest.skip("not on the k-split block's critical path")
+    fprog, x = _dsp(*kern)
+    fc = dataclasses.replace(DFC, **change)
+    f, t = _mk_clocks(fprog, fc)
+    assert f != t == _mk_clocks(fprog)[1]
+    if kern is not MK_KS:  # the k-split's passes hide behind its DMA
+        fun, tim = _dsp_clocks(fprog, x, fc=fc)
+        assert fun != tim == _dsp_clocks(fprog, x)[1]
+
+
+def _rebuilt_with(monkeypatch, kern, patch):
+    """The kernel's functional program lowered afresh with the timing model's micro-kernel
+    scheduler changed by `patch` (core's memoized costs cleared before and after)."""
+    mks = (core.mk_out, core.mk_ws, core.mk_ew)
+    for f in mks:
+        f.cache_clear()
+    try:
+        with monkeypatch.context() as mp:
+            patch(mp)
+            mp.setattr(vector, "_COST", {})
+            return _dsp_fprog(*kern)[0]
+    finally:
+        for f in mks:
+            f.cache_clear()
+
+
+def _fewer(unit, cap):
+    def patch(mp):
+        orig = core._Sched.__init__
+
+        def init(self, m):
+            orig(self, m)
+            self.caps[unit] = cap
+        mp.setattr(core._Sched, "__init__", init)
+    return patch
+
+
+def _later_exit(mp):
+    orig = core._run
+    mp.setattr(core, "_run", lambda *a, **k: dataclasses.replace(orig(*a, **k), cycles=orig(*a, **k).cycles + 1))
+
+
+@pytest.mark.parametrize("kern", MK_KERNELS)
+@pytest.mark.parametrize("what,patch", [("one FMAC", _fewer("fmac", 1)), ("one load/store slot", _fewer("ldst", 1)),
+                                        ("a cycle more per call", _later_exit)])
+def test_dsp_timing_micro_kernel_mutation_is_caught(monkeypatch, kern, what, patch):
+    """The timing model's micro-kernel costs (`core.mk_*`) broken, the program lowered again:
+    its declared VPU cycles move, the functional clock's (from the calls it executed) do not."""
+    fprog0, x = _dsp(*kern)
+    fun0, tim0 = _dsp_clocks(fprog0, x)
+    fprog = _rebuilt_with(monkeypatch, kern, patch)
+    assert [c for op in _mk_ops(fprog) for c in op.cost.calls] == [c for op in _mk_ops(fprog0) for c in op.cost.calls]
+    f, t = _mk_clocks(fprog)
+    assert f == _mk_clocks(fprog0)[0] == _mk_clocks(fprog0)[1] and t != f
+    fun, tim = _dsp_clocks(fprog, x)
+    assert fun0 == tim0 and fun == fun0 and (tim != fun or kern is MK_KS)  # the k-split's passes hide behind its DMA
+    assert _dsp_clocks(_dsp_fprog(*kern)[0], x) == (fun0, tim0)  # nothing of the mutation is left
+
+
+@pytest.mark.parametrize("kern,m", [(MK_OUT, DM), (MK_WS, DM), (COPY, DM_COPY)])
+def test_dsp_host_clocks_agree_before_any_mutation(kern, m):
+    fprog, x = _dsp(*kern)
+    steps = {what.split(" ")[0] for what, _, _ in fprog.host_pre + fprog.host_post}
+    assert steps == ({"launch"} if kern is MK_OUT else {"launch", "replicate"} if kern is MK_WS else {"launch", "copy"})
+    assert all(DFC.host(what, b) == cyc for what, cyc, b in fprog.host_pre + fprog.host_post)
+    fun, tim = _whole_clocks(fprog, x, m=m)
+    assert fun == tim and fun - _dsp_clocks(fprog, x, m=m)[0] == sum(c for _, c, _ in fprog.host_pre + fprog.host_post)
+
+
+@pytest.mark.parametrize("step,kern,m", [("launch", MK_OUT, DM), ("replicate", MK_WS, DM), ("copy", COPY, DM_COPY)])
+def test_dsp_timing_host_mutation_is_caught(step, kern, m):
+    """The host step's cycles the timing side declares (what a wrong host figure of the timing
+    model's machine gives) one cycle off: the functional clock, from the target's figures and
+    the bytes the step moves, does not follow."""
+    fprog, x = _dsp(*kern)
+    wrong = dataclasses.replace(fprog, **{part: [(w, c + 1 if w.startswith(step) else c, b) for w, c, b in getattr(fprog, part)]
+                                          for part in ("host_pre", "host_post")})
+    fun, tim = _whole_clocks(wrong, x, m=m)
+    assert fun == _whole_clocks(fprog, x, m=m)[0] and tim != fun
+
+
+@pytest.mark.parametrize("change,kern,m", [({"launch": DFC.launch + 1}, MK_OUT, DM),
+                                           ({"host_overhead": DFC.host_overhead + 1}, MK_WS, DM),
+                                           ({"host_overhead": DFC.host_overhead + 1}, COPY, DM_COPY),
+                                           ({"host_bpc": DFC.host_bpc * 0.9}, COPY, DM_COPY),
+                                           ({"replicate_bpc": DFC.host_bpc * 2}, MK_WS, DM)])
+def test_dsp_functional_host_mutation_is_caught(change, kern, m):
+    """The launch, a copy's start-up and rate, a replication's own rate: broken in the
+    functional clock only."""
+    fprog, x = _dsp(*kern)
+    fun, tim = _whole_clocks(fprog, x, dataclasses.replace(DFC, **change), m=m)
+    assert fun != tim == _whole_clocks(fprog, x, m=m)[1]

@@ -15,7 +15,7 @@ the (periodic) loop is skipped and accounted for exactly.
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
+from dataclasses import dataclass, field, replace
 from functools import lru_cache
 from typing import Callable
 
@@ -35,6 +35,8 @@ class MkCost:
     vldst: int  # AM <-> register vector loads and stores
     slds: int  # SM scalar loads (broadcast)
     valu: int
+    # what was called, one (kind, shape) per call: the functional clock (`fclock`) costs these
+    calls: tuple = field(default=(), compare=False, repr=False)
 
 
 class _Sched:
@@ -174,7 +176,7 @@ def mk_out(m: DspMachine, pw: int, kv: int, steps: int, epi: tuple[str, ...] = (
                 ins.append(("ldst", None, (("acc", p, v),), m.vld_latency))
         return ins
 
-    return _run(m, pro, body, steps, epilogue, depth)
+    return replace(_run(m, pro, body, steps, epilogue, depth), calls=(("out", pw, kv, steps, epi),))
 
 
 @lru_cache(maxsize=4096)
@@ -204,7 +206,7 @@ def mk_ws(m: DspMachine, npix: int, kv: int, r: int, s: int, wo: int, rmw: bool)
         ins += [("ldst", None, (("acc", i, v),), m.vld_latency) for v in range(kv)]
         return ins
 
-    return _run(m, pro, body, npix, lambda _: [], depth, period=wo)
+    return replace(_run(m, pro, body, npix, lambda _: [], depth, period=wo), calls=(("ws", npix, kv, r, s, wo, rmw),))
 
 
 @lru_cache(maxsize=4096)
@@ -226,10 +228,10 @@ def mk_ew(m: DspMachine, nvec: int, n_in: int, fm: int, va: int, params: int) ->
         ins.append(("ldst", None, prev, m.vld_latency))
         return ins
 
-    return _run(m, pro, body, nvec, lambda _: [], depth)
+    return replace(_run(m, pro, body, nvec, lambda _: [], depth), calls=(("ew", nvec, n_in, fm, va, params),))
 
 
 def sum_costs(costs: list[tuple[MkCost, int]]) -> MkCost:
     return MkCost(cycles=sum(c.cycles * k for c, k in costs), fmas=sum(c.fmas * k for c, k in costs),
                   vldst=sum(c.vldst * k for c, k in costs), slds=sum(c.slds * k for c, k in costs),
-                  valu=sum(c.valu * k for c, k in costs))
+                  valu=sum(c.valu * k for c, k in costs), calls=tuple(x for c, k in costs for x in c.calls * k))

@@ -16,15 +16,23 @@ functional replay here times what it *executes*, with nothing of that path:
   list-scheduled here cycle by cycle on the issue slots with the units' latencies, the
   register dependencies and the register window, with every iteration issued (no
   steady-state skip);
+* a register-blocked micro-kernel call of the direct convolution (output- or
+  weight-stationary), the k-split or an epilogue pass (`core.mk_out`, `mk_ws`, `mk_ew`: their
+  functional bodies evaluate the TIR block, not an instruction stream) costs the instruction
+  stream of its block, issued here from its kind and shape (`MkCost.calls`, recorded per
+  call: pixels x vectors of the register block, the K loop's trip count, the epilogue): the
+  weight-vector loads, scalar broadcasts, FMACs, epilogue and stores of every iteration, on
+  the same slots and latencies, with the register window of what the block holds;
+* the host's share (launch, CPU <-> DSP copies, host-side replication) costs the target's host
+  figures (`extra.launch_overhead_us`, `host_copy_gbps`, ...) for what each step is and the
+  bytes it moves;
 * dependencies and the cluster's order come from `opcompiler.sim.trace` over the per-core op
   lists as executed (one list per core: no repeat blocks, no core groups), never the
   scoreboard.
 
-Two things are not re-derived and are taken as the program declares them, so the clocks
-share them: the register-blocked micro-kernels of the direct convolution, the GEMM and the
-k-split (`core.mk_out` and friends: their functional bodies evaluate the TIR block, not an
-instruction stream, so there is nothing executed to time) and zero fills; and the host's
-share (launch, CPU <-> DSP copies). The buffer tags a dependency is on are the program's.
+Still shared, taken as the program declares them: the cycles of a zero fill (padding halos,
+an empty k-split part's zero tile), the shapes of the micro-kernel calls (what the lowering
+found each call to be), and the buffer tags a dependency is on.
 
 The clocks agree exactly on the same per-core program (`engine.timing` of the functional
 program); the timing program's core groups make the reported timing cycles differ from this
@@ -67,6 +75,23 @@ class DspClock:
     latency: dict  # unit -> cycles until its result is ready
     registers: int
     branch: int
+    # the host's share (cycles of the cluster clock): a call's launch, a CPU <-> DSP copy (start-up
+    # + bytes at the host copy rate), a host-side replication (its own rate, else a copy's)
+    launch: int
+    host_bpc: float
+    host_overhead: int
+    replicate_bpc: float  # 0: a copy's rate and start-up
+    replicate_overhead: int
+
+    def host(self, what: str, nbytes: int) -> int:
+        """Cycles of one host-side step of a call, by what it does and the bytes it moves."""
+        if what == "launch":
+            return self.launch
+        if what.startswith("replicate") and self.replicate_bpc:
+            return int(self.replicate_overhead + nbytes / self.replicate_bpc)
+        if what.startswith(("copy", "replicate")):
+            return int(self.host_overhead + nbytes / self.host_bpc)
+        raise ValueError(f"the functional clock has no cost for the host step {what!r}")
 
     def dma(self, src: str, dst: str, nbytes: int, nruns: int) -> tuple[int, int, int]:
         """(engine cycles, DDR channel cycles, GSM channel cycles) of one executed transfer."""
@@ -153,6 +178,143 @@ class DspClock:
         return end + self.branch
 
 
+    # -- register-blocked micro-kernels ----------------------------------------------------------
+    # One call of the direct convolution's, the k-split's or an epilogue's innermost block, by
+    # its kind and shape (what `core` recorded of each call it costed, `MkCost.calls`):
+    #   ("out", pw, kv, steps, epi)  pw pixels x kv output-channel vectors accumulated in registers
+    #                                over `steps` reduction steps (the K loop), then the epilogue
+    #   ("ws", npix, kv, r, s, wo, rmw)  one input channel's r x s x kv weights held in registers,
+    #                                swept over npix pixels (rows of wo), partial sums in AM
+    #   ("ew", nvec, n_in, fm, va, params)  nvec vectors: n_in loads, fm FMAC and va vector-ALU
+    #                                ops chained, one store, `params` vectors held
+    # Each is issued here as the instruction stream that block executes, every iteration of its
+    # loop in order (no steady-state skip), on this clock's slots and latencies.
+
+    def call(self, sig: tuple) -> int:
+        """Cycles of one micro-kernel call."""
+        got = _CALLS.get((self, sig))
+        if got is None:
+            kind = sig[0]
+            if kind not in ("out", "ws", "ew"):
+                raise ValueError(f"the functional clock has no micro-kernel {kind!r}")
+            got = _CALLS[(self, sig)] = getattr(self, "_mk_" + kind)(*sig[1:])
+        return got
+
+    def _ld(self, dst) -> tuple:
+        return ("ldst", dst, (), self.latency["vld"])
+
+    def _st(self, src) -> tuple:
+        return ("ldst", None, (src,), self.latency["vld"])
+
+    def _fma(self, dst, *srcs) -> tuple:
+        return ("fmac", dst, srcs, self.latency["fmac"])
+
+    def _window(self, held: int, per_iteration: int) -> int:
+        """Iterations in flight: the registers not held across the loop over those one iteration
+        takes."""
+        return max(1, (self.registers - held) // max(per_iteration, 1))
+
+    def _mk_out(self, pw: int, kv: int, steps: int, epi: tuple) -> int:
+        params = [(name, v) for e in epi for v in range(kv) for name in _EPI_PARAMS[e]]
+        window = self._window(pw * kv + len(params), kv + pw)
+        accs = [("acc", p, v) for p in range(pw) for v in range(kv)]
+        sld = self.latency["sld"]
+
+        def body(_: int) -> list:
+            ins = [self._ld(("w", v)) for v in range(kv)]
+            ins += [("sld", ("x", p), (), sld) for p in range(pw)]
+            ins += [self._fma(a, ("w", a[2]), ("x", a[1]), a) for a in accs]
+            return ins
+        tail: list = []
+        for a in accs:
+            v = a[2]
+            for e in epi:
+                if e == "bias":
+                    tail.append(self._fma(a, a, ("bias", v)))
+                elif e == "bn":
+                    tail.append(self._fma(a, a, ("scale", v), ("shift", v)))
+                elif e == "res":  # the residual's vector of this pixel, loaded and added
+                    tail += [self._ld(("res", a)), self._fma(a, a, ("res", a))]
+                elif e == "relu":
+                    tail.append(("valu", a, (a,), self.latency["valu"]))
+                else:
+                    raise ValueError(f"the functional clock has no epilogue {e!r}")
+            tail.append(self._st(a))
+        return self._loop([self._ld(r) for r in params], body, steps, tail, window)
+
+    def _mk_ws(self, npix: int, kv: int, r: int, s: int, wo: int, rmw: bool) -> int:
+        # held: the r*s*kv weights and the s-1 columns of r scalars reused along a row;
+        # per pixel: its kv partial sums and one new column of r scalars
+        window = self._window(r * s * kv + (s - 1) * r, kv + r)
+        sld = self.latency["sld"]
+
+        def body(i: int) -> list:
+            row, col = divmod(i, wo)
+            acc = [("acc", i, v) for v in range(kv)]
+            ins = [self._ld(a) for a in acc] if rmw else []
+            new = range(s) if col == 0 else (s - 1,)  # a row starts with all s columns
+            ins += [("sld", ("x", row, col + c, y), (), sld) for c in new for y in range(r)]
+            ins += [self._fma(acc[v], ("w", y, c, v), ("x", row, col + c, y), acc[v])
+                    for y in range(r) for c in range(s) for v in range(kv)]
+            return ins + [self._st(a) for a in acc]
+        pro = [self._ld(("w", y, c, v)) for y in range(r) for c in range(s) for v in range(kv)]
+        return self._loop(pro, body, npix, [], window)
+
+    def _mk_ew(self, nvec: int, n_in: int, fm: int, va: int, params: int) -> int:
+        window = self._window(params, n_in + 1)
+        ps = tuple(("p", j) for j in range(params))
+
+        def body(i: int) -> list:
+            xs = tuple(("x", i, j) for j in range(n_in))
+            ins = [self._ld(x) for x in xs]
+            y, prev = ("y", i), xs
+            for _ in range(fm):
+                ins.append(self._fma(y, *prev, *ps))
+                prev = (y,)
+            for _ in range(va):
+                ins.append(("valu", y, prev, self.latency["valu"]))
+                prev = (y,)
+            return ins + [("ldst", None, prev, self.latency["vld"])]
+        return self._loop([self._ld(p) for p in ps], body, nvec, [], window)
+
+    def _loop(self, pro: list, body, n: int, tail: list, window: int) -> int:
+        """Issue the prologue, then the n iterations of `body` in order (an iteration may not
+        issue before the last issue of the iteration `window` earlier), then the tail after the
+        last iteration's last issue; each instruction at the first cycle its registers are
+        ready and its unit has a free slot. Cycles: the last result ready, then the loop exit."""
+        used = {u: {} for u in self.slots}
+        nxt = {u: {} for u in self.slots}
+        ready: dict = {}
+        end = 0
+
+        def issue(ins: tuple, gate: int) -> int:
+            nonlocal end
+            unit, dst, srcs, lat = ins
+            t = gate
+            for r in srcs:
+                if ready.get(r, 0) > t:
+                    t = ready[r]
+            t = _free(nxt[unit], t)
+            k = used[unit].get(t, 0) + 1
+            used[unit][t] = k
+            if k >= self.slots[unit]:
+                nxt[unit][t] = t + 1
+            if dst is not None:
+                ready[dst] = t + lat
+            end = max(end, t + lat)
+            return t
+        for ins in pro:
+            issue(ins, 0)
+        lasts: list[int] = []
+        for i in range(n):
+            gate = lasts[i - window] if i >= window else 0
+            lasts.append(max((issue(ins, gate) for ins in body(i)), default=0))
+        gate = lasts[-1] if lasts else 0
+        for ins in tail:
+            issue(ins, gate)
+        return end + self.branch
+
+
 def _free(nxt: dict, t: int) -> int:
     """The first cycle >= t not marked full, shortening the chain it followed."""
     path = []
@@ -175,6 +337,9 @@ def _signature(n: vx.Nest) -> tuple:
 
 
 _NESTS: dict[tuple, int] = {}
+_CALLS: dict[tuple, int] = {}
+# the parameter vectors each epilogue stage holds in registers, per output-channel vector
+_EPI_PARAMS = {"bias": ("bias",), "bn": ("scale", "shift"), "res": (), "relu": ()}
 
 
 def runs(src: View, dst: View) -> int:
@@ -207,6 +372,9 @@ def _read(target: Target) -> DspClock:
     vpe, dma = target.unit("vpe"), target.unit("dma")
     mem = {lv.name: lv for lv in target.memories}
     hz = target.clock_ghz * 1e9
+    ex = target.extra
+    cyc = lambda us: int(float(us) * 1e-6 * hz)  # noqa: E731  (microseconds of the host, in cycles)
+    bpc = lambda gbps: float(gbps) * 1e9 / hz  # noqa: E731
     return DspClock(
         dma_bpc=float(dma["bytes_per_cycle"]), dma_startup=int(dma["startup_cycles"]),
         dma_per_run=int(dma.get("row_cycles", 0)),
@@ -216,7 +384,11 @@ def _read(target: Target) -> DspClock:
                "sld": int(vpe["scalar_loads_per_cycle"]), "valu": int(vpe.get("valu_per_cycle", 1))},
         latency={"fmac": int(vpe["fmac_latency"]), "valu": int(vpe.get("valu_latency", 2)),
                  "vld": max(1, mem["AM"].latency_cycles), "sld": max(1, mem["SM"].latency_cycles)},
-        registers=int(vpe["registers"]), branch=int(vpe.get("branch_latency", 7)))
+        registers=int(vpe["registers"]), branch=int(vpe.get("branch_latency", 7)),
+        launch=cyc(ex.get("launch_overhead_us", 0.0)),
+        host_bpc=bpc(ex.get("host_copy_gbps", 1.0)), host_overhead=cyc(ex.get("host_copy_overhead_us", 0.0)),
+        replicate_bpc=bpc(ex["host_replicate_gbps"]) if "host_replicate_gbps" in ex else 0.0,
+        replicate_overhead=cyc(ex.get("host_replicate_overhead_us", 0.0)))
 
 
 _BOUND: dict[int, tuple[object, DspClock]] = {}
@@ -281,7 +453,7 @@ def replay(m, prog: Program, inputs: Sequence[np.ndarray], fc: DspClock | None =
         for e in entries:
             tr.record(c, Event(BARRIER) if e is None else _event(fc, *e))
     acc = tr.account()
-    host = sum(cyc for _, cyc, _ in prog.host_pre) + sum(cyc for _, cyc, _ in prog.host_post)
+    host = sum(fc.host(what, nbytes) for what, _, nbytes in prog.host_pre + prog.host_post)
     busy = dict(acc.busy)
     busy["host"] = host
     t = Timing(cycles=int(acc.cycles + host), host_cycles=int(host), busy=busy,
@@ -295,5 +467,10 @@ def _event(fc: DspClock, op, kernels: list) -> Event:
         src, dst = op.views
         eng, ddr, gsm = fc.dma(src.level, dst.level, src.size * F32, runs(src, dst))
         return Event(WORK, op.pipe, reads, writes, eng, (("ddr", ddr), ("gsm", gsm)), fc.dma_startup)
-    cyc = sum(fc.kernel(k) for k in kernels) if kernels else op.cycles  # see the module docstring
+    if kernels:  # VPU passes of vector instructions, as executed
+        cyc = sum(fc.kernel(k) for k in kernels)
+    elif op.cost is not None and op.cost.calls:  # register-blocked micro-kernel calls
+        cyc = sum(fc.call(c) for c in op.cost.calls)
+    else:  # zero fills: see the module docstring
+        cyc = op.cycles
     return Event(WORK, op.pipe, reads, writes, cyc)
