@@ -15,13 +15,17 @@ Then one of two schedules tiles it:
   multi-buffered and filled with `cp.async` (predicated zero-fill for the padded im2col gather)
   `stages - 1` steps ahead of the WMMA work. The epilogue (cast, bias, bn, relu, add) is fused
   into the shared -> global store.
+- split-K (`split_k_rfactor`, `schedule_split_k_reduce`; matmul, fp16, mma.sync): K cut into
+  slices by rfactor, the slices' fp32 partial sums computed as a batch over blockIdx.z into a
+  global workspace, then a second kernel adds them and applies the epilogue (no atomics).
 - `schedule_simt` (fp32): classic CUDA-core tiling: `threads_y x threads_x` threads each
   computing a `micro_y x micro_x` register tile, A and B staged through shared memory
   `micro_k` at a time, epilogue fused into the register -> global store.
 
 Resource figures (threads, shared bytes, registers) are computed here from the knobs so the
 templates' `check()` can reject a config before it is built; `measured_shared_bytes` reads
-the same figure back from the lowered kernel so tests can hold the two together.
+the same figure back from the lowered kernel so tests can hold the two together
+(`measured_workspace_bytes` and `launch_extents` the split-K workspace and grid).
 """
 from __future__ import annotations
 
