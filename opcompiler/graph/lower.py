@@ -19,9 +19,6 @@ from ..ops import fold_bn
 from .importer import Graph, Node
 
 F32_MAX = float(np.finfo(np.float32).max)
-SUPPORTED = ("Conv", "BatchNormalization", "Relu", "Add", "Sum", "Mul", "Gemm", "MatMul", "MaxPool", "AveragePool",
-             "GlobalAveragePool", "Flatten", "Reshape", "Squeeze", "Unsqueeze", "Softmax", "Clip", "Concat",
-             "Sigmoid", "HardSigmoid", "HardSwish", "Transpose", "Slice", "ReduceMean", "ReduceSum", "ReduceMax", "LRN", "Identity", "Dropout", "Constant", "ConstantOfShape")
 # element-wise prims and their ew_chain step name (how they join a fused element-wise chain)
 EW_STEP = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn"}
 
@@ -597,21 +594,15 @@ def _hard_sigmoid(ctx: _Ctx, node: Node) -> None:
              node.outputs[0], node)
 
 
-def _hard_swish(ctx: _Ctx, node: Node) -> None:
-    """x * HardSigmoid(x) with alpha 1/6, beta 0.5: two element-wise kernels (fusable)."""
-    x = _runtime(ctx, node, node.inputs[0], "input")
-    shape = ctx.shape(x)
-    hs = ctx.emit("ew_chain", {**ew_params(shape), "chain": f"affine:{1 / 6!r}:0.5;clip:0.0:1.0"}, (x,),
-                  f"{node.outputs[0]}:hsig", node, shape)
-    ctx.emit("ew_chain", {**ew_params(shape), "chain": "mul"}, (hs, x), node.outputs[0], node, shape)
-
-
+# The one table of supported ONNX ops: each op's lowering. Constant and ConstantOfShape never reach
+# it: the importer folds every constant subgraph (`importer.py`).
 _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "Conv": _conv, "BatchNormalization": _batch_norm, "Relu": _relu, "Add": _add, "Sum": _sum, "Mul": _mul,
     "Gemm": _gemm, "MatMul": _matmul, "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
-    "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Identity": _view,
-    "Squeeze": _view, "Unsqueeze": _view, "Dropout": _dropout,
+    "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Squeeze": _view, "Unsqueeze": _view,
     "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _hard_swish, "Transpose": _transpose, "Slice": _slice, "LRN": _lrn,
-    "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"),
+    "HardSigmoid": _hard_sigmoid, "HardSwish": _chain("hardswish"), "Transpose": _transpose, "Slice": _slice,
+    "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "LRN": _lrn,
+    "Identity": _view, "Dropout": _dropout,
 }
+SUPPORTED = (*_LOWER, "Constant", "ConstantOfShape")  # what `lower` takes, as its error message lists it

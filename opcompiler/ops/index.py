@@ -4,8 +4,8 @@ preset kinds and dtypes, without importing TVM. The CLI checks an op name, `--sh
 seconds), so a typo is answered at once, and `opcompiler ops` lists it.
 
 It is generated from the catalogue (`python -m opcompiler.ops.make_index` rewrites the part between
-the markers) and carries the SHA-256 of `catalogue.py` it was made from: when that file has
-changed since (`current()` is False), every user of the index falls back to the catalogue
+the markers) and carries the SHA-256 of the catalogue's files (`catalogue/*.py`) it was made from:
+when one has changed since (`current()` is False), every user of the index falls back to the catalogue
 itself, so a stale index only ever costs time, never an answer. `tests/foundation/test_cli_fast.py`
 checks that it is current."""
 from __future__ import annotations
@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = '7eaf82ee7b70a72a7f38335abe0ad2b107bb1ce12cf92deb7eba800345d30c88'
+CATALOGUE_SHA256 = 'cf1958bc3e779dee8f51f9be58480aaadc8a2a8d6de7599c71b03e63e9cf2282'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),
@@ -68,6 +68,8 @@ OPS: dict[str, OpInfo] = {
         _CONV, 'conv', _F),
     'ew_chain': OpInfo('elemwise', "element-wise chain in one kernel: chain='bn;relu', 'sigmoid', 'mul;clip:0:6', ...",
         {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'chain': 'sigmoid'}, '', _F),
+    'hardswish': OpInfo('elemwise', 'HardSwish: x * relu6(x + 3) / 6 (MobileNetV3), one kernel',
+        _EW, '', _F),
     'matmul': OpInfo('matmul', 'C = A @ B (transpose flags; fully connected)',
         _MM, 'matmul', _C),
     'matmul_bias': OpInfo('matmul', 'fused matmul + bias, no activation (fully connected layer)',
@@ -96,10 +98,18 @@ OPS: dict[str, OpInfo] = {
 # END GENERATED
 
 
+def catalogue_digest() -> str:
+    """The SHA-256 of the catalogue's source files (`catalogue/*.py`, by name, with their names)."""
+    h = hashlib.sha256()
+    for p in sorted((Path(__file__).parent / "catalogue").glob("*.py")):
+        h.update(p.name.encode() + b"\0" + p.read_bytes() + b"\0")
+    return h.hexdigest()
+
+
 @lru_cache(maxsize=1)
 def current() -> bool:
     """Whether the index was generated from the catalogue as it is now."""
     try:
-        return hashlib.sha256((Path(__file__).parent / "catalogue.py").read_bytes()).hexdigest() == CATALOGUE_SHA256
+        return catalogue_digest() == CATALOGUE_SHA256
     except OSError:
         return False

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..errors import OpcError
 from ..workload import Workload
+from .steps import Chain, parse_chain
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -36,6 +37,15 @@ class OpDef:
     unfused_fn: Callable[[Workload], list[Step]] | None = None
     preset_kind: str = ""  # which presets apply: conv | matmul | ""
     fusion: str = ""  # fusion pattern name when this op is a fusion
+    # element-wise ops: the op as a chain of steps (`opcompiler.ops.steps`), its text or a function of
+    # the workload giving it ("bn;relu"); the simulators' element-wise templates lower any op that has one
+    chain: str | Callable[[Workload], str] = ""
+
+    def steps(self, wl: Workload) -> Chain | None:
+        """The op's chain of element-wise steps, parsed ([(step, args)]); None when it is no chain."""
+        if not self.chain:
+            return None
+        return parse_chain(self.chain(wl) if callable(self.chain) else self.chain)
 
     def compute(self, wl: Workload) -> tuple[list, Any]:
         """(input placeholders, output tensor) as one TE graph."""

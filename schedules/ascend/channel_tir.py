@@ -33,6 +33,7 @@ from functools import lru_cache
 from typing import Mapping
 
 from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
+from opcompiler.ops.steps import CHAN, FULL, apply_te, operand_kinds, parse_chain
 from opcompiler.workload import Workload
 
 C0 = 16
@@ -61,9 +62,9 @@ def _prim_func(key: str, chain: str):
     dt = wl.dtype
     planes, hw, c1 = geometry(wl)
     shape = (planes, hw, C0)
-    steps = [(nm, tuple(float(a) for a in args)) for nm, *args in (it.split(":") for it in chain.split(";") if it)]
-    n_full = sum(nm in ("add", "mul") for nm, _ in steps)  # same-shape operands
-    n_chan = sum({"bias": 1, "scale": 1, "bn": 2}.get(nm, 0) for nm, _ in steps)  # per-channel operands
+    steps = parse_chain(chain)
+    kinds = operand_kinds(steps)
+    n_full, n_chan = kinds.count(FULL), kinds.count(CHAN)  # same-shape, per-channel operands
     xs = [te.placeholder(shape, dt, name=f"x{i}") for i in range(1 + n_full)]
     ps = [te.placeholder((c1, C0), dt, name=f"p{i}") for i in range(n_chan)]
     fulls, chans = iter(xs[1:]), iter(ps)
@@ -71,27 +72,10 @@ def _prim_func(key: str, chain: str):
     def row(p):  # the parameter row of each pixel's channel block
         return te.compute(shape, lambda b, r, c: p[b % c1, c], name=f"{p.op.name}_view")
 
-    x = xs[0]
-    for nm, args in steps:
-        if nm == "relu":
-            x = dsl.vrelu(x)
-        elif nm == "sigmoid":
-            x = dsl.vrec(dsl.vadds(dsl.vexp(dsl.vmuls(x, -1.0)), 1.0))
-        elif nm == "clip":
-            x = dsl.vmax(dsl.vmin(x, dsl.broadcast(args[1], shape, dt)), dsl.broadcast(args[0], shape, dt))
-        elif nm == "affine":
-            x = dsl.vadds(dsl.vmuls(x, args[0]), args[1])
-        elif nm == "pow":
-            x = dsl.vexp(dsl.vmuls(dsl.vlog(x), args[0]))
-        elif nm in ("add", "mul"):
-            x = (dsl.vadd if nm == "add" else dsl.vmul)(x, next(fulls))
-        elif nm in ("bias", "scale"):
-            x = (dsl.vadd if nm == "bias" else dsl.vmul)(x, row(next(chans)))
-        elif nm == "bn":
-            x = dsl.vmul(x, row(next(chans)))
-            x = dsl.vadd(x, row(next(chans)))
-        else:
-            raise ValueError(f"unknown step {nm}")
+    def take(kind: str):  # a per-channel operand's row view is made when its step reads it
+        return next(fulls) if kind == FULL else row(next(chans))
+
+    x = apply_te(dsl, steps, xs[0], take, shape, dt, eager=False)  # the steps: opcompiler.ops.steps
     return te.create_prim_func([*xs, *ps, x])
 
 

@@ -32,6 +32,7 @@ import numpy as np
 from opcompiler.backend.ascend.builder import Plan, ceil_div
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
+from opcompiler.ops.steps import STEPS, chain_temps, chain_text
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
@@ -41,46 +42,37 @@ from .common import AscendTemplate, core_values, from_5hd, machine, per_channel,
 MOVE_TIR = ("slice", "pad", "transpose", "concat")  # the data-movement ops on the TVM route
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 C0 = 16
-# how many extra operands each step reads: "full" (same shape as x) or "chan" (one per channel)
-STEP_OPERANDS = {"relu": (), "sigmoid": (), "clip": (), "affine": (), "pow": (), "add": ("full",), "mul": ("full",), "bias": ("chan",),
-                 "scale": ("chan",), "bn": ("chan", "chan")}
 
 
 def _steps(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
-    """The op as a chain of vector steps over x (the same vocabulary as the ew_chain op)."""
-    op = wl.op
-    fixed = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn", "bn_relu": "bn;relu",
-             "add_relu": "bias;relu" if wl.p.get("bcast") else "add;relu"}
-    if op == "ew_chain":
-        text = str(wl["chain"])
-    elif op in fixed:
-        text = fixed[op]
-    else:
-        raise OpcError(f"no ascend vector template for {op}", arg="op", value=op,
-                       expected="relu, add, add_relu, bias_add, batch_norm, bn_relu, ew_chain or concat")
-    out = []
-    for item in filter(None, text.split(";")):
-        name, *args = item.split(":")
-        if name not in STEP_OPERANDS:
-            raise OpcError(f"unknown element-wise step {name!r}", arg="chain", value=text,
-                           expected=", ".join(STEP_OPERANDS))
-        out.append((name, tuple(float(a) for a in args)))
-    return out
+    """The op as a chain of vector steps over x, as the catalogue declares it (`OpDef.chain`; the
+    steps and the operands each reads: `opcompiler.ops.steps.STEPS`)."""
+    steps = get_op(wl.op).steps(wl)
+    if steps is None:
+        raise OpcError(f"no ascend vector template for {wl.op}", arg="op", value=wl.op,
+                       expected="an op with a chain in the catalogue (relu, bn_relu, ew_chain, ...), "
+                                "concat, pad, slice or transpose")
+    return steps
 
 
 def _kind(wl: Workload) -> str:
     if wl.op in ("concat", "pad", "transpose", "slice"):
         return wl.op
     steps = _steps(wl)
-    return "channel" if any("chan" in STEP_OPERANDS[n] for n, _ in steps) else "flat"
+    return "channel" if any("chan" in STEPS[n].operands for n, _ in steps) else "flat"
 
 
 def _n_full(wl: Workload) -> int:
-    return 0 if wl.op in ("concat", "pad", "transpose", "slice") else sum(STEP_OPERANDS[n].count("full") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad", "transpose", "slice") else sum(STEPS[n].operands.count("full") for n, _ in _steps(wl))
 
 
 def _n_chan(wl: Workload) -> int:
-    return 0 if wl.op in ("concat", "pad", "transpose", "slice") else sum(STEP_OPERANDS[n].count("chan") for n, _ in _steps(wl))
+    return 0 if wl.op in ("concat", "pad", "transpose", "slice") else sum(STEPS[n].operands.count("chan") for n, _ in _steps(wl))
+
+
+def _n_temps(wl: Workload) -> int:
+    """Tiles a step holds beside x's (hardswish keeps x until its last multiply)."""
+    return 0 if wl.op in ("concat", "pad", "transpose", "slice") else chain_temps(_steps(wl))
 
 
 def _shape(wl: Workload) -> tuple[int, int, int, int]:
@@ -110,7 +102,7 @@ class AscendElemwise(AscendTemplate):
         c1 = ceil_div(wl.p.get("c", 1), C0)
         out = [("UB", f"param{i}", c1 * C0 * isz) for i in range(_n_chan(wl))]
         for s in range(slots):
-            out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(1 + _n_full(wl))]
+            out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(1 + _n_full(wl) + _n_temps(wl))]
         return out
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
@@ -184,7 +176,7 @@ class AscendElemwise(AscendTemplate):
         from .channel_tir import channel_schedule
 
         steps = _steps(wl)
-        chain = ";".join(":".join((nm, *map(repr, args))) for nm, args in steps)
+        chain = chain_text(steps)
         vk = emit_insn.lower(channel_schedule(wl, chain, cfg))
         n, c, h, w = _shape(wl)
         c1, hw = ceil_div(c, C0), h * w
@@ -194,7 +186,7 @@ class AscendElemwise(AscendTemplate):
         def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
             fulls, chans, rest = [], [], iter(inputs[1:])
             for name, _ in steps:  # operands come in step order
-                for what in STEP_OPERANDS[name]:
+                for what in STEPS[name].operands:
                     (fulls if what == "full" else chans).append(next(rest))
             gm = {f"x{i}": to_5hd(a, layout, C0).reshape(gm_shape) for i, a in enumerate([inputs[0], *fulls])}
             for i, a in enumerate(chans):

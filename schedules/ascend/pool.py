@@ -32,7 +32,7 @@ import numpy as np
 
 from opcompiler.backend.ascend.builder import Plan, ceil_div
 from opcompiler.ops import get_op
-from opcompiler.ops.catalogue import _pool_out
+from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
@@ -59,7 +59,7 @@ def _rows():
 
 
 def _geo(wl: Workload):
-    ho, wo = _pool_out(wl)
+    ho, wo = pool_out_hw(wl)
     k, s, p = wl["kernel"], wl["stride"], wl["pad"]
     wp = max(wl["w"] + 2 * p, (wo - 1) * s + k)
     return ho, wo, k, s, p, wp
@@ -76,7 +76,7 @@ class AscendPool(AscendTemplate):
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         if (rw := row_workload(wl)) is not None:
             return _rows().space(rw, target)
-        ho = _pool_out(wl)[0]
+        ho = pool_out_hw(wl)[0]
         rows = tuple(v for v in ROW_TILES if v < ho) + (min(v for v in ROW_TILES if v >= ho) if ho <= 64 else 64,)
         return [Knob("oh_tile", tuple(dict.fromkeys(rows)), "output rows per UB tile"),
                 Knob("double_buffer", (1, 0), "ping-pong UB tiles"),
@@ -129,7 +129,7 @@ class AscendPool(AscendTemplate):
                                  "layout_change": "NCHW/NHWC -> (N*C, H*W) rows on the host"})
         m = machine(target)
         n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
-        ho, wo = _pool_out(wl)
+        ho, wo = pool_out_hw(wl)
         c1 = ceil_div(c, C0)
         vk = emit_insn.lower(pool_schedule(wl, cfg))
         layout = wl.layout

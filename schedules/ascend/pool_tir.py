@@ -31,7 +31,7 @@ from functools import lru_cache
 import numpy as np
 
 from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
-from opcompiler.ops.catalogue import _pool_out
+from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.workload import Workload
 
 C0 = 16
@@ -41,7 +41,7 @@ _WL: dict[str, Workload] = {}
 def count_table(wl: Workload) -> np.ndarray:
     """(Ho, Wo, 16): the number of in-image taps of each output pixel's window (avg's divisor,
     padding excluded, as the op defines it)."""
-    ho, wo = _pool_out(wl)
+    ho, wo = pool_out_hw(wl)
     k, s, p = wl["kernel"], wl["stride"], wl["pad"]
     oy, ox = np.arange(ho) * s - p, np.arange(wo) * s - p
     cy = np.minimum(oy + k, wl["h"]) - np.maximum(oy, 0)
@@ -63,7 +63,7 @@ def _prim_func(key: str):
     if wl["mode"] != "avg":
         return te.create_prim_func([x, y])
     total = y.op.input_tensors[0]  # the window sum; the op divides it by the in-image tap count
-    ho, wo = _pool_out(wl)
+    ho, wo = pool_out_hw(wl)
     cnt = te.placeholder((ho, wo, C0), wl.dtype, name="count")
     y = te.compute(total.shape, lambda b, i, j, c: total[b, i, j, c] / cnt[i, j, c], name="pool2d_avg")
     return te.create_prim_func([x, cnt, y])

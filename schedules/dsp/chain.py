@@ -1,9 +1,9 @@
 """dsp-sim template for element-wise ops: a chain of steps in one kernel, on the VPU.
 
-relu, add, add_relu, bias_add, batch_norm and bn_relu are fixed chains (`chain_of`); ew_chain
-spells its chain out (steps: `opcompiler.ops.catalogue._chain_apply`: relu, sigmoid, clip:LO:HI,
-affine:A:B, pow:P (x > 0), add / mul with a full-shape operand, bias / scale / bn with
-per-channel operands).
+Any op that declares a `chain` in the catalogue runs here (`chain_of`): relu, add, add_relu,
+bias_add, batch_norm, bn_relu, hardswish are fixed chains, ew_chain spells its chain out (the steps:
+`opcompiler.ops.steps`: relu, sigmoid, clip:LO:HI, affine:A:B, pow:P (x > 0), hardswish, add / mul
+with a full-shape operand, bias / scale / bn with per-channel operands).
 
 The kernel is a TVM schedule of the op's own TE compute (`chain_tir.py`), lowered by the DSP
 backend (`opcompiler.backend.dsp.tir_vector`): the stored expression becomes vector instructions
@@ -27,7 +27,8 @@ from typing import Any, Mapping
 from opcompiler.backend.dsp.machine import DspMachine, machine
 from opcompiler.backend.dsp.program import F32, Program
 from opcompiler.errors import OpcError
-from opcompiler.ops.catalogue import _CHAIN_EXTRA, _chain_steps
+from opcompiler.ops import get_op
+from opcompiler.ops.steps import operand_kinds
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
@@ -37,23 +38,16 @@ from .common import require_fp32
 from .stream import cdiv, cores_knob, group_key, share
 
 TILES = (1024, 2048, 4096, 8192, 16384, 32768)
-# the family's single-step ops as chains over the same inputs (x, then each step's operands)
-FIXED_CHAINS = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn", "bn_relu": "bn;relu"}
 
 
 def chain_of(wl: Workload) -> list[tuple[str, tuple[float, ...]]]:
-    """The op as a step chain: ew_chain spells it out; relu, add, add_relu, bias_add,
-    batch_norm and bn_relu are fixed chains (add_relu with a per-channel y is bias;relu)."""
-    if wl.op == "ew_chain":
-        return _chain_steps(wl)
-    if wl.op == "add_relu":
-        text = "bias;relu" if wl.p.get("bcast") else "add;relu"
-    elif wl.op in FIXED_CHAINS:
-        text = FIXED_CHAINS[wl.op]
-    else:
+    """The op as a step chain, as the catalogue declares it (`OpDef.chain`: ew_chain spells it
+    out, bn_relu is bn;relu, add_relu with a per-channel y is bias;relu, ...)."""
+    steps = get_op(wl.op).steps(wl)
+    if steps is None:
         raise OpcError(f"no dsp element-wise chain for {wl.op}", arg="op", value=wl.op,
-                       expected="ew_chain, " + ", ".join(FIXED_CHAINS) + " or add_relu")
-    return [(name, ()) for name in text.split(";")]
+                       expected="an op with a chain in the catalogue (ew_chain, relu, bn_relu, ...)")
+    return steps
 
 
 class _Geo:
@@ -64,7 +58,7 @@ class _Geo:
         self.total = self.n * self.c * self.hw
         self.steps = chain_of(wl)
         self.batch = cfg.get("split", "items") == "batch"
-        kinds = [k for name, _ in self.steps for k in _CHAIN_EXTRA[name]]
+        kinds = operand_kinds(self.steps)
         self.nfull, self.nchan = kinds.count("full"), kinds.count("chan")
         self.L = L = m.lanes
         self.mode = "flat" if not self.nchan else ("plane" if wl.layout == "NCHW" else "pixel")

@@ -15,11 +15,12 @@ from typing import Any, Mapping
 
 from opcompiler.backend.dsp.program import Program
 from opcompiler.errors import OpcError
+from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
 
-from .chain import FIXED_CHAINS, DspChain
+from .chain import DspChain
 from .common import require_fp32
 from .concat import DspConcat
 from .pad import DspPad
@@ -27,17 +28,19 @@ from .slice import DspSlice
 from .transpose import DspTranspose
 
 _CHAIN = DspChain()
-# one template is registered per family; these carry the family's ops
-DELEGATE: dict[str, Template] = {**{op: _CHAIN for op in (*FIXED_CHAINS, "add_relu", "ew_chain")},
-                                 "concat": DspConcat(), "pad": DspPad(), "slice": DspSlice(),
+# one template is registered per family; these carry the family's data movements, and every op
+# with a chain in the catalogue (`OpDef.chain`) runs as a chain
+DELEGATE: dict[str, Template] = {"concat": DspConcat(), "pad": DspPad(), "slice": DspSlice(),
                                  "transpose": DspTranspose()}
 
 
 def _of(wl: Workload) -> Template:
-    if wl.op not in DELEGATE:
-        raise OpcError(f"no dsp element-wise lowering for {wl.op}", arg="op", value=wl.op,
-                       expected=", ".join(DELEGATE))
-    return DELEGATE[wl.op]
+    if wl.op in DELEGATE:
+        return DELEGATE[wl.op]
+    if get_op(wl.op).chain:
+        return _CHAIN
+    raise OpcError(f"no dsp element-wise lowering for {wl.op}", arg="op", value=wl.op,
+                   expected="an op with a chain in the catalogue, or " + ", ".join(DELEGATE))
 
 
 @register_template

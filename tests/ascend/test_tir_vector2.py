@@ -24,7 +24,7 @@ from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, spl
 from opcompiler.backend.ascend.isa import Buf, DataMove, Vec, VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
-from opcompiler.ops.catalogue import _pool_out
+from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.schedules.ascend.common import from_5hd, machine, to_5hd
 from opcompiler.schedules.ascend.pool import AscendPool
 from opcompiler.schedules.ascend.pool_tir import count_table
@@ -55,7 +55,7 @@ def tik_pool_plan(wl, target, cfg) -> Plan:
     m = machine(target)
     dt = wl.dtype
     n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
-    ho, wo = _pool_out(wl)
+    ho, wo = pool_out_hw(wl)
     k, s, p = wl["kernel"], wl["stride"], wl["pad"]
     wp = max(w + 2 * p, (wo - 1) * s + k)
     c1 = ceil_div(c, C0)
@@ -169,7 +169,7 @@ def test_pool_parity_with_tik_emission(backend, shape, mode, dtype):
         assert compare(run.outputs[0], ref)[0], cfg
         assert run.cycles == timing.cycles, cfg
         assert tik_fun == tik_time
-        same = _aligned(wl) and _pool_out(wl)[0] % cfg["oh_tile"] == 0 and not (
+        same = _aligned(wl) and pool_out_hw(wl)[0] % cfg["oh_tile"] == 0 and not (
             dtype == "float32" and wl["stride"] == 1)
         if same:
             assert run.cycles == tik_fun, (cfg, run.cycles, tik_fun)

@@ -26,7 +26,8 @@ from opcompiler.backend.ascend.isa import DataMove, Vec, VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 from opcompiler.schedules.ascend.common import channel_op, from_5hd, machine, per_channel, to_5hd
-from opcompiler.schedules.ascend.elemwise import STEP_OPERANDS, AscendElemwise, _steps
+from opcompiler.ops.steps import STEPS
+from opcompiler.schedules.ascend.elemwise import AscendElemwise, _steps
 from opcompiler.verify import compare
 
 C0 = 16
@@ -77,8 +78,8 @@ def tik_channel_plan(wl, target, cfg) -> Plan:
     n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
     slots = 2 if cfg["double_buffer"] else 1
     tile = cfg["ub_tile"]
-    n_full = sum(STEP_OPERANDS[nm].count("full") for nm, _ in steps)
-    n_chan = sum(STEP_OPERANDS[nm].count("chan") for nm, _ in steps)
+    n_full = sum(STEPS[nm].operands.count("full") for nm, _ in steps)
+    n_chan = sum(STEPS[nm].operands.count("chan") for nm, _ in steps)
     c1, hw = ceil_div(c, C0), h * w
     rows_per_tile = max(1, tile // C0)
     units = [(p, r, min(rows_per_tile, hw - r)) for p in range(n * c1) for r in range(0, hw, rows_per_tile)]
@@ -111,7 +112,7 @@ def tik_channel_plan(wl, target, cfg) -> Plan:
     def pack(inputs):
         fulls, chans, rest = [], [], iter(inputs[1:])
         for name, _ in steps:
-            for what in STEP_OPERANDS[name]:
+            for what in STEPS[name].operands:
                 (fulls if what == "full" else chans).append(next(rest))
         gm = {f"x{i}": to_5hd(a, layout, C0).reshape(gm_shape) for i, a in enumerate([inputs[0], *fulls])}
         for i, a in enumerate(chans):

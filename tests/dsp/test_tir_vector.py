@@ -13,7 +13,7 @@ from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import F32, Allocator, View, dma_op
 from opcompiler.errors import OpcFailure
 from opcompiler.ops import get_op, workload
-from opcompiler.ops.catalogue import _CHAIN_EXTRA
+from opcompiler.ops.steps import STEPS
 from opcompiler.schedules.dsp.chain import DspChain, _Geo
 from opcompiler.schedules.dsp.stream import cdiv, group_key, stream, vpu_op
 from opcompiler.target import load_target
@@ -66,7 +66,7 @@ def _retired_program(wl, config, functional=False):
     g = _Geo(M, wl, config)
     specs = op.inputs(wl)
     names = [nm for nm, _, _ in specs]
-    kinds = ["x"] + [k for name, _ in g.steps for k in _CHAIN_EXTRA[name]]
+    kinds = ["x"] + [k for name, _ in g.steps for k in STEPS[name].operands]
     fulls = [nm for nm, k in zip(names, kinds) if k == "full"]
     chans = [nm for nm, k in zip(names, kinds) if k == "chan"]
     shares = g.shares(int(config.get("cores", M.cores)), M.cores)
