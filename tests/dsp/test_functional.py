@@ -104,7 +104,11 @@ KSPLIT = {"split": "k", "w_path": "ddr", "out_path": "ddr", "pw": 1, "rows": 1}
 def test_reduction_split_across_cores_through_gsm(be, op, shape):
     k, res = _check(be, op, KSPLIT, shape=shape)
     assert res.metrics["bytes_by_level"]["GSM"] > 0  # the partials went through GSM
-    assert be.measure(k).cycles == res.cycles
+    timed = be.measure(k)  # run reports the timing clock, and beside it the functional replay's own:
+    assert res.cycles == timed.cycles  # equal without core groups, else within 15 % of the device cycles
+    fun = res.metrics["functional_cycles"]  # (identical cores timed as one group, tests/sim/test_crosscheck.py)
+    assert fun == timed.cycles if max(k.artifact["program"].multiplicity) == 1 else \
+        abs(fun - timed.cycles) <= 0.15 * timed.metrics["dsp_cycles"], (fun, timed.cycles)
 
 
 def test_reduction_split_helps_a_single_row(be):

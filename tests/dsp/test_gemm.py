@@ -74,8 +74,11 @@ CASES = [
 def test_gemm_matches_numpy(op: str, shape: str, cfg) -> None:
     kernel, res = _run(op, shape, cfg)
     assert kernel.config["algo"] == "gemm"
-    timed = BE.measure(kernel)
-    assert timed.cycles == res.cycles
+    timed = BE.measure(kernel)  # run reports the timing clock, and beside it the functional replay's own:
+    assert res.cycles == timed.cycles  # equal without core groups, else within 15 % of the device cycles
+    fun = res.metrics["functional_cycles"]  # (identical cores timed as one group, tests/sim/test_crosscheck.py)
+    assert fun == timed.cycles if max(kernel.artifact["program"].multiplicity) == 1 else \
+        abs(fun - timed.cycles) <= 0.15 * timed.metrics["dsp_cycles"], (fun, timed.cycles)
     assert res.metrics["functional_counters"] == timed.metrics["counters"]
     assert res.metrics["counters"]["fmas"] > 0
 

@@ -82,7 +82,11 @@ def test_split_k_odd_shapes(t, op, shape, knobs):
     res = be.run(k, xs)
     ref = d.reference(wl, xs)
     np.testing.assert_allclose(res.outputs[0], ref, rtol=1e-5, atol=1e-6 * float(np.abs(ref).max()))
-    assert res.cycles == be.measure(k).cycles
+    timed = be.measure(k)  # run reports the timing clock, and beside it the functional replay's own:
+    assert res.cycles == timed.cycles  # equal without core groups, else within 15 % of the device cycles
+    fun = res.metrics["functional_cycles"]  # (identical cores timed as one group, tests/sim/test_crosscheck.py)
+    assert fun == timed.cycles if max(k.artifact["program"].multiplicity) == 1 else \
+        abs(fun - timed.cycles) <= 0.15 * timed.metrics["dsp_cycles"], (fun, timed.cycles)
 
 
 def test_the_lowered_program_is_what_runs(t):

@@ -45,7 +45,11 @@ def test_tir_program_matches_numpy(t, op, shape, knobs):
     ok, why = compare(res.outputs[0], d.reference(wl, xs))
     assert ok, why
     # timing program and functional run: same cycles as measure, same issued work
-    assert res.cycles == be.measure(k).cycles
+    timed = be.measure(k)  # run reports the timing clock, and beside it the functional replay's own:
+    assert res.cycles == timed.cycles  # equal without core groups, else within 15 % of the device cycles
+    fun = res.metrics["functional_cycles"]  # (identical cores timed as one group, tests/sim/test_crosscheck.py)
+    assert fun == timed.cycles if max(k.artifact["program"].multiplicity) == 1 else \
+        abs(fun - timed.cycles) <= 0.15 * timed.metrics["dsp_cycles"], (fun, timed.cycles)
     fc, tc = res.metrics["functional_counters"], res.metrics["counters"]
     assert fc == tc
 
@@ -126,7 +130,11 @@ def test_every_knob_value_lowers(t, op, shape, knobs):
     res = be.run(k, xs)
     ok, why = compare(res.outputs[0], d.reference(wl, xs))
     assert ok, why
-    assert res.cycles == be.measure(k).cycles
+    timed = be.measure(k)  # run reports the timing clock, and beside it the functional replay's own:
+    assert res.cycles == timed.cycles  # equal without core groups, else within 15 % of the device cycles
+    fun = res.metrics["functional_cycles"]  # (identical cores timed as one group, tests/sim/test_crosscheck.py)
+    assert fun == timed.cycles if max(k.artifact["program"].multiplicity) == 1 else \
+        abs(fun - timed.cycles) <= 0.15 * timed.metrics["dsp_cycles"], (fun, timed.cycles)
     assert res.metrics["functional_counters"] == res.metrics["counters"]
 
 
@@ -180,7 +188,11 @@ def test_fc_tir_program_matches_numpy(t, op, shape, knobs):
     xs = d.make_inputs(wl, 1)
     res = be.run(k, xs)
     assert compare(res.outputs[0], d.reference(wl, xs))[0]
-    assert res.cycles == be.measure(k).cycles
+    timed = be.measure(k)  # run reports the timing clock, and beside it the functional replay's own:
+    assert res.cycles == timed.cycles  # equal without core groups, else within 15 % of the device cycles
+    fun = res.metrics["functional_cycles"]  # (identical cores timed as one group, tests/sim/test_crosscheck.py)
+    assert fun == timed.cycles if max(k.artifact["program"].multiplicity) == 1 else \
+        abs(fun - timed.cycles) <= 0.15 * timed.metrics["dsp_cycles"], (fun, timed.cycles)
     assert res.metrics["counters"] == res.metrics["functional_counters"]
 
 

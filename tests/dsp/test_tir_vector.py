@@ -188,7 +188,11 @@ def test_matches_numpy_through_the_backend(op, shape, mode):
     ok, err = compare(res.outputs[0], d.reference(wl, xs))
     assert ok, err
     # functional mode: the same cycles and the same issued work as the timing program
-    assert res.cycles == be.measure(k).cycles
+    timed = be.measure(k)  # run reports the timing clock, and beside it the functional replay's own:
+    assert res.cycles == timed.cycles  # equal without core groups, else within 15 % of the device cycles
+    fun = res.metrics["functional_cycles"]  # (identical cores timed as one group, tests/sim/test_crosscheck.py)
+    assert fun == timed.cycles if max(k.artifact["program"].multiplicity) == 1 else \
+        abs(fun - timed.cycles) <= 0.15 * timed.metrics["dsp_cycles"], (fun, timed.cycles)
     assert res.metrics["functional_counters"] == res.metrics["counters"]
 
 
