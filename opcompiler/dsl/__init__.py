@@ -5,7 +5,7 @@ that any schedule template can lower. Names follow TBE so a TBE user feels at ho
 
     from opcompiler import dsl
     from opcompiler.dsl import util
-    from opcompiler.fusion import fusion_manager
+    from opcompiler.ops.fusion import fusion_manager
 
     @fusion_manager.register("fuse_add_relu")
     def fuse_add_relu_compute(input_x, input_y, output_z, kernel_name="fuse_add_relu"):

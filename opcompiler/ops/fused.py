@@ -1,7 +1,7 @@
 """Built-in fusion patterns, written in the DSL as a TBE user writes them.
 
 `@fused(name, ops=...)` stands where a user writes `@fused(name, ops=...)`:
-it collects the pattern in `BUILTIN`, which `opcompiler.fusion`'s manager registers on first
+it collects the pattern in `BUILTIN`, which `opcompiler.ops.fusion`'s manager registers on first
 use (the manager imports this module, so this module does not import the manager).
 """
 from __future__ import annotations

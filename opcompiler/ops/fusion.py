@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Callable
 
-from .errors import OpcError
+from ..errors import OpcError
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -65,7 +65,7 @@ class FusionManager:
         if self._builtins_loaded:
             return
         self._builtins_loaded = True  # before registering: an unregistered built-in stays unregistered
-        from .ops.fused import BUILTIN
+        from .fused import BUILTIN
         for name, ops, fn in BUILTIN:
             self._add(FusionPattern(name=name, compute=fn, ops=ops))
 

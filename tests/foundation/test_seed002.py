@@ -7,7 +7,7 @@ from tvm import te
 
 from opcompiler import dsl
 from opcompiler.dsl import util
-from opcompiler.fusion import fusion_manager
+from opcompiler.ops.fusion import fusion_manager
 
 
 def test_seed002_fuse_add_relu_line_for_line():

@@ -5,7 +5,7 @@ import numpy as np
 
 from ... import dsl
 from ...errors import OpcError
-from ...fusion import fusion_manager
+from ..fusion import fusion_manager
 from ...workload import Workload
 from .. import reference as ref
 from ..registry import OpDef, Step, register_op

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 
 from ... import dsl
-from ...fusion import fusion_manager
+from ..fusion import fusion_manager
 from ...workload import Workload
 from ..registry import OpDef, Step, register_op
 from ..steps import STEPS, Chain, apply_np, apply_te, chain_flops, parse_chain
