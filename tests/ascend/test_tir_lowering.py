@@ -50,6 +50,12 @@ RETIRED = {("matmul_bias_relu", "m=600,k=64,n=300"): 15270, ("matmul", "m=96,k=7
            ("conv2d", "n=1,c=64,h=12,w=12,k=64,r=3,s=3,pad=1"): 4256,
            ("conv2d_bias_relu", "n=2,c=13,h=9,w=9,k=200,r=3,s=3,pad=1,stride=2,layout=NHWC"): 3764,
            ("conv2d_bn_relu", "n=1,c=32,h=30,w=30,k=120,r=3,s=3,pad=1"): 12329}
+# the one route's cycles on the chunk / NHWC / epilogue configs below
+# (recorded from the simulator at a6ee0bc, guards regressions)
+NOW = {("conv2d", "n=1,c=64,h=12,w=12,k=64,r=3,s=3,pad=1"): 4256,
+       ("conv2d_bias_relu", "n=2,c=13,h=9,w=9,k=200,r=3,s=3,pad=1,stride=2,layout=NHWC"): 3596,
+       ("conv2d_bn_relu", "n=1,c=32,h=30,w=30,k=120,r=3,s=3,pad=1"): 11925,
+       ("matmul_bias_relu", "m=600,k=64,n=300"): 15104}
 
 
 def _route(op: str, cfg: dict, lowering: str) -> dict:
@@ -120,7 +126,8 @@ def test_chunks_resident_weights_nhwc_and_epilogue_groups(pinned_backend, op, sh
     res = backend.run(kern, inputs)
     assert compare(res.outputs[0], get_op(op).reference(wl, inputs))[0]
     assert res.cycles == backend.measure(kern).cycles
-    assert res.cycles <= RETIRED[(op, shape)]
+    assert res.cycles <= RETIRED[(op, shape)]  # a relation: no slower than the retired emitter
+    assert res.cycles == NOW[(op, shape)], res.cycles
 
 
 @pytest.mark.parametrize("op,params,cfg", [

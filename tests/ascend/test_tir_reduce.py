@@ -313,8 +313,15 @@ ONE_ELEMENT = [("softmax", "float16", 8, 1, 2, 1, 2, 1984), ("softmax", "float32
                ("reduce_sum", "float16", 1024, 1, 64, 1, 32, 2676), ("reduce_max", "float16", 7, 1, 2, 1, 4, 1448)]
 
 
+# their cycles now (recorded from the simulator at a6ee0bc, guards regressions)
+ONE_ELEMENT_NOW = {("softmax", "float16", 8, 1): 1848, ("softmax", "float32", 6, 1): 1788,
+                   ("reduce_sum", "float16", 1024, 1): 2676, ("reduce_max", "float16", 7, 1): 1448}
+
+
 @pytest.mark.parametrize("case", ONE_ELEMENT, ids=lambda c: "-".join(map(str, c[:4])))
 def test_one_element_rows_no_slower_than_the_retired_emitter(tgt, case):
     op, dt, m, n, rt, db, bd, retired = case
     be = get_backend(tgt)
-    assert be.measure(be.build(_wl(op, dt, m, n), _cfg(rt, db, bd))).cycles <= retired
+    cyc = be.measure(be.build(_wl(op, dt, m, n), _cfg(rt, db, bd))).cycles
+    assert cyc <= retired  # a relation: no slower than the retired emitter
+    assert cyc == ONE_ELEMENT_NOW[case[:4]], cyc

@@ -217,7 +217,7 @@ def test_pinned_cycles_and_numpy(op, shape, cfg, cycles):
     wl = workload(op, shape, dtype="float32")
     k = BE.build(wl, cfg)
     assert k.info["lowering"] == "tir"
-    assert BE.measure(k).metrics["dsp_cycles"] <= cycles
+    assert BE.measure(k).metrics["dsp_cycles"] == cycles  # the retired emitter's (afeecc6), equal at a6ee0bc
     xs = get_op(op).make_inputs(wl, 1)
     res = BE.run(k, xs)
     assert _close(res.outputs[0], get_op(op).reference(wl, xs))
