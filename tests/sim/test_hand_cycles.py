@@ -16,6 +16,8 @@ cluster, held from the transfer's start + 300 for ceil(bytes / rate) cycles; VPU
 load/store slots (latency 4), 3 FMACs (latency 6), 1 vector ALU (latency 2), loop exit 7."""
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 
@@ -23,13 +25,15 @@ from opcompiler.backend.ascend.builder import KernelBuilder
 from opcompiler.backend.ascend.isa import Memory as AscMemory, VOp
 from opcompiler.backend.ascend.machine import Machine
 from opcompiler.backend.ascend.scheduler import replay, schedule
-from opcompiler.backend.dsp import engine, fclock as dfc, vector as vx
+from opcompiler.backend.dsp import core, engine, fclock as dfc, vector as vx
+from opcompiler.backend.dsp.assemble import host_ops
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.backend.dsp.program import Op, Program, View, dma_op
 from opcompiler.target import load_target
 
 AM = Machine.from_target(load_target("ascend-sim"))
 DM = dsp_machine(load_target("dsp-sim"))
+DFC = dfc.clock(load_target("dsp-sim"))
 
 
 def _asc_both(prog) -> tuple[int, int]:
@@ -141,6 +145,29 @@ def test_ascend_epilogue():
     assert _asc_both(kb.finish()) == (1278, 1278)
 
 
+def test_ascend_two_transfers_queue_on_one_pipe():
+    """Two 16 KiB GM -> UB transfers of two tensors, no dependence between them: the first as in
+    test_ascend_one_dma, 1002-1351; the second is issued at 1004 but MTE2 moves one transfer at
+    a time: 1351 + 349 = 1700."""
+    kb = KernelBuilder(AM, 0, 1)
+    x = kb.gm("x", (8192,), "float16")
+    z = kb.gm("z", (8192,), "float16")
+    u = kb.alloc("UB", "u", (8192,), "float16")
+    w = kb.alloc("UB", "w", (8192,), "float16")
+    kb.data_move(u, (slice(None),), x, (slice(None),))
+    kb.data_move(w, (slice(None),), z, (slice(None),))
+    assert _asc_both(kb.finish(gm_inputs=("x", "z"))) == (1700, 1700)
+
+
+def test_ascend_one_vector_op():
+    """ReLU over 8192 fp16 in UB: 128 lanes a repeat, 64 repeats: 16 + 64 = 80 cycles on V,
+    issued at 1002: 1082."""
+    kb = KernelBuilder(AM, 0, 1)
+    u = kb.alloc("UB", "u", (8192,), "float16")
+    kb.vec("relu", VOp(u), (VOp(u),), 8192)
+    assert _asc_both(kb.finish()) == (1082, 1082)
+
+
 # ---------------------------------------------------------------- dsp
 
 
@@ -235,3 +262,43 @@ def test_dsp_epilogue():
         (), ("o",))
     assert op.cycles == 23
     assert _dsp_both(_prog([[op]], {"x": (4,)})) == (23, 23)
+
+
+def _mk_pass(sig: tuple) -> Op:
+    """A VPU pass of one register-blocked micro-kernel call, as a lowering emits it."""
+    c = {"out": core.mk_out, "ws": core.mk_ws, "ew": core.mk_ew}[sig[0]](DM, *sig[1:])
+    return Op("vpu", "vpu", cycles=c.cycles, cost=c, fn=lambda mem: 1)
+
+
+def test_dsp_register_block_call():
+    """One output-stationary register block (`core.mk_out`; the functional clock issues the
+    same block itself) over 50 reduction steps. 1 pixel x 1 vector: each step loads a weight
+    vector and broadcasts an input scalar (ready 4 after issue), the FMA into the one
+    accumulator waits for the previous one (6): step i's FMA at 4 + 6i, the last ready at
+    4 + 6 * 49 + 6 = 304; the store at 304 is done at 308; loop exit 7: 315.
+    With bias + ReLU: the bias vector is loaded before the loop; after the last FMA the bias
+    add (FMAC) at 304 ready 310, the max (vector ALU) ready 312, the store done 316: 323.
+    2 pixels x 3 vectors: 3 weight loads take cycles 0, 0, 1 (two load/store slots), so the six
+    FMAs of a step issue at 4, 4, 5, 4, 5, 5 (three FMACs) + 6i; the last ready at 305; the six
+    stores take two a cycle from each accumulator's ready time: 304, 304, 305, 305, 306, 306,
+    done 310: 317."""
+    for sig, want in [(("out", 1, 1, 50, ()), 315), (("out", 1, 1, 50, ("bias", "relu")), 323),
+                      (("out", 2, 3, 50, ()), 317)]:
+        op = _mk_pass(sig)
+        assert (op.cycles, DFC.call(sig)) == (want, want), sig
+    assert _dsp_both(_prog([[_mk_pass(("out", 1, 1, 50, ()))]], {"x": (4,)})) == (315, 315)
+
+
+def test_dsp_host_share():
+    """The host's share of a copy-mode call: launch 650 us x 1.8 GHz = 1,170,000; a CPU <-> DSP
+    copy costs 100 us (179,999: the product 179,999.99... truncated) + bytes at 1.4 GB/s /
+    1.8 GHz = 0.7778 B/cycle: 5184 B in, int(179,999 + 6,665.14) = 186,664; 4096 B out,
+    int(179,999 + 5,266.29) = 185,265. The device part here is one 566-cycle DMA."""
+    m = dataclasses.replace(DM, data_mode="copy")
+    pre, post = host_ops(m, [("x", 5184)], [("out", 4096)], [])
+    assert [c for _, c, _ in pre + post] == [1170000, 186664, 185265]
+    assert [DFC.host(w, b) for w, _, b in pre + post] == [1170000, 186664, 185265]
+    prog = _prog([[_load(("DDR", "x"), 1024, 0, "a")]], {"x": (1024,)})
+    prog.host_pre, prog.host_post = pre, post
+    want = 566 + 1170000 + 186664 + 185265
+    assert engine.timing(m, prog).cycles == dfc.replay(m, prog, [])[2].cycles == want
