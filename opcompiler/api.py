@@ -1,10 +1,14 @@
-"""The Python entry points behind the CLI: resolve, build, run, verify, report."""
+"""The Python entry points behind the CLI: resolve, build, run, verify, report.
+
+Importing this module loads every shipped template (`opcompiler.schedules`), as the CLI does,
+so whatever a user imported before, every template is there."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 import numpy as np
 
+from . import schedules  # noqa: F401  (registers every shipped template in the core's registry)
 from .backend import Kernel, RunResult, get_backend
 from .config import choose, parse_config
 from .errors import OpcFailure
@@ -19,12 +23,6 @@ def resolve_config(wl: Workload, target: Target, config: Any) -> dict[str, Any] 
     """`best` -> the best verified record's knobs (None, the template default, when there is none);
     other specs pass through to the backend's `build`, which resolves and checks them."""
     return choose(wl, target, config).spec
-
-
-def resolve_config_source(wl: Workload, target: Target, config: Any) -> tuple[dict[str, Any] | None, str]:
-    """(config, where it came from): `best` reads the user's records, then the shipped ones."""
-    c = choose(wl, target, config)
-    return c.spec, c.source
 
 
 def build(wl: Workload, target: Target, config: Any = None) -> Kernel:

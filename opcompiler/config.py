@@ -17,9 +17,11 @@ from pathlib import Path
 from typing import Any, Mapping
 
 from .errors import OpcError
+from .records import Record, find_best
 from .target import Target
-from .template_base import Config, Template
-from .workload import Workload
+from .template import get_template
+from .template_base import Config, Knob, Template
+from .workload import Workload, catalogue
 
 ConfigSpec = Mapping[str, Any] | str | None
 NAMES = ("default", "paper", "best", "measured")
@@ -41,7 +43,7 @@ class Choice:
 
     spec: ConfigSpec  # None (template default), a name the template knows ("paper") or knobs
     source: str  # for reports and manifests: "template default", "best verified record (...)", "given"
-    record: Any = None  # the tuning record (`tune.records.Record`) when the knobs came from one
+    record: Record | None = None  # the tuning record when the knobs came from one
     inherited_from: str = ""  # a fused op's anchor op ("conv2d") when the record is the anchor's
 
     @property
@@ -78,7 +80,6 @@ def choose(wl: Workload, target: Target, spec: ConfigSpec) -> Choice:
     if spec is None or spec == "default":
         return Choice(spec=None, source="template default")
     if spec == "best":
-        from .tune.records import find_best
         found = find_best(wl, target)
         if found is None:
             return inherited(wl, target) or Choice(spec=None,
@@ -115,10 +116,7 @@ def beyond_machine(wl: Workload, target: Target) -> None:
     """Refuse, in one line and before anything is scheduled, a workload whose inputs and output do
     not fit the target's off-chip memory (its largest bounded level shared by every core: the 910's
     32 GB HBM; the host's RAM for a target whose memory the model leaves unbounded)."""
-    from .ops import get_op
-
-    op = get_op(wl.op)
-    shape_bytes = op.bytes(wl)
+    shape_bytes = catalogue().get_op(wl.op).bytes(wl)
     offchip = [m for m in target.memories if m.shared]
     cap = max((m.capacity_bytes for m in offchip), default=0)
     where = max(offchip, key=lambda m: m.capacity_bytes).name if cap else "host memory"
@@ -137,15 +135,14 @@ def beyond_machine(wl: Workload, target: Target) -> None:
 def anchor(wl: Workload) -> Workload | None:
     """The workload a fused op is built around: its first unfused step when that op has the same
     template family (conv2d_bn_relu -> conv2d, matmul_bias_relu -> matmul), else None."""
-    from .ops import get_op, workload
-
-    op = get_op(wl.op)
+    ops = catalogue()
+    op = ops.get_op(wl.op)
     if op.unfused_fn is None:
         return None
     first = op.unfused(wl)[0]
-    if first.op == wl.op or get_op(first.op).family != op.family:
+    if first.op == wl.op or ops.get_op(first.op).family != op.family:
         return None
-    return workload(first.op, dict(first.params), dtype=wl.dtype)
+    return ops.workload(first.op, dict(first.params), dtype=wl.dtype)
 
 
 def inherited(wl: Workload, target: Target) -> Choice | None:
@@ -155,15 +152,11 @@ def inherited(wl: Workload, target: Target) -> Choice | None:
     base = anchor(wl)
     if base is None:
         return None
-    from .ops import get_op
-    from .template import get_template
-    from .tune.records import find_best
-
     found = find_best(base, target)
     if found is None:
         return None
     try:
-        tmpl = get_template(get_op(wl.op).family, target.family)
+        tmpl = get_template(catalogue().get_op(wl.op).family, target.family)
         cfg = tmpl.config(wl, target, found.record.config)
     except OpcError:
         return None
@@ -182,10 +175,8 @@ def _shrink(tmpl: Template, wl: Workload, target: Target, cfg: Config, budget: i
     """The nearest config that fits, stepping numeric knobs down one value at a time (fewest steps
     first): what an anchor's record becomes when the fused op's epilogue needs more room
     (registers, UB). None when nothing within `budget` checks fits."""
-    from .template_base import Knob
-
     knobs: list[Knob] = [k for k in tmpl.space(wl, target)
-                         if k.tunable and all(isinstance(v, int) and not isinstance(v, bool) for v in k.values)]
+                         if all(isinstance(v, int) and not isinstance(v, bool) for v in k.values)]
     frontier, seen = [dict(cfg)], {json.dumps(cfg, sort_keys=True)}
     while frontier and budget > 0:
         nxt = []

@@ -1,33 +1,49 @@
-"""Schedule templates: look one up by (op family, target family), with every shipped template loaded.
+"""Schedule templates: look one up by (op family, target family) in the registry the core owns.
 
 The interface a template implements (`Template`, `Knob`, `register_template`) lives in
-`opcompiler.template_base` and is re-exported here; this module adds the lookups, which
-import `opcompiler.schedules` (every family's templates) first, so the registry is complete
-whatever the user imported before (no import side effect to know about).
+`opcompiler.template_base` and is re-exported here; this module adds the lookups. The registry
+is filled from above: the shipped templates register themselves when `opcompiler.schedules`
+(every family's template modules, by name) is imported, and the entry points that build or
+tune import it first: `opcompiler.api`, every CLI command that builds, the tuner and its worker
+processes, graphs and export. A user of those sees every template whatever they imported before
+(no import side effect to know about); a lookup made before any of them loaded the templates
+says so (`TemplatesNotLoaded`) instead of answering that a template does not exist.
 
     @register_template
     class CpuConv2d(Template):
         name = "cpu.conv2d"; op_families = ("conv2d",); target_family = "cpu"; version = 1
         def space(self, wl, target): return [Knob("tile_k", (8, 16, 32)), ...]
-        def apply(self, wl, target, config): ...  # -> a scheduled IRModule (or a simulator plan)
+        def apply(self, wl, target, config): ...  # -> a scheduled IRModule (or a `Scheduled`)
 """
 from __future__ import annotations
+
+import sys
 
 from .errors import OpcError
 from .template_base import (Config, Knob, Template, all_registered, fits, register_template, registered,
                             registered_pairs)
 
+SHIPPED = "opcompiler.schedules"  # the package whose import registers every shipped template
 
-def _load() -> None:
-    import opcompiler.schedules  # noqa: F401  (imports every family's template modules by name)
+
+class TemplatesNotLoaded(RuntimeError):
+    """A template lookup before the shipped templates were loaded: a bug of the caller (an entry
+    point that builds must import `opcompiler.schedules` first), not a missing template."""
+
+
+def loaded() -> bool:
+    """Whether the shipped templates are registered (`opcompiler.schedules` was imported)."""
+    return SHIPPED in sys.modules
 
 
 def get_template(op_family: str, target_family: str) -> Template:
     """An instance of the template registered for (op family, target family); OpcError naming the
     op families the target does have when there is none."""
-    _load()
     cls = registered(op_family, target_family)
     if cls is None:
+        if not loaded():
+            raise TemplatesNotLoaded(f"no template for ({op_family}, {target_family}): the shipped templates are "
+                                     f"not loaded (import {SHIPPED}, as opcompiler.api and the CLI do)")
         have = sorted(f for f, t in registered_pairs() if t == target_family)
         raise OpcError(f"no {target_family} template for the {op_family} family", arg="op",
                        expected=f"an op of family {', '.join(have) or '(none yet)'} on this target")
@@ -35,9 +51,12 @@ def get_template(op_family: str, target_family: str) -> Template:
 
 
 def templates() -> list[type[Template]]:
-    """Every shipped (and user-registered) template class, by name."""
-    _load()
+    """Every registered template class (the shipped ones once loaded, and the user's), by name."""
+    if not loaded():
+        raise TemplatesNotLoaded(f"the shipped templates are not loaded (import {SHIPPED}, as opcompiler.api "
+                                 "and the CLI do)")
     return all_registered()
 
 
-__all__ = ["Config", "Knob", "Template", "fits", "get_template", "register_template", "templates"]
+__all__ = ["Config", "Knob", "Template", "TemplatesNotLoaded", "fits", "get_template", "loaded",
+           "register_template", "templates"]

@@ -2,8 +2,11 @@
 installed (editable or wheel), never by putting the repository root on `sys.path`.
 
 Every test gets its own user tuning-log directory (OPC_LOG_DIR), so no test reads records a
-user or another test wrote, and none writes outside its tmp_path."""
+user or another test wrote, and none writes outside its tmp_path. The shipped templates are loaded once, as every entry point
+(`opcompiler.api`, the CLI, the tuner) loads them: the tests call backends and lookups directly."""
 import pytest
+
+import opcompiler.schedules  # noqa: F401  (every shipped template registered, as opcompiler.api and the CLI do)
 
 
 @pytest.fixture(autouse=True)

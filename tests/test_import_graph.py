@@ -208,7 +208,7 @@ def test_loading_the_templates_runs_no_backend():
     never a backend class's module, so the template lookup a backend makes cannot re-enter it."""
     import subprocess
     import sys
-    code = ("import sys, opcompiler.template as t; t.templates(); "
+    code = ("import sys, opcompiler.schedules, opcompiler.template as t; t.templates(); "
             "print(sorted(m for m in sys.modules if m in BACKENDS))")
     backends = ["opcompiler.backend.cpu", "opcompiler.backend.cuda", "opcompiler.backend.ascend.backend",
                 "opcompiler.backend.dsp.backend"]

@@ -3,7 +3,6 @@ from __future__ import annotations
 
 import argparse
 
-from ..api import run_op
 from ..capabilities import capabilities
 from ..errors import OpcFailure
 from ..ops import PRESETS, default_dtype, op_infos, ordered_params, shape_text, workload
@@ -14,10 +13,10 @@ from .common import add_workload_args, emit_json, fmt_si, preset_name, shape_lab
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ops", help="list operators and shape presets")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_ops)
+    p.set_defaults(func=cmd_ops, templates=False)
     p = sub.add_parser("targets", help="list targets")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_targets)
+    p.set_defaults(func=cmd_targets, templates=False)
     p = sub.add_parser("run", help="build, run, verify and report one operator")
     add_workload_args(p)
     p.add_argument("--dsp-mode", choices=("shared", "copy"), default=None,
@@ -74,6 +73,7 @@ def cmd_run(args: argparse.Namespace) -> int:
             from ..errors import OpcError
             raise OpcError("only applies to dsp targets", arg="--dsp-mode", value=args.dsp_mode)
         target = replace(target, extra=MappingProxyType({**target.extra, "data_mode": args.dsp_mode}))
+    from ..api import run_op  # (with it every template, and TVM: after the arguments are checked)
     from ..rpc import backend_for_run
     workload(args.op, args.shape, preset=args.preset, batch=args.batch,  # a bad shape fails before the note
              dtype=args.dtype or default_dtype(args.op, target))

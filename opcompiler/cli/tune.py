@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shipped", action="store_true", help="also list the records shipped with opcompiler "
                    "(read-only; `best` and --config best use them when they are faster)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_logs)
+    p.set_defaults(func=cmd_logs, templates=False)
 
 
 def _default_args(args: argparse.Namespace) -> None:
@@ -208,7 +208,7 @@ def summarize(res: Any) -> dict[str, Any]:
 def _shipped_beside(res: Any) -> dict[str, Any]:
     """The shipped record of the same key, if any, beside this tune's best, and which of the two
     `--config best` (and export, compare) will take: the faster, yours on a tie."""
-    from ..tune.records import find_best, shipped_dir
+    from ..records import find_best, shipped_dir
 
     path = shipped_dir() / res.target.name / f"{res.workload.op}.jsonl"
     found = find_best(res.workload, res.target, path) if path.is_file() else None
@@ -282,7 +282,7 @@ def _pair(best: Any, default: Any, fmt: Any) -> str:
 
 def cmd_best(args: argparse.Namespace) -> int:
     from ..target import load_target
-    from ..tune.records import find_best, search_paths
+    from ..records import find_best, search_paths
     target = load_target(args.target)
     _default_args(args)
     wl, _ = resolve(args, _default_dtype(args.op, target))
@@ -322,7 +322,7 @@ def cmd_logs(args: argparse.Namespace) -> int:
     """Summarize records: `--log` when given, else the user's records (and the shipped ones with
     `--shipped`; otherwise one line says how many there are)."""
     from ..settings import user_log_dir
-    from ..tune.records import shipped_dir, summarize as summarize_logs
+    from ..records import shipped_dir, summarize as summarize_logs
     tname = None
     if args.target:
         from ..target import load_target

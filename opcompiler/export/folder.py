@@ -17,6 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
+from .. import records, schedules  # noqa: F401  (schedules: registers every shipped template)
 from ..backend import Kernel, capabilities, get_backend
 from ..config import choose
 from ..errors import OpcError, OpcFailure
@@ -67,15 +68,8 @@ def resolve(wl: Workload, target: Target, config: Any) -> ResolvedConfig:
 
 
 def record_key(wl: Workload, target: Target, kernel: Kernel) -> dict[str, Any]:
-    """The tuner's record key when its module is present; else the same fields written here."""
-    try:
-        from ..tune.records import record_key as key_fn
-    except ImportError:
-        from .. import __version__
-        return {"op": wl.op, "params": dict(wl.params), "dtype": wl.dtype, "layout": wl.layout,
-                "target": target.name, "target_digest": target.digest, "template": kernel.template,
-                "template_version": kernel.template_version, "opc_version": __version__}
-    return key_fn(wl, target, kernel.template, kernel.template_version)
+    """The key the kernel's tuning records have (`opcompiler.records.record_key`)."""
+    return records.record_key(wl, target, kernel.template, kernel.template_version)
 
 
 def _check_out(out: Path) -> None:
@@ -189,9 +183,10 @@ def _write_artifact(out: Path, wl: Workload, target: Target, kernel: Kernel) -> 
 def _verify(out: Path, wl: Workload, seed: int = 0) -> dict[str, Any]:
     """Run the folder through its own loader and compare with the numpy reference."""
     m = read_manifest(out)
-    if m["artifact"]["kind"] == "tvm-library" and m["target"]["family"] != "cpu":
+    device = capabilities(m["target"]["family"]).rpc_device  # the TVM device the library runs on
+    if m["artifact"]["kind"] == "tvm-library" and device not in (None, "cpu"):
         import tvm
-        if not getattr(tvm, m["target"]["family"])(0).exist:  # e.g. a CUDA export written on a host with no GPU
+        if not tvm.device(device, 0).exist:  # e.g. a CUDA export written on a host with no GPU
             return {"correct": None, "skipped": f"no {m['target']['family']} device on the exporting host"}
     op = get_op(wl.op)
     inputs = op.make_inputs(wl, seed)

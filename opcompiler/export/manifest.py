@@ -10,7 +10,7 @@ from typing import Any
 
 import numpy as np
 
-from ..backend import Kernel
+from ..backend import Kernel, capabilities
 from ..ops import get_op
 from ..target import Target
 from ..workload import Workload
@@ -82,7 +82,8 @@ def build_manifest(*, name: str, wl: Workload, target: Target, kernel: Kernel, c
         "output": out,
         "calling_convention": "destination-passing: inputs in order, then the preallocated output",
         "target": {"name": target.name, "family": target.family, "description": target.description,
-                   "digest": target.digest, "simulator": target.is_simulator},
+                   "digest": target.digest, "simulator": target.is_simulator,
+                   "device": capabilities(target).rpc_device},  # the TVM device a library runs on
         "template": kernel.template,
         "template_version": kernel.template_version,
         "config": dict(kernel.config),

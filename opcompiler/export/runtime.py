@@ -113,8 +113,8 @@ class ExportedKernel:
             self._sim = _SimulatorProgram(self.folder, self.manifest)
         else:
             raise _Base(f"{self.folder}: unknown artifact kind {kind!r}")
-        fam = self.manifest["target"]["family"]
-        self._dev = getattr(_tvm(), fam)(0) if kind == "tvm-library" and fam != "cpu" else None
+        dev_kind = _device_kind(self.manifest)
+        self._dev = _tvm().device(dev_kind, 0) if kind == "tvm-library" and dev_kind != "cpu" else None
         self.last_run: dict[str, Any] = {}  # simulator runs: seconds, cycles, metrics of the last call
         self._want = [(tuple(s["shape"]), np.dtype(s["dtype"])) for s in self.inputs]  # fast path of check()
 
@@ -164,6 +164,13 @@ def load(folder: str | os.PathLike) -> ExportedKernel:
     return ExportedKernel(folder)
 
 
+def _device_kind(m: dict[str, Any]) -> str:
+    """The TVM device a library kernel runs on, as the exporting backend declared it
+    (`Capabilities.rpc_device`, written as `target.device`); a folder written before the manifest
+    said so names its family, which was the device's name."""
+    return str(m["target"].get("device") or m["target"]["family"])
+
+
 @cache
 def _tvm():
     os.environ.setdefault("TVM_NUM_THREADS", str(os.cpu_count() or 1))  # TVM uses half the cores otherwise
@@ -174,9 +181,9 @@ def _tvm():
 def _load_library(folder: Path, m: dict[str, Any]):
     tvm = _tvm()
     art = m["artifact"]
-    if m["target"]["family"] != "cpu":
-        dev = getattr(tvm, m["target"]["family"])(0)
-        if not dev.exist:
+    kind = _device_kind(m)
+    if kind != "cpu":
+        if not tvm.device(kind, 0).exist:
             raise _Base(f"{folder}: the kernel is for a {m['target']['family']} device and none is present here")
     mod = tvm.runtime.load_module(str(folder / art["file"]))
     return mod[art["entry"]]

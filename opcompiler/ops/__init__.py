@@ -8,13 +8,14 @@ with defaults, and its unfused decomposition when it is a fusion.
 """
 from __future__ import annotations
 
+import sys
 from functools import lru_cache
 from typing import Any, Mapping
 
 import numpy as np
 
 from ..errors import OpcError
-from ..workload import Workload
+from ..workload import Workload, use_catalogue
 from .presets import PRESETS, parse_shape
 from .presets import preset as preset_params
 from .registry import _OPS, OpDef, Step, register_op
@@ -213,5 +214,7 @@ def fold_bn(gamma: np.ndarray, beta: np.ndarray, mean: np.ndarray, var: np.ndarr
     scale = gamma / np.sqrt(var + eps)
     return scale.astype(gamma.dtype), (beta - mean * scale).astype(gamma.dtype)
 
+
+use_catalogue(sys.modules[__name__])  # the core's config and record store ask ops through this module
 
 __all__ = ["OpDef", "Step", "get_op", "check_args", "op_info", "op_infos", "shape_sources", "shape_text", "ordered_params", "op_keys", "op_prim_func", "list_ops", "register_op", "workload", "default_dtype", "fold_bn", "PRESETS"]

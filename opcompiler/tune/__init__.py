@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from .records import Record, RecordLog, best_record, default_log_path
+from ..records import Record, RecordLog, best_record, default_log_path
 
 _LAZY = {"tune", "Tuner", "TuneOptions", "TuneResult"}
 

@@ -63,7 +63,7 @@ class XGBCostModel:
         self._transfer = list(samples)
 
     def _row(self, wl: Workload, config: Mapping[str, Any]) -> np.ndarray:
-        from .records import config_id
+        from ..records import config_id
         key = (wl, config_id(config))
         row = self._cache.get(key)
         if row is None:

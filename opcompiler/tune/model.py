@@ -16,12 +16,13 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from .. import schedules  # noqa: F401  (registers every shipped template in the core's registry)
 from ..errors import OpcError
 from ..ops import get_op
 from ..target import Target, load_target
 from ..template import get_template
 from ..workload import Workload
-from .records import RecordLog, default_log_path, fold, record_key
+from ..records import RecordLog, default_log_path, fold, record_key
 
 
 @dataclass

@@ -254,7 +254,7 @@ class RemoteMeasurer:
     # -- measuring ----------------------------------------------------------------------------
 
     def _request(self, wl: Workload, verify: bool, seed: int) -> dict[str, Any]:
-        from .. import __version__
+        from .. import __version__, schedules  # noqa: F401  (schedules: registers every shipped template)
         from ..ops import get_op
         from ..template import get_template
         tmpl = get_template(get_op(wl.op).family, self.target.family)
@@ -267,7 +267,7 @@ class RemoteMeasurer:
     def measure(self, wl: Workload, configs: Sequence[Mapping[str, Any]], verify: bool = False, seed: int = 0,
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         """Measure every config on the servers; results in input order, `on_result` as each arrives."""
-        from .records import _jsonable
+        from ..records import _jsonable
         if self.closed:
             raise OpcError("the remote measurer is closed")
         t0 = time.perf_counter()

@@ -30,11 +30,10 @@ def server_init(target_path: str) -> None:
     starts warm) and registers `opcompiler.sim.measure` (inherited by every session)."""
     import tvm_ffi
 
+    from .. import schedules  # noqa: F401  (every shipped template, registered before any session forks)
     from ..backend import get_backend
     from ..ops import catalogue  # noqa: F401  (the op registry)
-    from ..template import templates
     target = load_target(target_path)
-    templates()
     get_backend(target)
     _SERVED.clear()
     _SERVED["target"] = target
@@ -115,6 +114,7 @@ def refusal(req: Mapping[str, Any], target: Target, content: str = "") -> str:
     wl = req.get("workload") or {}
     tmpl = req.get("template") or {}
     try:
+        from .. import schedules  # noqa: F401  (registers every shipped template)
         from ..ops import get_op
         from ..template import get_template
         mine = get_template(get_op(wl.get("op")).family, target.family)
@@ -144,7 +144,7 @@ def _session_measurer(timeout: float) -> Any:
 def measure_request(text: str) -> str:
     """`opcompiler.sim.measure`: one candidate as JSON in, `{"result": MeasureResult}`,
     `{"refused": why}` or `{"error": what}` as JSON out."""
-    from .records import _jsonable
+    from ..records import _jsonable
     try:
         req = json.loads(text)
         target = _SERVED["target"]

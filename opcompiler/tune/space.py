@@ -19,7 +19,7 @@ import numpy as np
 from ..target import Target
 from ..template import Config, Knob, Template
 from ..workload import Workload
-from .records import config_id
+from ..records import config_id
 
 
 @dataclass(frozen=True)

@@ -19,15 +19,16 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
+from .. import schedules  # noqa: F401  (registers every shipped template in the core's registry)
 from ..errors import OpcError
 from ..ops import get_op, workload as make_workload
 from ..target import Target, load_target
 from ..template import get_template
 from ..workload import Workload
 from .cost_model import Sample
+from .records import check_writable, now
 from .measure import BackendSpec, Measurer, MeasureResult
-from .records import (Record, RecordLog, best_of, check_writable, config_id, default_log_path, fold, now,
-                      record_key)
+from ..records import Record, RecordLog, best_of, config_id, default_log_path, fold, record_key
 from .search import TUNERS, SearchStrategy, make_strategy
 from .space import Space
 
@@ -257,7 +258,7 @@ def _unique(configs: list[dict[str, Any]]) -> list[dict[str, Any]]:
 
 
 def _same(a: Mapping[str, Any], b: Mapping[str, Any]) -> bool:
-    from .records import same_key
+    from ..records import same_key
     return same_key(a, b)
 
 

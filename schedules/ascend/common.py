@@ -4,23 +4,27 @@ cube's L0 chunk rule and the UB epilogue's channel groups (TIR schedules place i
 """
 from __future__ import annotations
 
-from typing import Mapping, Sequence
+from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from opcompiler.backend.ascend.builder import KernelBuilder, ceil_div
-from opcompiler.backend.ascend.machine import Machine
-from opcompiler.backend.ascend.isa import Buf, VOp
+import opcompiler.backend.ascend.intrin as intrin
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
 from opcompiler.template_base import Template
 from opcompiler.workload import Workload
 
 POW2_TILES = (16, 32, 64, 128, 256, 512, 1024)
+CUBE_DTYPES = {"float16": (16, "float32", 2), "int8": (32, "int32", 1)}  # K0 (C0), accumulator, element bytes
 
 
-def machine(target: Target) -> Machine:
-    return Machine.from_target(target)
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def machine(target: Target) -> Any:
+    """The target's published machine figures (capacities, alignment, cube fractals, lanes)."""
+    return intrin.figures(target)
 
 
 def cube_dtype(wl: Workload, target: Target) -> tuple[int, int, int]:
@@ -99,21 +103,7 @@ def from_5hd(y: np.ndarray, c: int, h: int, w: int, layout: str) -> np.ndarray:
     return np.ascontiguousarray(out.transpose(0, 2, 3, 1) if layout == "NHWC" else out)
 
 
-def channel_op(kb: KernelBuilder, op: str, buf: Buf, off: int, rows: int, param: Buf, poff: int) -> None:
-    """dst[row, c0] = dst[row, c0] <op> param[c0] over `rows` rows of 16 channels in UB: one
-    256 B repeat covers 8 rows (fp16: the 32 B parameter block read with block stride 0; 4-byte
-    types: two instructions, each taking every other block)."""
-    isz = buf.itemsize
-    if isz == 2:
-        kb.vec_raw(op, VOp(buf, off, 1, 8), (VOp(buf, off, 1, 8), VOp(param, poff, 0, 0)), ceil_div(rows, 8))
-    else:
-        for half in (0, 1):
-            o = off + half * 8
-            kb.vec_raw(op, VOp(buf, o, 2, 16), (VOp(buf, o, 2, 16), VOp(param, poff + half * 8, 0, 0)),
-                       ceil_div(rows, 8))
-
-
-def l0_chunks(m: Machine, dtype: str, mt1: int, kt1: int, nt1: int, slots: int) -> tuple[int, int] | None:
+def l0_chunks(m: Any, dtype: str, mt1: int, kt1: int, nt1: int, slots: int) -> tuple[int, int] | None:
     """The largest (k, n) fractal chunks of an L1 tile that fit L0A and L0B, or None."""
     m0, k0, n0 = m.cube[dtype]
     frac = m0 * k0 * np.dtype(dtype).itemsize
@@ -181,7 +171,7 @@ class AscendTemplate(Template):
         raise NotImplementedError
 
 
-def epilogue_group(m: Machine, nt1: int, mt_rows: int, acc_isz: int, out_isz: int, slots: int,
+def epilogue_group(m: Any, nt1: int, mt_rows: int, acc_isz: int, out_isz: int, slots: int,
                    ub_budget: int) -> int:
     """How many n1 blocks one epilogue pass moves through UB (as many as half of UB allows)."""
     per = slots * mt_rows * 16 * (acc_isz + out_isz)
@@ -202,3 +192,67 @@ def tir_epilogue_at(sch, l0c, epi: Sequence, tile, nt: int, g16: int) -> None:
         at = ng
     for blk in epi:
         sch.reverse_compute_at(blk, at)
+
+
+def cube_chunks(wl: Workload, target: Target, cfg: Mapping) -> tuple[int, int] | None:
+    """(k, n) elements of one L0 chunk of the config's (m, k, n) tile: the largest that fit L0A /
+    L0B per ping-pong slot (`l0_chunks`), or None when not one K fractal of the m tile fits."""
+    k0 = CUBE_DTYPES[wl.dtype][0]
+    ch = l0_chunks(machine(target), wl.dtype, cfg["m_tile"] // 16, cfg["k_tile"] // k0, cfg["n_tile"] // 16,
+                   2 if cfg["double_buffer"] else 1)
+    return None if ch is None else (ch[0] * k0, ch[1] * 16)
+
+
+def epilogue_channels(wl: Workload, target: Target, cfg: Mapping) -> int:
+    """Output channels (columns) one epilogue pass of a cube template holds in UB."""
+    m = machine(target)
+    out_isz = 2 if wl.dtype == "float16" else 0  # int8: no cast buffer
+    return 16 * epilogue_group(m, cfg["n_tile"] // 16, cfg["m_tile"], 4, out_isz, 2 if cfg["double_buffer"] else 1,
+                               m.level("UB").capacity // 2)
+
+
+class CubeTemplate(AscendTemplate):
+    """What the cube templates (matmul, conv2d) share: `tir()` is the template's schedule module,
+    with `unsupported(wl)` (why the schedule cannot take the workload), `tir_buffers(wl, target,
+    cfg)` (what its lowering allocates: the capacity `check`) and `scheduled(wl, target, cfg)`
+    (the `Scheduled` that `apply` returns)."""
+
+    def tir(self) -> Any:
+        raise NotImplementedError
+
+    def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
+        why = self.tir().unsupported(wl)
+        if why is not None:
+            return why
+        return super().check(wl, target, config)
+
+    def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
+        return self.tir().tir_buffers(wl, target, cfg)
+
+    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Any:
+        tir = self.tir()
+        why = tir.unsupported(wl)
+        if why is not None:
+            raise OpcError(why, arg="op", value=wl.op)
+        return tir.scheduled(wl, target, cfg)
+
+    def occupancy(self, wl: Workload, target: Target, cfg: Mapping) -> dict[str, float]:
+        """The cost-model features `occupancy_<level>`: the config's buffers over each level."""
+        occ: dict[str, int] = {}
+        for level, _, nbytes in self.buffers(wl, target, cfg):
+            occ[level] = occ.get(level, 0) + nbytes
+        m = machine(target)
+        return {f"occupancy_{lv}": occ.get(lv, 0) / m.level(lv).capacity for lv in ("L1", "L0A", "L0B", "L0C", "UB")}
+
+
+def on_cores(mod, block: str, cfg: Mapping):
+    """One config's copy of a cached tiled module (the vector templates cache the tiling per
+    workload and tile size): the outermost loop of `block` (the tile loop) annotated with the
+    cores that share its iterations (`CORES`) and ping-pong buffering (`SLOTS`)."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(mod)
+    tiles = sch.get_loops(sch.get_sblock(block))[0]
+    sch.annotate(tiles, intrin.CORES, int(cfg["block_dim"]))
+    sch.annotate(tiles, intrin.SLOTS, int(bool(cfg["double_buffer"])))
+    return sch.mod

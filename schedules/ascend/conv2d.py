@@ -15,29 +15,27 @@ zero-padded, so 3 or 13 input channels pay for a whole C0 block), weights FRACTA
 Grouped convolution runs each (image, group) pair as its own GEMM over that group's channels
 (each group padded to C0: depthwise convolution pays 16x on the cube, as on the chip).
 
-Template v2: every config is a TVM implicit-GEMM s_tir schedule (`conv2d_tir.py`) lowered by
-the backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`); the `lowering` knob is
+Template v2: every config is a TVM implicit-GEMM s_tir schedule (`conv2d_tir.py`), returned as a
+`Scheduled` the backend lowers (its `lower.py`, lowering "conv"); the `lowering` knob is
 retired, and so is the TIK-style emitter that grouped / depthwise convolution and 1x1 outputs
 took until the schedule covered them (int8 conv with BN is not an op: BN takes float dtypes).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.builder import Plan, ceil_div
-from opcompiler.errors import OpcError
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, core_values, machine, tile_values
+from .common import CubeTemplate, ceil_div, core_values, tile_values
 from .conv_geometry import ConvGeometry as _Geo
 
 
 @register_template
-class AscendConv2d(AscendTemplate):
+class AscendConv2d(CubeTemplate):
     """img2col convolution in 16-aligned fractals with fused UB epilogues."""
 
     name = "ascend.conv2d"
@@ -65,26 +63,10 @@ class AscendConv2d(AscendTemplate):
                                 "block_dim": target.cores, "w_resident": 0})
         return out
 
-    def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
-        from .conv2d_tir import unsupported
+    def tir(self) -> Any:
+        from . import conv2d_tir  # unsupported, tir_buffers (the capacity check), scheduled (apply)
 
-        why = unsupported(wl)
-        if why is not None:
-            return why
-        return super().check(wl, target, config)
-
-    def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
-        from .conv2d_tir import tir_buffers  # what the TIR lowering allocates
-
-        return tir_buffers(wl, target, cfg)
-
-    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
-        from .conv2d_tir import tir_plan, unsupported
-
-        why = unsupported(wl)
-        if why is not None:
-            raise OpcError(why, arg="op", value=wl.op)
-        return tir_plan(wl, target, cfg)
+        return conv2d_tir
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
@@ -99,14 +81,8 @@ class AscendConv2d(AscendTemplate):
         out_b = g.nb * g.n1 * g.hw * 16 * 2
         flops = 2 * g.nb * g.mp1 * 16 * g.q * g.c0 * g.n1 * 16
         cores = min(cfg["block_dim"], tiles)
-        m = machine(target)
-        occ: dict[str, int] = {}
-        for level, _, nbytes in self.buffers(wl, target, cfg):
-            occ[level] = occ.get(level, 0) + nbytes
         return {"gm_read_bytes": fmap + wts, "gm_write_bytes": out_b, "arith_intensity": flops / (fmap + wts + out_b),
                 "tiles": tiles, "k_steps": ceil_div(g.q, kt1), "active_cores": cores,
                 "tiles_per_core": ceil_div(tiles, cores), "alignment_waste": 1 - g.c / (g.c1 * g.c0),
                 "pixel_waste": 1 - g.hw / (mtiles * mt1 * 16), "halo_rows": rows,
-                **{f"occupancy_{lv}": occ.get(lv, 0) / m.level(lv).capacity
-                   for lv in ("L1", "L0A", "L0B", "L0C", "UB")},
-                "mmad_flops_per_core": flops / cores}
+                **self.occupancy(wl, target, cfg), "mmad_flops_per_core": flops / cores}

@@ -28,10 +28,9 @@ the last tile's unpadding predicate), so their inner loop nest is replaced (thro
 `ScheduleState.replace`, the primitive tensorize itself uses) by an opaque block calling the
 same `T.call_packed("opc.ascend.tir.event", ...)` with the block coordinates TVM computed for
 the instruction. This module only builds the schedule and packs the GM inputs (NHWC inputs are
-relaid out on the host, as the direct template does); the backend's one TIR lowering
-(`opcompiler.backend.ascend.tir_lower`) registers the intrinsics, compiles and traces the
-module, and emits each core's share of the output tiles through `KernelBuilder`, run by the
-same simulator and pipe scheduler as the direct template. Padding that pad_einsum adds to K, N
+relaid out on the host): `scheduled` hands the backend a `Scheduled` (lowering "conv"), whose
+`lower.py` compiles and traces the module and emits each core's share of the output tiles,
+run by the simulator and pipe scheduler. Padding that pad_einsum adds to K, N
 and the pixels past H*W is not issued (the MMAD / DMA / Load3D clip to the real fractals).
 """
 from __future__ import annotations
@@ -40,27 +39,26 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend import tir_lower as tl
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div
-from opcompiler.backend.ascend.isa import ConvGeom
+import opcompiler.backend.ascend.intrin as intrin
 from opcompiler.errors import OpcFailure
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
+from opcompiler.template_base import HostLayout, Scheduled
 from opcompiler.workload import Workload
 
 from .common import (
-    epilogue_group,
+    CUBE_DTYPES,
+    ceil_div,
+    cube_chunks,
+    epilogue_channels,
     from_5hd,
-    l0_chunks,
     machine,
-    over_capacity,
     tir_epilogue_at,
     to_5hd,
 )
 from .conv_geometry import ConvGeometry
 
-_TRACES = tl.TRACES  # the backend's per-process trace cache (benchmarks clear it for a cold build)
 TIR_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn", "conv2d_bias_add",
            "conv2d_bias_add_relu", "conv2d_bn_add_relu")
 INT8_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu")
@@ -69,7 +67,7 @@ BN_OPS = ("conv2d_bn_relu", "conv2d_bn", "conv2d_bn_add_relu")
 RES_OPS = ("conv2d_bias_add", "conv2d_bias_add_relu", "conv2d_bn_add_relu")  # a residual read in the epilogue
 EPI_TAGS = {"conv2d_bias": "bias", "conv2d_out": "cast", "batch_norm": "bn", "vadd": "res", "vrelu": "relu",
             "conv2d_reindex": "out", "conv2d_reindex_pad": "out"}
-DTYPES = {"float16": (16, "float32", 2), "int8": (32, "int32", 1)}  # C0 (K0), accumulator, element bytes
+DTYPES = CUBE_DTYPES  # C0 (K0), accumulator, element bytes
 
 
 def unsupported(wl: Workload) -> str | None:
@@ -79,14 +77,7 @@ def unsupported(wl: Workload) -> str | None:
     return None
 
 
-def chunks(wl: Workload, target: Target, cfg: Mapping) -> tuple[int, int] | None:
-    """(k, n) elements of one L0 chunk of the (mt, kt, nt) tile: the largest that fit L0A / L0B
-    per ping-pong slot (the same rule as the direct template), or None when not one K fractal
-    of the pixel tile fits."""
-    k0 = DTYPES[wl.dtype][0]
-    mt1, kt1, nt1 = cfg["m_tile"] // 16, cfg["k_tile"] // k0, cfg["n_tile"] // 16
-    ch = l0_chunks(machine(target), wl.dtype, mt1, kt1, nt1, 2 if cfg["double_buffer"] else 1)
-    return None if ch is None else (ch[0] * k0, ch[1] * 16)
+chunks = cube_chunks  # (k, n) elements of one L0 chunk of the (mt, kt, nt) tile, or None
 
 
 def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
@@ -101,7 +92,7 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
         return [("L0A", "A_L0A", mt * g.c0 * isz * slots + machine(target).level("L0A").capacity)]
     kc, nc = ch
     bias, bn, res = wl.op in BIAS_OPS, wl.op in BN_OPS, wl.op in RES_OPS
-    cslots = tl.l0c_slots(machine(target), slots == 2, mt * nt * 4)
+    cslots = intrin.l0c_slots(machine(target), slots == 2, mt * nt * 4)
     g16 = epilogue_channels(wl, target, cfg)
     out = [("L1", f"fmap_L1_{i}", g.c1 * g.max_rows(mt) * p["w"] * g.c0 * isz) for i in range(slots)]
     if cfg.get("w_resident"):
@@ -208,7 +199,7 @@ def _index_the_pixel(sch, conv, mpos: int) -> None:
     """A 1x1 output: reindex left the GEMM's pixel index of the output and img2col buffers the
     constant 0 (the pixel axis has extent 1) where pad_einsum needs the block's M axis. Index them
     by it (the same element: M's only value is 0), replacing the block through the schedule
-    state (as `tl.substitute` does)."""
+    state (as `intrin.substitute` does)."""
     from tvm import tirx
     from tvm.ir import Range
     from tvm.ir.expr import TensorLoad, TensorRegion
@@ -327,15 +318,15 @@ def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident
     sch.reorder(ij[1], ij[0])
     sch.fuse(ij[0], ij[2])
     _, acc, _ = DTYPES[wl.dtype]
-    sch.tensorize(sch.get_loops(init)[-2], tl.intrin_init(mt, nt, acc, lead=nlead))
-    sch.tensorize(sch.get_loops(conv)[-3], tl.intrin_mmad(mt, kc, nc, wl.dtype, acc, lead=nlead))
+    sch.tensorize(sch.get_loops(init)[-2], intrin.intrin_init(mt, nt, acc, lead=nlead))
+    sch.tensorize(sch.get_loops(conv)[-3], intrin.intrin_mmad(mt, kc, nc, wl.dtype, acc, lead=nlead))
     # compute_at leaves out unit loops (a 1x1 output's pixel, a one-row tile): the instruction is
     # every loop under the one its block was placed at
-    tl.substitute(sch, padb, _under(sch, padb, i0), "fmap", lambda inner: [_extent_of(inner, 2)])
+    intrin.substitute(sch, padb, _under(sch, padb, i0), "fmap", lambda inner: [_extent_of(inner, 2)])
     at = len(sch.get_loops(l0c)) - 2  # the epilogue's loop (the tile's, or its channel group's)
     for blk, tag in [(im2col, "load3d"), (b0, "ld_b"), (wpad, "w_res" if resident else "w_l1"), (l0c, "l0c")] + [
             (blk, EPI_TAGS[name]) for name, blk in epi]:
-        tl.substitute(sch, blk, len(sch.get_loops(blk)) - at if tag in EPI_TAGS.values() else 2, tag)
+        intrin.substitute(sch, blk, len(sch.get_loops(blk)) - at if tag in EPI_TAGS.values() else 2, tag)
     return sch.mod, arg_specs
 
 
@@ -367,28 +358,12 @@ def _under(sch, blk, loop) -> int:
     return len(loops) - 1 - next(i for i, lp in enumerate(loops) if sch.get_sref(lp).same_as(at))
 
 
-def trace(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident: bool, g16: int) -> list[tuple]:
-    """The recorded event stream of the scheduled conv (`wl` channel-padded NCHW; compiled once per key)."""
-    key = ("ascend.conv2d", wl.op, wl.dtype, tuple(sorted(dict(wl.params).items())), mt, kt, nt, kc, nc, resident,
-           g16)
-    return tl.trace(key, lambda: schedule(wl, mt, kt, nt, kc, nc, resident, g16))
-
-
-def epilogue_channels(wl: Workload, target: Target, cfg: Mapping) -> int:
-    """Output channels one epilogue pass holds in UB (the direct template's rule)."""
-    m = machine(target)
-    out_isz = 2 if wl.dtype == "float16" else 0  # int8: no cast buffer
-    return 16 * epilogue_group(m, cfg["n_tile"] // 16, cfg["m_tile"], 4, out_isz, 2 if cfg["double_buffer"] else 1,
-                               m.level("UB").capacity // 2)
-
-
-def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
-    """The conv2d template's `lowering="tir"` path (see the module docstring)."""
-    m = machine(target)
+def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
+    """The config's scheduled conv for the backend's "conv" lowering (see the module docstring)."""
     p = wl.p
     G = p["groups"]
     n, c, h, w, k = p["n"], p["c"] // G, p["h"], p["w"], p["k"] // G  # channels per group
-    r, s, pad = p["r"], p["s"], p["pad"]
+    r, s = p["r"], p["s"]
     ho, wo = conv_out_hw(wl)
     hw = ho * wo
     c0, _, _ = DTYPES[wl.dtype]
@@ -396,23 +371,12 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
     c1, n1 = ceil_div(c, c0), ceil_div(k, 16)
     q_all = c1 * r * s  # K fractals per group (FRACTAL_Z order: c1, ry, rx)
     mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
-    ch = chunks(wl, target, cfg)
+    ch = chunks(wl, target, cfg)  # None: the capacity dry-run (`buffers`) refuses the config before TVM
     resident = bool(cfg.get("w_resident"))
-    over = over_capacity(target, tir_buffers(wl, target, cfg))
-    if ch is None or over is not None:  # fails here, before paying for TVM (the builder's own error)
-        dry = KernelBuilder(m)
-        for level, name, nbytes in tir_buffers(wl, target, cfg):
-            dry.alloc(level, name, (nbytes,), "int8")
     # channels pad and pay; NHWC data is relaid out on the host (packing), the kernel is the same
     padded = padded_workload(wl)
-    geom = ConvGeom(h=h, w=w, ho=ho, wo=wo, r=r, s=s, stride=p["stride"], dilation=p["dilation"],
-                    pad_top=pad, pad_left=pad)
     g16 = epilogue_channels(wl, target, cfg)
-    low = tl.ConvLowering(m, trace(padded, mt, kt, nt, *ch, resident, g16), geom, n, c1, n1, (mt, kt, nt), ch,
-                          2 if cfg["double_buffer"] else 1, bias=wl.op in BIAS_OPS, bn=wl.op in BN_OPS,
-                          resident=resident, group=g16, dtype=wl.dtype, conv_groups=G, res=wl.op in RES_OPS)
-    active = min(cfg["block_dim"], len(low.groups))
-    bias, bn = low.bias, low.bn
+    bias, bn, res = wl.op in BIAS_OPS, wl.op in BN_OPS, wl.op in RES_OPS
     nhwc = p["layout"] == "NHWC"
 
     def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -435,7 +399,7 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
             gm["bias"] = per_k(inputs[2])
         if bn:
             gm["scale"], gm["shift"] = per_k(inputs[2]), per_k(inputs[3])
-        if low.res:  # the residual in the output's layout: NC1HWC0 per group, H*W flattened
+        if res:  # the residual in the output's layout: NC1HWC0 per group, H*W flattened
             rs = inputs[-1].transpose(0, 3, 1, 2) if nhwc else inputs[-1]
             rg = np.zeros((n * G, n1 * 16, ho, wo), out_dt)
             rg[:, :k] = rs.reshape(n * G, k, ho, wo)
@@ -446,10 +410,17 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
         out = from_5hd(y, k, ho, wo, "NCHW").reshape(n, G * k, ho, wo)
         return np.ascontiguousarray(out.transpose(0, 2, 3, 1)) if nhwc else out
 
-    return Plan(active_cores=active, make_program=lambda core: low.program(core, active), pack=pack, out_name="out",
-                out_shape=(n * G, n1, hw, 16), out_dtype=out_dt, unpack=unpack, flops=get_op(wl.op).flops(wl),
-                unit="cube", info={"lowering": "TVM s_tir schedule (implicit GEMM), blocks -> AI Core instructions",
-                                   "tir_tiles": len(low.groups),
-                                   "gm_layouts": {"data": "NC1HWC0 per group (N*G,C1,H,W,C0), channels zero-padded",
-                                                  "weight": "FRACTAL_Z per group (G*C1*R*S,K1,16,C0)",
-                                                  "out": "NC1HWC0 per group (N*G,K1,Ho*Wo,16)"}})
+    kc, nc = ch or (None, None)
+    key = ("ascend.conv2d", padded.op, padded.dtype, tuple(sorted(dict(padded.params).items())), mt, kt, nt, kc, nc,
+           resident, g16)
+    return Scheduled(
+        lowering="conv", key=key, module=lambda: schedule(padded, mt, kt, nt, kc, nc, resident, g16),
+        params={"geom": ConvGeometry(wl, target).geom, "n": n, "c1": c1, "n1": n1, "tiles": (mt, kt, nt),
+                "chunks": ch, "slots": 2 if cfg["double_buffer"] else 1, "bias": bias, "bn": bn, "res": res,
+                "resident": resident, "group": g16, "dtype": wl.dtype, "conv_groups": G,
+                "block_dim": cfg["block_dim"]},
+        host=HostLayout(pack=pack, unpack=unpack, out_name="out", out_shape=(n * G, n1, hw, 16), out_dtype=out_dt),
+        buffers=tir_buffers(wl, target, cfg), flops=get_op(wl.op).flops(wl),
+        info={"gm_layouts": {"data": "NC1HWC0 per group (N*G,C1,H,W,C0), channels zero-padded",
+                             "weight": "FRACTAL_Z per group (G*C1*R*S,K1,16,C0)",
+                             "out": "NC1HWC0 per group (N*G,K1,Ho*Wo,16)"}})

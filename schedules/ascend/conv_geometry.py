@@ -4,13 +4,11 @@ from __future__ import annotations
 
 import math
 
-from opcompiler.backend.ascend.builder import ceil_div
-from opcompiler.backend.ascend.isa import ConvGeom
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
-from .common import cube_dtype
+from .common import ceil_div, cube_dtype
 
 _WALK = 4096  # tiles walked exactly by `max_rows`
 _ROWS: dict[tuple, int] = {}  # (image geometry, tile) -> max_rows, for every template call of a workload
@@ -36,8 +34,9 @@ class ConvGeometry:
         self.n1 = ceil_div(self.k, n0)
         self.hw = self.ho * self.wo
         self.mp1 = ceil_div(self.hw, m0)  # pixel fractals per image
-        self.geom = ConvGeom(h=self.h, w=self.w, ho=self.ho, wo=self.wo, r=self.r, s=self.s, stride=self.st,
-                             dilation=self.dil, pad_top=self.pad, pad_left=self.pad)
+        # the image geometry the conv lowering's Load3D reads (the backend's ConvGeom)
+        self.geom = dict(h=self.h, w=self.w, ho=self.ho, wo=self.wo, r=self.r, s=self.s, stride=self.st,
+                         dilation=self.dil, pad_top=self.pad, pad_left=self.pad)
 
     def rows(self, p0: int, npix: int) -> tuple[int, int]:
         """Input rows [lo, hi] the pixels p0 .. p0+npix need (clipped to the image)."""

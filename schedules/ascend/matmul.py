@@ -11,25 +11,23 @@ GM layouts (host-side preprocessing): A as zZ fractals (M1, K1, 16, K0) or, with
 the way to L0A (counted); B as FRACTAL_Z (K1, N1, 16, K0), C as NZ (N1, M1*16, 16). `double_buffer`
 gives every on-chip stage two slots (ping-pong) so MTE2, MTE1, M, V and MTE3 overlap.
 
-Every config is built as a TVM s_tir schedule (`matmul_tir.py`) lowered by the backend's one TIR
-lowering (`opcompiler.backend.ascend.tir_lower`). Template v2: the directly emitted (TIK-style)
-program and the `lowering` knob are retired; the TIR route took every config the emitter took,
-with equal or fewer cycles (`benchmarks/tir_parity.py`).
+Every config is built as a TVM s_tir schedule (`matmul_tir.py`); `apply` returns it as a
+`Scheduled` the backend lowers (its `lower.py`, lowering "gemm").
+Template v2: the directly emitted (TIK-style) program and the `lowering` knob are retired; the
+TIR route took every config the emitter took, with equal or fewer cycles
+(`benchmarks/tir_parity.py`).
 """
 from __future__ import annotations
 
-from typing import Mapping
+from typing import Any, Mapping
 
 import numpy as np
 
-
-from opcompiler.backend.ascend.builder import Plan, ceil_div
-from opcompiler.errors import OpcError
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, core_values, cube_dtype, machine, tile_values
+from .common import CubeTemplate, ceil_div, core_values, cube_dtype, tile_values
 
 ACC = {"float16": "float32", "int8": "int32"}
 OUT = {"float16": "float16", "int8": "int32"}
@@ -41,7 +39,7 @@ def _dims(wl: Workload, target: Target) -> tuple[int, int, int, int, int, int]:
 
 
 @register_template
-class AscendMatmul(AscendTemplate):
+class AscendMatmul(CubeTemplate):
     """m/k/n tiles in 16-aligned fractals through L1, L0A/L0B, the cube, L0C and UB."""
 
     name = "ascend.matmul"
@@ -69,27 +67,10 @@ class AscendMatmul(AscendTemplate):
                                 "block_dim": target.cores, "a_layout": "zZ"})
         return out
 
-    def check(self, wl: Workload, target: Target, config: Mapping) -> str | None:
-        from .matmul_tir import unsupported
+    def tir(self) -> Any:
+        from . import matmul_tir  # unsupported, tir_buffers (the capacity check), scheduled (apply)
 
-        why = unsupported(wl)
-        if why is not None:
-            return why
-        return super().check(wl, target, config)
-
-    def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
-        """What the TIR lowering allocates for this config (the capacity `check` enforces)."""
-        from .matmul_tir import tir_buffers
-
-        return tir_buffers(wl, target, cfg)
-
-    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
-        from .matmul_tir import tir_plan, unsupported
-
-        why = unsupported(wl)
-        if why is not None:
-            raise OpcError(why, arg="op", value=wl.op)
-        return tir_plan(wl, target, cfg)
+        return matmul_tir
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
@@ -102,15 +83,9 @@ class AscendMatmul(AscendTemplate):
         flops = 2 * M1 * K1 * N1 * m0 * k0 * n0
         tiles = tm * tn
         cores = min(cfg["block_dim"], tiles)
-        occ = {}
-        for level, _, nbytes in self.buffers(wl, target, cfg):
-            occ[level] = occ.get(level, 0) + nbytes
-        m = machine(target)
         return {"gm_read_bytes": gm_read, "gm_write_bytes": gm_write,
                 "arith_intensity": flops / (gm_read + gm_write), "tiles": tiles, "k_steps": tk,
                 "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores),
                 "alignment_waste": 1 - (wl["m"] * wl["k"] * wl["n"]) / (M1 * m0 * K1 * k0 * N1 * n0),
                 "edge_waste": 1 - (M1 * N1) / (tm * mt1 * tn * nt1),
-                **{f"occupancy_{lv}": occ.get(lv, 0) / m.level(lv).capacity
-                   for lv in ("L1", "L0A", "L0B", "L0C", "UB")},
-                "dma_count": tiles * tk * 2, "mmad_flops_per_core": flops / cores}
+                **self.occupancy(wl, target, cfg), "dma_count": tiles * tk * 2, "mmad_flops_per_core": flops / cores}

@@ -13,10 +13,11 @@ instruction.
 MMAD and the reduction init go through `sch.tensorize`; the DMA, Load2D, L0C -> UB and epilogue
 blocks carry the padding / unpadding predicates of partial tiles, which TVM's structural
 matcher cannot take, so each is substituted by the same `opc.ascend.tir.event` call with the
-GEMM coordinates TVM computed for it. This module only builds the schedule and packs the GM
-inputs (A zZ fractals or ND, B FRACTAL_Z, C NZ, as the direct template); the backend's one TIR
-lowering (`opcompiler.backend.ascend.tir_lower`) registers the intrinsics, compiles and traces
-the module, and turns the trace into each core's program.
+GEMM coordinates TVM computed for it (the intrinsics and `substitute` are the backend's
+`opcompiler.backend.ascend.intrin`). This module only builds the schedule and packs the GM inputs
+(A zZ fractals or ND, B FRACTAL_Z, C NZ): `scheduled` hands the backend a `Scheduled` (lowering
+"gemm"), whose `lower.py` compiles and traces the module and turns the trace into each core's
+program.
 """
 from __future__ import annotations
 
@@ -24,17 +25,18 @@ from collections.abc import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend import tir_lower as tl
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div
+import opcompiler.backend.ascend.intrin as intrin
 from opcompiler.ops import get_op
 from opcompiler.target import Target
+from opcompiler.template_base import HostLayout, Scheduled
 from opcompiler.workload import Workload
 
 from .common import (
-    epilogue_group,
-    l0_chunks,
+    CUBE_DTYPES,
+    ceil_div,
+    cube_chunks,
+    epilogue_channels,
     machine,
-    over_capacity,
     pad_to,
     tir_epilogue_at,
 )
@@ -43,7 +45,7 @@ TIR_OPS = ("matmul", "matmul_bias", "matmul_bias_relu")
 EPI_TAGS = {"matmul_bias": "bias", "matmul_out": "cast", "vrelu": "relu", "matmul_pad": "out"}
 
 
-DTYPES = {"float16": (16, "float32", 2), "int8": (32, "int32", 1)}  # K0, accumulator, element bytes
+DTYPES = CUBE_DTYPES  # K0, accumulator, element bytes
 
 
 def unsupported(wl: Workload) -> str | None:
@@ -52,12 +54,7 @@ def unsupported(wl: Workload) -> str | None:
     return None
 
 
-def chunks(wl: Workload, target: Target, cfg: Mapping) -> tuple[int, int] | None:
-    """(k, n) elements of one L0 chunk of the tile (the direct template's rule), or None."""
-    k0 = DTYPES[wl.dtype][0]
-    ch = l0_chunks(machine(target), wl.dtype, cfg["m_tile"] // 16, cfg["k_tile"] // k0, cfg["n_tile"] // 16,
-                   2 if cfg["double_buffer"] else 1)
-    return None if ch is None else (ch[0] * k0, ch[1] * 16)
+chunks = cube_chunks  # (k, n) elements of one L0 chunk of the tile, or None
 
 
 def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
@@ -71,7 +68,7 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
         return [("L0A", "A_L0A", mt * k0 * isz * sl + machine(target).level("L0A").capacity)]
     kc, nc = ch
     bias = wl.op in ("matmul_bias", "matmul_bias_relu")
-    cs = tl.l0c_slots(machine(target), sl == 2, mt * nt * 4)
+    cs = intrin.l0c_slots(machine(target), sl == 2, mt * nt * 4)
     g16 = epilogue_channels(wl, target, cfg)
     out = [b for s in range(sl) for b in (("L1", f"A_L1_{s}", mt * kt * isz), ("L1", f"B_L1_{s}", kt * nt * isz))]
     out += [b for s in range(sl) for b in (("L0A", f"A_L0A_{s}", mt * kc * isz),
@@ -84,8 +81,7 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
     return out
 
 
-F16, F32, L1, L0A, L0B, L0C, UB, GM = "float16", "float32", "local.L1", "local.L0A", "local.L0B", "local.L0C", \
-    "local.UB", "global"
+L1, L0A, L0B, L0C, UB = intrin.L1, intrin.L0A, intrin.L0B, intrin.L0C, intrin.UB_SCOPE
 
 
 def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int, kc: int, nc: int, g16: int):
@@ -136,49 +132,26 @@ def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int
     sch.reorder(ij[1], ij[0])
     sch.fuse(ij[0], ij[2])
     _, acc, _ = DTYPES[wl.dtype]
-    sch.tensorize(sch.get_loops(init)[-2], tl.intrin_init(mt, nt, acc))
-    sch.tensorize(sch.get_loops(mm)[-3], tl.intrin_mmad(mt, kc, nc, wl.dtype, acc))
+    sch.tensorize(sch.get_loops(init)[-2], intrin.intrin_init(mt, nt, acc))
+    sch.tensorize(sch.get_loops(mm)[-3], intrin.intrin_mmad(mt, kc, nc, wl.dtype, acc))
     for blk, tag in [(l1[0], "dma_a"), (l1[1], "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c")] + [
             (blk, EPI_TAGS[name]) for name, blk in epi]:
-        tl.substitute(sch, blk, 2, tag)
+        intrin.substitute(sch, blk, 2, tag)
     return sch.mod, [([int(s) for s in t.shape], str(t.dtype)) for t in (*ins, out)]
 
 
-def trace(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int, kc: int, nc: int,
-          g16: int) -> list[tuple]:
-    """The recorded event stream of the scheduled matmul (compiled once per key)."""
-    key = ("ascend.matmul", wl.op, wl.dtype, mp, kp, np_, mt, kt, nt, kc, nc, g16)
-    return tl.trace(key, lambda: schedule(wl, mp, kp, np_, mt, kt, nt, kc, nc, g16))
-
-
-def epilogue_channels(wl: Workload, target: Target, cfg: Mapping) -> int:
-    """Output columns one epilogue pass holds in UB (the direct template's rule)."""
-    m = machine(target)
-    out_isz = 2 if wl.dtype == "float16" else 0  # int8: no cast buffer
-    return 16 * epilogue_group(m, cfg["n_tile"] // 16, cfg["m_tile"], 4, out_isz, 2 if cfg["double_buffer"] else 1,
-                               m.level("UB").capacity // 2)
-
-
-def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
-    """The matmul template's TIR route (see the module docstring)."""
-    m = machine(target)
+def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
+    """The config's scheduled matmul for the backend's "gemm" lowering (see the module docstring)."""
     M, K, N = wl["m"], wl["k"], wl["n"]
     k0, _, _ = DTYPES[wl.dtype]
     out_dt = "float16" if wl.dtype == "float16" else "int32"
     M1, K1, N1 = ceil_div(M, 16), ceil_div(K, k0), ceil_div(N, 16)
+    mp, kp, np_ = M1 * 16, K1 * k0, N1 * 16
     mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
-    ch = chunks(wl, target, cfg)
-    if ch is None or over_capacity(target, tir_buffers(wl, target, cfg)) is not None:
-        dry = KernelBuilder(m)  # the builder's own CapacityError, before paying for TVM
-        for level, name, nbytes in tir_buffers(wl, target, cfg):
-            dry.alloc(level, name, (nbytes,), "int8")
+    ch = chunks(wl, target, cfg)  # None: the capacity dry-run (`buffers`) refuses the config before TVM
     has_bias = wl.op in ("matmul_bias", "matmul_bias_relu")
     nd = cfg.get("a_layout") == "ND"
     g16 = epilogue_channels(wl, target, cfg)
-    low = tl.GemmLowering(m, trace(wl, M1 * 16, K1 * k0, N1 * 16, mt, kt, nt, *ch, g16),
-                          (M1 * 16, K1 * k0, N1 * 16), (mt, kt, nt), ch, 2 if cfg["double_buffer"] else 1, has_bias,
-                          nd, group=g16, dtype=wl.dtype)
-    active = min(cfg["block_dim"], len(low.groups))
     trans_a, trans_b = bool(wl.p.get("trans_a")), bool(wl.p.get("trans_b"))
 
     def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
@@ -195,11 +168,14 @@ def tir_plan(wl: Workload, target: Target, cfg: Mapping) -> Plan:
     def unpack(c: np.ndarray) -> np.ndarray:
         return np.ascontiguousarray(c.transpose(1, 0, 2).reshape(M1 * 16, N1 * 16)[:M, :N])
 
-    return Plan(active_cores=active, make_program=lambda core: low.program(core, active), pack=pack, out_name="C",
-                out_shape=(N1, M1 * 16, 16), out_dtype=out_dt, unpack=unpack, flops=get_op(wl.op).flops(wl),
-                unit="cube", info={"lowering": "TVM s_tir schedule, tensorized blocks -> AI Core instructions",
-                                   "tir_tiles": len(low.groups),
-                                   "gm_layouts": {"A": "ND zero-padded to 16 (converted to zZ by Load2D, counted)"
-                                                  if nd else "zZ fractals (M1,K1,16,K0)",
-                                                  "B": "FRACTAL_Z (K1,N1,16,K0)", "C": "NZ (N1,M,16)"},
-                                   "padding_waste": round(1 - (M * K * N) / (M1 * K1 * N1 * 256 * k0), 4)})
+    key = ("ascend.matmul", wl.op, wl.dtype, mp, kp, np_, mt, kt, nt, *(ch or (None, None)), g16)
+    return Scheduled(
+        lowering="gemm", key=key,
+        module=lambda: schedule(wl, mp, kp, np_, mt, kt, nt, *ch, g16),
+        params={"dims": (mp, kp, np_), "tiles": (mt, kt, nt), "chunks": ch, "slots": 2 if cfg["double_buffer"] else 1,
+                "bias": has_bias, "a_nd": nd, "group": g16, "dtype": wl.dtype, "block_dim": cfg["block_dim"]},
+        host=HostLayout(pack=pack, unpack=unpack, out_name="C", out_shape=(N1, M1 * 16, 16), out_dtype=out_dt),
+        buffers=tir_buffers(wl, target, cfg), flops=get_op(wl.op).flops(wl),
+        info={"gm_layouts": {"A": "ND zero-padded to 16 (converted to zZ by Load2D, counted)"
+                             if nd else "zZ fractals (M1,K1,16,K0)", "B": "FRACTAL_Z (K1,N1,16,K0)", "C": "NZ (N1,M,16)"},
+              "padding_waste": round(1 - (M * K * N) / (M1 * K1 * N1 * 256 * k0), 4)})

@@ -1,7 +1,8 @@
-"""The Ascend backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`): intrinsics
-registered once per shape, traces cached by what they depend on, the same lowering for the
-matmul and conv schedules, ping-pong output buffers that give right results (numpy, fp16
-tolerance of opcompiler.verify) and the same cycles in functional and timing modes."""
+"""The Ascend backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`; the intrinsics
+in `intrin`): intrinsics registered once per shape, traces cached by what they depend on, the
+same lowering for the matmul and conv schedules, ping-pong output buffers that give right
+results (numpy, fp16 tolerance of opcompiler.verify) and the same cycles in functional and
+timing modes."""
 from __future__ import annotations
 
 import ast
@@ -10,6 +11,7 @@ from pathlib import Path
 import pytest
 
 from opcompiler.api import run_op
+from opcompiler.backend.ascend import intrin
 from opcompiler.backend.ascend import tir_lower as tl
 from opcompiler.backend.ascend import tir_trace as tt
 from opcompiler.ops import get_op, workload
@@ -18,21 +20,26 @@ from opcompiler.verify import compare
 ROOT = Path(__file__).resolve().parents[2]
 
 
+def _imports(path: Path) -> set[str]:
+    tree = ast.parse(path.read_text())
+    out = {n.module or "" for n in ast.walk(tree) if isinstance(n, ast.ImportFrom)}
+    return out | {a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
+
+
 def test_the_lowering_lives_in_the_backend_and_the_schedules_use_it():
-    src = (ROOT / "opcompiler" / "backend" / "ascend" / "tir_lower.py").read_text()
-    mods = {n.module or "" for n in ast.walk(ast.parse(src)) if isinstance(n, ast.ImportFrom)}
-    assert not any("schedules" in m for m in mods)
+    for name in ("tir_lower.py", "lower.py", "intrin.py"):
+        assert not any("schedules" in m for m in _imports(ROOT / "opcompiler" / "backend" / "ascend" / name))
     for name in ("matmul_tir.py", "conv2d_tir.py"):
         text = (ROOT / "schedules" / "ascend" / name).read_text()
         assert "register_global_func" not in text and "TensorIntrin" not in text and "tvm.compile" not in text
-        assert "tir_lower" in text
+        assert "opcompiler.backend.ascend.intrin" in _imports(ROOT / "schedules" / "ascend" / name)
 
 
 def test_intrinsics_are_parsed_once_and_specialised_per_shape():
     a = tl.intrin_copy(32, 64, "float16", "global", "local.L1", "dma_a", "src")
-    n_templates = len(tl._TEMPLATES)
+    n_templates = len(intrin._TEMPLATES)
     b = tl.intrin_copy(48, 16, "float16", "global", "local.L1", "dma_a", "src")
-    assert a != b and len(tl._TEMPLATES) == n_templates  # a new shape: specialised, not re-parsed
+    assert a != b and len(intrin._TEMPLATES) == n_templates  # a new shape: specialised, not re-parsed
     assert tl.intrin_copy(32, 64, "float16", "global", "local.L1", "dma_a", "src") == a
     from tvm.s_tir import TensorIntrin
 

@@ -23,7 +23,8 @@ from opcompiler.backend.ascend.builder import KernelBuilder, Plan, split_even
 from opcompiler.backend.ascend.isa import Buf, DataMove, Vec, VOp
 from opcompiler.errors import OpcError, OpcFailure
 from opcompiler.ops import get_op, workload
-from opcompiler.schedules.ascend.common import channel_op, machine
+from opcompiler.backend.ascend.tir_lower import channel_op
+from opcompiler.schedules.ascend.common import machine
 from opcompiler.schedules.ascend.elemwise import UB_TILES, _steps
 from opcompiler.schedules.ascend.elemwise_tir import flat_schedule
 from opcompiler.verify import compare

@@ -25,7 +25,8 @@ from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, spl
 from opcompiler.backend.ascend.isa import DataMove, Vec, VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
-from opcompiler.schedules.ascend.common import channel_op, from_5hd, machine, per_channel, to_5hd
+from opcompiler.backend.ascend.tir_lower import channel_op
+from opcompiler.schedules.ascend.common import from_5hd, machine, per_channel, to_5hd
 from opcompiler.ops.steps import STEPS
 from opcompiler.schedules.ascend.elemwise import AscendElemwise, _steps
 from opcompiler.verify import compare

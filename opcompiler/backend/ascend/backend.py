@@ -18,6 +18,7 @@ from ...template_base import Config, Template
 from ...workload import Workload
 from ..sim import SimBackend
 from .builder import Plan, Program
+from .lower import lower as lower_scheduled  # a template's Scheduled -> Plan
 from .machine import Machine
 from . import fclock, scheduler
 from .scheduler import Timing, schedule
@@ -49,7 +50,7 @@ class AscendSimBackend(SimBackend):
         return Level(name=m.offchip_name, capacity=m.offchip_bytes, alignment=1)
 
     def lower(self, wl: Workload, tmpl: Template, cfg: Config) -> tuple[Compiled, dict]:
-        plan: Plan = tmpl.apply(wl, self.target, cfg)
+        plan: Plan = lower_scheduled(tmpl.apply(wl, self.target, cfg), self.machine)
         prog = plan.make_program(0)
         info = {"layout_handling": LAYOUT_NOTE, "block_dim": plan.active_cores, "peak_unit": plan.unit,
                 "instructions_core0": len(prog.instrs),

@@ -44,10 +44,7 @@ from .builder import KernelBuilder, Program, split_even
 from .isa import VOp
 from .machine import Machine
 
-CORES = "opc.ascend.block_dim"
-SLOTS = "opc.ascend.double_buffer"
-PRAGMA = "pragma_emit_insn"
-UB_SCOPE = "local.UB"
+from .intrin import CORES, PRAGMA, SLOTS, UB_SCOPE  # noqa: E402 (the names schedules annotate with)
 
 _CACHE: dict[int, "VectorKernel"] = {}
 _CACHE_MAX = 256

@@ -25,7 +25,7 @@ from opcompiler.errors import OpcFailure
 from . import emit_insn
 from .emit_insn import CORES, SLOTS, VectorKernel, _seq, _ShapedLowering
 
-ITEM_TILES = "opc.ascend.item_tiles"  # a tile loop of a sequence under the cores loop (concat)
+from .intrin import ITEM_TILES  # noqa: E402 (a tile loop of a sequence under the cores loop: concat)
 _CACHE: dict[int, VectorKernel] = {}
 _CACHE_MAX = 256
 

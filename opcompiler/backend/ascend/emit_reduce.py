@@ -39,7 +39,7 @@ from .emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE, _Lowering, _nest_parts, _
 from .isa import VOp
 from .machine import Machine
 
-REDUCE = "vector_reduce"
+from .intrin import REDUCE  # noqa: E402 (the pragma of a row reduction nest)
 SCRATCH, SCALAR = "scratch", "scalar"
 
 _CACHE: dict[int, "RowKernel"] = {}

@@ -1,0 +1,132 @@
+"""A template's `Scheduled` -> the `Plan` the ascend-sim backend runs.
+
+An ascend template's `apply` returns `opcompiler.template_base.Scheduled`: a lazily built
+scheduled TVM module, the name of the lowering that reads it, the tiling facts the module does
+not state (`params`), the host layout and the buffers the lowering will allocate. `lower` picks
+the lowering by `sched.lowering` and assembles the plan:
+
+    gemm, conv   the capacity dry-run (the builder's own CapacityError names buffer, level and
+                 bytes before TVM is paid for), the module traced once per key (`tir_trace`), the
+                 event stream turned into each core's program (`tir_lower.GemmLowering` /
+                 `ConvLowering`)
+    vector       `emit_insn` (pragma'd nests: DMA and vector instructions)
+    move         `emit_move` (MTE2 / MTE3 boxes, a vector dup for padding)
+    reduce       `emit_reduce` (per row vcadd / vcmax folds; softmax's stages per row)
+
+The vector lowerings read the GM tensors' names and shapes from the module: a host layout
+without `pack` sends the op's inputs in the module's argument order, each reshaped to its GM
+tensor; without `out_name` / `out_shape` / `out_dtype` the module's output is read as it is
+(and "move" names the GM views it moves in `gm_layouts` when the template does not).
+"""
+from __future__ import annotations
+
+from dataclasses import replace
+from typing import Any, Callable
+
+import numpy as np
+
+from ...errors import OpcFailure
+from ...template_base import Scheduled
+from . import tir_lower as tl
+from .builder import KernelBuilder, Plan
+from .isa import ConvGeom
+from .machine import Machine
+
+TIR_GEMM = "TVM s_tir schedule, tensorized blocks -> AI Core instructions"
+TIR_CONV = "TVM s_tir schedule (implicit GEMM), blocks -> AI Core instructions"
+
+
+def fit(sched: Scheduled, m: Machine) -> None:
+    """The capacity dry-run: the buffers the lowering will allocate, allocated in order by the
+    builder, whose CapacityError names buffer, level and bytes (a config `check` rejects)."""
+    dry = KernelBuilder(m)
+    for level, name, nbytes in sched.buffers:
+        dry.alloc(level, name, (nbytes,), "int8")
+
+
+def _cube_plan(sched: Scheduled, m: Machine, low: Any, describe: str) -> Plan:
+    active = min(sched.params["block_dim"], len(low.groups))
+    h = sched.host
+    return Plan(active_cores=active, make_program=lambda core: low.program(core, active), pack=h.pack,
+                out_name=h.out_name, out_shape=h.out_shape, out_dtype=h.out_dtype, unpack=h.unpack,
+                flops=sched.flops, unit="cube",
+                info={"lowering": describe, "tir_tiles": len(low.groups), **sched.info})
+
+
+def _gemm(sched: Scheduled, m: Machine) -> Plan:
+    p = sched.params
+    fit(sched, m)
+    low = tl.GemmLowering(m, tl.trace(sched.key, sched.module), p["dims"], p["tiles"], p["chunks"], p["slots"],
+                          p["bias"], p["a_nd"], group=p["group"], dtype=p["dtype"])
+    return _cube_plan(sched, m, low, TIR_GEMM)
+
+
+def _conv(sched: Scheduled, m: Machine) -> Plan:
+    p = sched.params
+    fit(sched, m)
+    geom = ConvGeom(**p["geom"])
+    low = tl.ConvLowering(m, tl.trace(sched.key, sched.module), geom, p["n"], p["c1"], p["n1"], p["tiles"],
+                          p["chunks"], p["slots"], bias=p["bias"], bn=p["bn"], resident=p["resident"],
+                          group=p["group"], dtype=p["dtype"], conv_groups=p["conv_groups"], res=p["res"])
+    return _cube_plan(sched, m, low, TIR_CONV)
+
+
+def _vector_plan(sched: Scheduled, m: Machine, vk: Any, describe: str, nests: int) -> Plan:
+    h = sched.host
+    names, out = vk.inputs, h.out_name or vk.output
+
+    def as_given(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
+        return {nm: np.ascontiguousarray(a).reshape(vk.gm[nm][0]) for nm, a in zip(names, inputs)}
+
+    return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core),
+                pack=h.pack or as_given, out_name=out, out_shape=tuple(h.out_shape) or vk.gm[out][0],
+                out_dtype=h.out_dtype or vk.gm[out][1], unpack=h.unpack or (lambda y: y), flops=sched.flops,
+                unit="vector", info={**sched.info, "lowering": describe, "tir_nests": nests})
+
+
+def _module(sched: Scheduled):
+    built = sched.module()
+    return built[0] if isinstance(built, tuple) else built
+
+
+def _vector(sched: Scheduled, m: Machine) -> Plan:
+    from . import emit_insn
+
+    vk = emit_insn.lower(_module(sched))
+    return _vector_plan(sched, m, vk, "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)", len(vk.nests))
+
+
+def _move(sched: Scheduled, m: Machine) -> Plan:
+    from . import emit_move
+
+    vk = emit_move.lower(_module(sched))
+    if "gm_layouts" not in sched.info:  # the views of the runs the op moves, as the module states them
+        views = {nm: f"{vk.gm[nm][0]} (the runs the op moves)" for nm in (*vk.inputs, vk.output)}
+        sched = replace(sched, info={"gm_layouts": views, **sched.info})
+    return _vector_plan(sched, m, vk, "TVM s_tir schedule -> emit_move (backend/ascend/emit_move.py)", len(vk.nests))
+
+
+def _reduce(sched: Scheduled, m: Machine) -> Plan:
+    from . import emit_reduce
+
+    rk = emit_reduce.lower(_module(sched))
+    return _vector_plan(sched, m, rk, "TVM s_tir schedule -> emit_reduce (backend/ascend/emit_reduce.py)", rk.nests)
+
+
+LOWERINGS: dict[str, Callable[[Scheduled, Machine], Plan]] = {
+    "gemm": _gemm, "conv": _conv, "vector": _vector, "move": _move, "reduce": _reduce}
+
+
+def lower(sched: Scheduled, m: Machine) -> Plan:
+    """The plan of a scheduled template config (see the module docstring)."""
+    if isinstance(sched, Plan):  # a template that still builds its own plan (converted one by one)
+        return sched
+    if not isinstance(sched, Scheduled):
+        raise OpcFailure(f"an ascend template's apply returns a Scheduled, not {type(sched).__name__}")
+    fn = LOWERINGS.get(sched.lowering)
+    if fn is None:
+        raise OpcFailure(f"no ascend lowering named {sched.lowering!r}; known: {', '.join(LOWERINGS)}")
+    return fn(sched, m)
+
+
+__all__ = ["LOWERINGS", "fit", "lower"]
