@@ -19,8 +19,6 @@ from ..ops import fold_bn
 from .importer import Graph, Node
 
 F32_MAX = float(np.finfo(np.float32).max)
-# element-wise prims and their ew_chain step name (how they join a fused element-wise chain)
-EW_STEP = {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn"}
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -41,10 +39,16 @@ class Prim:
 
     @property
     def step(self) -> str | None:
-        """Its ew_chain step when it can join an element-wise chain, else None."""
+        """Its ew_chain step when it can join an element-wise chain, else None: an ew_chain's chain,
+        or the step a one-step catalogue op is (relu, add, bias_add -> bias, batch_norm -> bn:
+        `OpDef.chain`)."""
         if self.kind == "ew_chain":
             return str(self.params["chain"])
-        return EW_STEP.get(self.kind)
+        if self.kind in ("view", "host"):
+            return None
+        from ..ops import get_op
+        chain = get_op(self.kind).chain
+        return chain if isinstance(chain, str) and chain and ";" not in chain else None
 
 
 class Unsupported(Exception):

@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = '31963558e89310efb688b561aab967ea64ec56cb5636bb74783ad4b8c0ce8ce9'
+CATALOGUE_SHA256 = 'cf1958bc3e779dee8f51f9be58480aaadc8a2a8d6de7599c71b03e63e9cf2282'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),

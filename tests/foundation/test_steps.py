@@ -54,3 +54,8 @@ def test_schedules_import_no_private_catalogue_name():
 def test_graph_lower_has_one_table():
     from opcompiler.graph import lower
     assert lower.SUPPORTED == (*lower._LOWER, "Constant", "ConstantOfShape")
+    # a prim joins an element-wise chain as the step its catalogue op is
+    kinds = ("relu", "add", "bias_add", "batch_norm", "conv2d", "pool2d", "softmax", "view", "host")
+    steps = {k: lower.Prim(kind=k, params={}, inputs=(), outputs=("y",), node="n", onnx_op="X").step for k in kinds}
+    assert steps == {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn", "conv2d": None,
+                     "pool2d": None, "softmax": None, "view": None, "host": None}
