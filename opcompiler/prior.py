@@ -69,9 +69,7 @@ def candidates(template: Any, wl: Workload, target: Target, single_buffer: bool 
     space = template.space(wl, target)
     fixed, free = {}, []
     for k in space:
-        if not k.tunable:
-            fixed[k.name] = k.values[0]
-        elif k.name == "block_dim":
+        if k.name == "block_dim":
             fixed[k.name] = max(k.values)
         elif k.name in PINNED and PINNED[k.name] in k.values:
             fixed[k.name] = PINNED[k.name]

@@ -38,7 +38,6 @@ class Knob:
     name: str
     values: tuple
     doc: str = ""
-    tunable: bool = True  # False: a choice the user makes (--config); the tuner keeps the default
 
     def describe(self) -> str:
         vs = list(self.values)
@@ -136,21 +135,19 @@ class Template:
         return out
 
     def iter_space(self, wl: Workload, target: Target) -> Iterator[Config]:
-        """Every combination of the tunable knobs (the others stay at their defaults)."""
-        knobs = [k for k in self.space(wl, target) if k.tunable]
+        """Every combination of the knobs' values."""
+        knobs = list(self.space(wl, target))
         for combo in itertools.product(*(k.values for k in knobs)):
             yield dict(zip((k.name for k in knobs), combo))
 
     def space_size(self, wl: Workload, target: Target) -> int:
         n = 1
         for k in self.space(wl, target):
-            if not k.tunable:
-                continue
             n *= len(k.values)
         return n
 
     def random_config(self, wl: Workload, target: Target, rng: random.Random) -> Config:
-        return {k.name: rng.choice(k.values) for k in self.space(wl, target) if k.tunable}
+        return {k.name: rng.choice(k.values) for k in self.space(wl, target)}
 
 
 _TEMPLATES: dict[tuple[str, str], type[Template]] = {}

@@ -33,8 +33,7 @@ class Space:
 
     @staticmethod
     def of(wl: Workload, target: Target, template: Template) -> "Space":
-        # knobs a user sets but the tuner should not search (e.g. an alternative lowering) stay default
-        return Space(wl, target, template, tuple(k for k in template.space(wl, target) if k.tunable))
+        return Space(wl, target, template, tuple(template.space(wl, target)))
 
     @property
     def size(self) -> int:
