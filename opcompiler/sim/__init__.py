@@ -12,8 +12,15 @@ every simulated machine needs lives here:
 * `trace`      an independent accounting of a functional replay (cycles from what the
                execution touched, by a longest-path pass; never the scoreboard);
 * `profile`    one typed outcome: `Timing` (what a replay produced) and `Profile` (cycles,
-               time at the clock, busy per unit, bytes per level, peak, bound, roofline);
-* `clock`      clocks in Hz on both machines, and GB/s -> bytes per cycle.
+               time at the clock, busy per unit, bytes per level, peak, roofline), the one
+               bound rule (`bound_of`) and a run's report (`report`);
+* `clock`      clocks in Hz on both machines, and GB/s -> bytes per cycle;
+* `machine`    a machine read once per target description (`load`), its memory levels;
+* `shell`      run / measure / the report around a machine's hooks (`SimShell`; the
+               `Backend` side, build included, is `opcompiler.backend.sim.SimBackend`);
+* `tir_expr`   the one TIR expression evaluator (TIR's `Div` / `FloorDiv` semantics).
+
+Nothing here imports `opcompiler.backend` or the schedules: the simulator core sits below them.
 """
 from .buffers import Arena, CapacityError, Level
 from .clock import Clocked

@@ -14,6 +14,7 @@ from typing import Mapping
 from ...errors import OpcError
 from ...sim.buffers import Level
 from ...sim.clock import Clocked
+from ...sim.machine import levels as memory_levels, load
 from ...target import Target
 
 PIPES = ("S", "V", "M", "MTE1", "MTE2", "MTE3")
@@ -92,26 +93,22 @@ def _int(v) -> int:
     return int(v)
 
 
-_CACHE: dict[tuple[str, str, str], Machine] = {}
-
-
 def _machine(target: Target) -> Machine:
-    key = (target.name, target.path, target.digest)
-    if key not in _CACHE:
-        _CACHE[key] = _build_machine(target)
-        from . import fclock  # the functional replay of this machine's programs reads the same file
+    return load(target, _read)  # once per description (the simulator core's loader)
 
-        fclock.bind(_CACHE[key], target)
-    return _CACHE[key]
+
+def _read(target: Target) -> Machine:
+    m = _build_machine(target)
+    from . import fclock  # the functional replay of this machine's programs reads the same file
+
+    fclock.bind(m, target)
+    return m
 
 
 def _build_machine(target: Target) -> Machine:
     if target.family != "ascend":
         raise OpcError(f"target {target.name} is of family {target.family}, not ascend")
-    levels = {}
-    for name in ON_CHIP:
-        m = target.memory(name)
-        levels[name] = Level(name=name, capacity=m.capacity_bytes, alignment=m.alignment_bytes)
+    levels = memory_levels(target, ON_CHIP)
     shared = [m for m in target.memories if m.shared]
     off = [m for m in shared if m.scope == "global"]
     l2 = [m for m in shared if m.scope == "global.L2"]

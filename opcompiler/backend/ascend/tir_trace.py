@@ -17,6 +17,8 @@ from typing import Any
 
 import numpy as np
 
+from ...sim.tir_expr import Compiler, NoRule
+
 EVENT = "opc.ascend.tir.event"
 _EVENTS: list[tuple] = []  # filled while a compiled kernel runs
 TRACES: dict[Hashable, list[tuple]] = {}  # trace key -> recorded events (traced once per process)
@@ -53,46 +55,34 @@ def _is_event(stmt) -> bool:
     return type(head).__name__ == "StringImm" and head.value == EVENT
 
 
-def _trunc_div(a, b):
-    q = np.floor_divide(a, b)
-    return q + ((np.mod(a, b) != 0) & ((np.sign(a) * np.sign(b)) < 0))
+_INT = Compiler(integer=True)  # the simulator core's one TIR expression evaluator, integers only
 
 
-_BIN: dict[str, Callable[[Any, Any], Any]] = {
-    "Add": lambda a, b: a + b, "Sub": lambda a, b: a - b, "Mul": lambda a, b: a * b,
-    "FloorDiv": np.floor_divide, "FloorMod": np.mod, "Div": _trunc_div,
-    "Mod": lambda a, b: a - _trunc_div(a, b) * b, "Min": np.minimum, "Max": np.maximum,
-    "LT": lambda a, b: a < b, "LE": lambda a, b: a <= b, "GT": lambda a, b: a > b, "GE": lambda a, b: a >= b,
-    "EQ": lambda a, b: a == b, "NE": lambda a, b: a != b, "And": np.logical_and, "Or": np.logical_or}
+class _Env(dict):
+    """Loop and let variables by handle; one not bound (a handle, or a let whose value could
+    not be evaluated) makes the expression opaque."""
+
+    def __missing__(self, k):
+        raise _Opaque(f"variable {k}")
 
 
 def _value(e, env: dict[int, Any]):
     """An integer / boolean PrimExpr over the rows of `env` (loop and let variables by handle:
-    a numpy array per row, or a Python int where every row agrees)."""
-    name = type(e).__name__
-    if name == "IntImm":
-        return int(e.value)
-    if name == "StringImm":
-        return e.value
-    if name == "Var":
-        v = env.get(e.__chandle__())
-        if v is None:  # a handle, or a let whose value could not be evaluated
-            raise _Opaque(f"variable {e}")
-        return v
-    if name in _BIN:
-        return _BIN[name](_value(e.a, env), _value(e.b, env))
-    if name == "Not":
-        return np.logical_not(_value(e.a, env))
-    if name == "Cast":
-        if not (str(e.ty).startswith("int") or str(e.ty).startswith("uint") or str(e.ty) == "bool"):
-            raise _Opaque(f"cast to {e.ty}")
-        return _value(e.value, env)
-    if name == "Select" or _call_name(e) == "prim.if_then_else":
-        c, t, f = (e.condition, e.true_value, e.false_value) if name == "Select" else e.args
-        return np.where(_value(c, env), _value(t, env), _value(f, env))
-    if name == "Let":
-        return _value(e.body, {**env, e.var.__chandle__(): _value(e.value, env)})
-    raise _Opaque(name)
+    a numpy array per row, or a Python int where every row agrees), by `opcompiler.sim.tir_expr`
+    (TIR's semantics: `Div` / `Mod` truncate, `FloorDiv` / `FloorMod` floor)."""
+    try:
+        f = _INT.fn(e)
+    except NoRule as x:
+        raise _Opaque(str(x)) from None
+    return f(_Env(env), None)
+
+
+def _bind(env: dict[int, Any], var, v) -> None:
+    """Bind `var` to `v` in `env` (None: its value could not be evaluated: left unbound)."""
+    if v is None:
+        env.pop(var.__chandle__(), None)
+    else:
+        env[var.__chandle__()] = v
 
 
 class _Rows:
@@ -164,9 +154,11 @@ def _walk(stmt, rows: _Rows, out: list[tuple[list[Any], int, list[Any]]]) -> boo
         except _Opaque:
             v = None  # a handle (the packed API's argument unpacking): an error only where used
         if name == "Bind":
-            rows.env[stmt.var.__chandle__()] = v
+            _bind(rows.env, stmt.var, v)
         else:
-            return _walk(stmt.body, _Rows(rows.n, {**rows.env, stmt.var.__chandle__(): v}, rows.path), out)
+            env = dict(rows.env)
+            _bind(env, stmt.var, v)
+            return _walk(stmt.body, _Rows(rows.n, env, rows.path), out)
     elif name == "Evaluate":
         if _is_event(stmt):
             out.append((rows.path, rows.n, [_value(a, rows.env) for a in stmt.value.args[1:]]))

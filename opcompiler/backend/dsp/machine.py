@@ -10,6 +10,7 @@ from dataclasses import dataclass
 from ...errors import OpcError
 from ...sim.buffers import Level
 from ...sim.clock import Clocked
+from ...sim.machine import levels as memory_levels, load, source_target as loaded_from
 from ...target import Target
 
 LEVELS = ("DDR", "GSM", "AM", "SM")
@@ -75,26 +76,14 @@ def _f(d, key: str, what: str) -> float:
         raise OpcError(f"dsp target is missing {what}.{key}") from None
 
 
-_CACHE: dict[tuple, DspMachine] = {}
-
-
 def machine(target: Target) -> DspMachine:
-    """Read (and cache) the cluster figures of a dsp-family target."""
-    key = (target.name, target.digest, str(target.extra.get("data_mode", "shared")), target.cores, target.memories,
-           target.clock_ghz)
-    if key not in _CACHE:
-        _CACHE[key] = _read(target)
-        _SOURCE[id(_CACHE[key])] = (_CACHE[key], target)  # the functional clock reads the same file
-    return _CACHE[key]
-
-
-_SOURCE: dict[int, tuple[DspMachine, Target]] = {}
+    """Read (once per description: the simulator core's loader) the cluster figures of a dsp-family target."""
+    return load(target, _read, str(target.extra.get("data_mode", "shared")))
 
 
 def source_target(m: DspMachine) -> Target | None:
     """The target description machine `m` was read from (None for a machine built elsewhere)."""
-    got = _SOURCE.get(id(m))
-    return got[1] if got is not None and got[0] is m else None
+    return loaded_from(m)
 
 
 def _read(target: Target) -> DspMachine:
@@ -114,8 +103,7 @@ def _read(target: Target) -> DspMachine:
         name=target.name, cores=target.cores, clock_hz=clock,
         peak_flops_per_cycle=float(target.peak_flops_per_cycle.get("float32", 0.0)),
         capacity=tuple((lv, mem[lv].capacity_bytes) for lv in LEVELS),
-        levels=tuple(Level(name=lv, capacity=mem[lv].capacity_bytes, alignment=mem[lv].alignment_bytes)
-                     for lv in LEVELS),
+        levels=tuple(memory_levels(target, LEVELS).values()),
         lanes=int(_f(vpe, "count", "units.vpe") * _f(vpe, "lanes_fp32", "units.vpe")),
         registers=int(_f(vpe, "registers", "units.vpe")),
         fmac_units=int(_f(vpe, "fmac_units", "units.vpe")),

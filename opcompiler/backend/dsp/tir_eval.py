@@ -1,14 +1,14 @@
 """Evaluating lowered TIR for the DSP lowering: expressions compiled to Python/numpy over loop
-grids, boolean grids split into boxes, and the functional execution of a micro-kernel call.
-Used by `tir_lower.py`."""
+grids (the simulator core's evaluator, `opcompiler.sim.tir_expr`), boolean grids split into
+boxes, and the functional execution of a micro-kernel call. Used by `tir_lower.py`."""
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any, ClassVar
+from typing import Any
 
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import Compiler
 
 
 def _key(v) -> int:
@@ -24,52 +24,7 @@ def _bkey(x) -> int:
     return _key(x)  # in TVM 0.27 a buffer is itself the variable its accesses name
 
 
-class _Compiler:
-    """PrimExpr -> Python source over `E` (loop variables by handle) and `L` (buffer loads)."""
-
-    _BIN: ClassVar[dict[str, str]] = {"Add": "+", "Sub": "-", "Mul": "*", "FloorDiv": "//", "FloorMod": "%", "Div": "//", "Mod": "%",
-            "LT": "<", "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!=", "And": "&", "Or": "|"}
-
-    def __init__(self, strides: Callable[[int], tuple[int, ...]]):
-        self.strides = strides
-
-    def flat(self, bk: int, indices) -> str:
-        st = self.strides(bk)
-        return "(" + " + ".join(f"({self.src(i)})*{s}" for i, s in zip(indices, st)) + ")" if st else "0"
-
-    def src(self, e) -> str:
-        name = type(e).__name__
-        if name == "IntImm":
-            return str(int(e.value))
-        if name == "FloatImm":
-            return repr(float(e.value))
-        if name == "Var":
-            return f"E[{_key(e)}]"
-        if name in self._BIN:
-            return f"({self.src(e.a)} {self._BIN[name]} {self.src(e.b)})"
-        if name == "Min":
-            return f"np.minimum({self.src(e.a)}, {self.src(e.b)})"
-        if name == "Max":
-            return f"np.maximum({self.src(e.a)}, {self.src(e.b)})"
-        if name == "Not":
-            return f"(~np.asarray({self.src(e.a)}))"
-        if name == "Select":
-            return f"np.where({self.src(e.condition)}, {self.src(e.true_value)}, {self.src(e.false_value)})"
-        if name == "Cast":
-            return self.src(e.value)
-        if name == "Call" and e.op.name.endswith("if_then_else"):
-            a = e.args
-            return f"np.where({self.src(a[0])}, {self.src(a[1])}, {self.src(a[2])})"
-        if name in ("BufferLoad", "TensorLoad"):
-            bk = _bkey(e)
-            return f"L({bk}, {self.flat(bk, e.indices)})"
-        raise OpcFailure(f"tir lowering: no rule for {name} ({e})")
-
-    def flat_fn(self, bk: int, indices) -> Callable:
-        return eval(f"lambda E, L: {self.flat(bk, indices)}", {"np": np})
-
-    def fn(self, e) -> Callable:
-        return eval(f"lambda E, L: {self.src(e)}", {"np": np})  # our own generated source
+_Compiler = Compiler  # the simulator core's one TIR expression evaluator (`opcompiler.sim.tir_expr`)
 
 
 class _Zero(dict):
