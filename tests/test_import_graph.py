@@ -1,4 +1,4 @@
-"""The package's import graph has no cycle (issue 12, item 8).
+"""The package's import graph has no cycle (issue 12, item 8) and runs one way (issue 24).
 
 Every module under `opcompiler/` and `schedules/` is parsed with `ast`; an edge is any import
 the module can execute: `import` and `from ... import` at module level AND inside functions
@@ -14,6 +14,7 @@ normal way to build a namespace, not a dependency between concepts.
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -216,3 +217,110 @@ def test_loading_the_templates_runs_no_backend():
                          text=True, cwd=ROOT, timeout=300)
     assert out.returncode == 0, out.stderr
     assert out.stdout.strip() == "[]"
+
+
+# ------------------------------------------------------------------ layers (issue 24)
+
+# The house's parts, each on a floor: a part imports only parts on its own floor or below it (a
+# larger number). Lower number = higher layer. Every module of the package stands on one part.
+PARTS: dict[str, tuple[int, tuple[str, ...]]] = {
+    "cli": (0, ("opcompiler.cli", "opcompiler.__main__")),
+    "graph": (1, ("opcompiler.graph",)),
+    "export": (1, ("opcompiler.export",)),
+    # the entry points beside the tuner: the Python API and the RPC server, which load the templates
+    "tune": (2, ("opcompiler.tune", "opcompiler.api", "opcompiler.rpc")),
+    "schedules": (3, ("opcompiler.schedules",)),
+    "backend": (4, ("opcompiler.backend",)),
+    "sim": (5, ("opcompiler.sim",)),
+    # the derived-default model reads ops and is read by templates and `--config measured` builds
+    "ops": (5, ("opcompiler.ops", "opcompiler.dsl", "opcompiler.prior")),
+    "core": (6, tuple(f"opcompiler.{m}" for m in (
+        "target", "config", "template", "template_base", "capabilities", "workload", "errors", "settings",
+        "device", "records", "verify", "rpc_spec", "calibration")) + ("opcompiler",)),
+}
+# Arrows drawn on purpose although they run up, each with why.
+UP_ALLOWED: dict[tuple[str, str], str] = {
+    ("tune", "graph"): "whole-model tuning plans the model",
+}
+# Arrows that must never exist, even between parts on the same floor.
+NEVER: dict[tuple[str, str], str] = {
+    ("core", "backend"): "targets and configs know no backend",
+    ("core", "tune"): "configs read a record store below them",
+    ("sim", "backend"): "the shell knows no machine",
+    ("sim", "schedules"): "the shell knows no template",
+    ("ops", "schedules"): "an operator knows no template",
+    ("backend", "graph"): "a backend runs kernels, not models",
+}
+
+
+@functools.cache
+def _graph() -> dict[str, dict[str, int]]:
+    return import_graph()  # read once for the layer tests below (they do not change it)
+
+
+def part_of(module: str) -> str | None:
+    best, length = None, -1
+    for name, (_, prefixes) in PARTS.items():
+        for p in prefixes:
+            if (module == p or module.startswith(p + ".")) and len(p) > length:
+                best, length = name, len(p)
+    return best
+
+
+def _arrows(g: dict[str, dict[str, int]]):
+    """(part of a, part of b, a, line, b) for every import between two parts."""
+    for a, out in sorted(g.items()):
+        for b, line in sorted(out.items()):
+            pa, pb = part_of(a), part_of(b)
+            if pa and pb and pa != pb:
+                yield pa, pb, a, line, b
+
+
+def test_every_module_stands_on_a_part():
+    assert [m for m in sorted(_graph()) if part_of(m) is None] == []
+
+
+def test_the_parts_table_sees_the_old_up_arrows():
+    """The check itself: a core module importing a backend, or ops importing a template, is caught."""
+    g = {"opcompiler.target": {"opcompiler.backend.cuda": 235}, "opcompiler.ops": {"opcompiler.schedules": 1}}
+    found = {(pa, pb) for pa, pb, *_ in _arrows(g)}
+    assert found == {("core", "backend"), ("ops", "schedules")}
+    assert PARTS["core"][0] > PARTS["backend"][0] and PARTS["ops"][0] > PARTS["schedules"][0]
+
+
+def test_no_import_runs_back_up():
+    """0 arrows from a part to a part on a higher floor (run-time imports included), but the drawn ones."""
+    up = [f"{pa} -> {pb}: {a} (line {line}) imports {b}" for pa, pb, a, line, b in _arrows(_graph())
+          if PARTS[pb][0] < PARTS[pa][0] and (pa, pb) not in UP_ALLOWED]
+    assert not up, "imports that run back up:\n" + "\n".join(up)
+
+
+@pytest.mark.parametrize("pair", sorted(NEVER), ids="->".join)
+def test_never_rows(pair):
+    found = [f"{a} (line {line}) imports {b}" for pa, pb, a, line, b in _arrows(_graph()) if (pa, pb) == pair]
+    assert not found, f"{pair[0]} -> {pair[1]} must not exist ({NEVER[pair]}):\n" + "\n".join(found)
+
+
+# What `schedules/<family>/` may import from the backend: the family's intrinsics and scopes, in
+# one module (as TVM's own `tir.tensor_intrin` modules are): no lowerers, builders or programs.
+INTRINSICS = {
+    "ascend": "opcompiler.backend.ascend.intrin",
+    "dsp": "opcompiler.backend.dsp.intrin",
+    "cpu": "opcompiler.backend.cpu_intrin",
+    "cuda": None,  # TVM's own CUDA intrinsics (schedules/cuda/intrin.py registers them): nothing of ours
+}
+
+
+@pytest.mark.parametrize("family", [
+    "ascend", "cpu", "cuda",
+    pytest.param("dsp", marks=pytest.mark.xfail(strict=False, reason=(
+        "issue 24 item 1 in progress: dsp schedules still import backend/dsp/core.py cost helpers"))),
+])
+def test_schedules_import_only_their_family_intrinsics(family):
+    g = _graph()
+    prefix = f"opcompiler.schedules.{family}"
+    bad = [f"{a} (line {line}) imports {b}" for a, out in sorted(g.items())
+           if a == prefix or a.startswith(prefix + ".")
+           for b, line in sorted(out.items())
+           if part_of(b) == "backend" and b != INTRINSICS[family]]
+    assert not bad, f"schedules/{family} may import only {INTRINSICS[family]} of the backend:\n" + "\n".join(bad)

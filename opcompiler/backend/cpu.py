@@ -11,7 +11,7 @@ from ..config import ConfigSpec
 from ..ops import get_op
 from ..workload import Workload
 from .base import Backend, Kernel, RunResult, device_args
-from .llvm import llvm_target, vector_lanes  # noqa: F401  (re-exported: callers import them from here)
+from .cpu_intrin import llvm_target, vector_lanes  # noqa: F401  (re-exported: callers import them from here)
 
 
 class CpuBackend(Backend):

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.llvm import vector_lanes
+from opcompiler.backend.cpu_intrin import vector_lanes
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template

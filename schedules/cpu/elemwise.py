@@ -5,7 +5,7 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.llvm import vector_lanes
+from opcompiler.backend.cpu_intrin import vector_lanes
 from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template

@@ -1,7 +1,8 @@
-"""The host as LLVM sees it: the TVM target and its SIMD width.
+"""The cpu family's intrinsics: the host as LLVM sees it, its TVM target and SIMD width.
 
-Shared by the CPU backend and the CPU templates (which size their vectors by it); it sits
-below both so neither imports the other.
+The one module of the backend that the cpu templates (`schedules/cpu`, which size their vectors
+by it) import, as `backend/ascend/intrin.py` and `backend/dsp/intrin.py` are for theirs; the CPU
+backend builds for the same target.
 """
 from __future__ import annotations
 
