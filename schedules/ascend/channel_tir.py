@@ -32,9 +32,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
+from opcompiler.backend.ascend.intrin import PRAGMA, UB_SCOPE
 from opcompiler.ops.steps import CHAN, FULL, apply_te, operand_kinds, parse_chain
 from opcompiler.workload import Workload
+
+from .common import on_cores
 
 C0 = 16
 _WL: dict[str, Workload] = {}
@@ -132,16 +134,10 @@ def channel_schedule(wl: Workload, chain: str, cfg: Mapping):
     """The scheduled module (IRModule) of a per-channel chain (`chain`: the op's steps, e.g.
     "bn;relu") for this config; the tiling (ub_tile / 16 pixels per tile) is cached per
     workload, cores and double buffering are tile-loop annotations."""
-    from tvm.s_tir import Schedule
-
     key = wl.key_str()
     _WL[key] = wl
     mod, copy_out = _tiled(key, chain, max(1, int(cfg["ub_tile"]) // C0))
-    sch = Schedule(mod)
-    tiles = sch.get_loops(sch.get_sblock(copy_out))[0]
-    sch.annotate(tiles, CORES, int(cfg["block_dim"]))
-    sch.annotate(tiles, SLOTS, int(bool(cfg["double_buffer"])))
-    return sch.mod
+    return on_cores(mod, copy_out, cfg)
 
 
 __all__ = ["channel_schedule", "geometry"]

@@ -20,24 +20,24 @@ core's program. Per-channel chains take it too: `channel_tir.channel_schedule` s
 chain on the NC1HWC0 view (parameters resident in UB, a per-channel step lowered to block
 stride 0 / half-row instructions). slice, pad and transpose take it too: `move_tir.move_schedule`
 views the tensors as the runs the op moves and writes the op's block through a UB tile (MTE2 in,
-MTE3 out, a vector dup for padding), lowered by the backend's `emit_move`. concat is still
-emitted directly (TIK style) below.
+MTE3 out, a vector dup for padding), lowered by the backend's `emit_move`; concat too
+(`move_tir.concat_schedule`). `apply` returns the schedule as a `Scheduled` whose lowering
+("vector" or "move") the backend's `lower.py` runs.
 """
 from __future__ import annotations
 
-from typing import Any, Mapping
+from typing import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.builder import Plan, ceil_div
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.steps import STEPS, chain_temps, chain_text
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, register_template
+from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, core_values, from_5hd, machine, per_channel, to_5hd
+from .common import AscendTemplate, ceil_div, core_values, from_5hd, machine, per_channel, to_5hd
 
 MOVE_TIR = ("slice", "pad", "transpose", "concat")  # the data-movement ops on the TVM route
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -105,79 +105,53 @@ class AscendElemwise(AscendTemplate):
             out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(1 + _n_full(wl) + _n_temps(wl))]
         return out
 
-    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
-        m = machine(target)
+    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         kind = _kind(wl)
         if kind in MOVE_TIR:
-            return self._apply_move_tir(wl, target, cfg, m)
+            return self._apply_move_tir(wl, target, cfg)
         if kind == "flat":
-            return self._apply_flat_tir(wl, target, cfg, m)
+            return self._apply_flat_tir(wl, target, cfg)
         if kind == "channel":
-            return self._apply_channel_tir(wl, target, cfg, m)
+            return self._apply_channel_tir(wl, target, cfg)
         raise OpcError(f"no ascend element-wise lowering for {wl.op}", arg="op", value=wl.op)
 
-    def _apply_move_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+    def _apply_move_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """Data movement through TVM: `move_tir.move_schedule` schedules the op's TE compute
         (views of the runs it moves, the op's block cache_written into a UB tile, tiles of
-        ub_tile elements, dma_copy pragmas); the backend's `emit_move` lowering turns it into
-        each core's program (MTE2 / MTE3 boxes, a vector dup for padding)."""
-        from opcompiler.backend.ascend import emit_move
-
+        ub_tile elements, dma_copy pragmas) for the backend's "move" lowering (`emit_move`:
+        MTE2 / MTE3 boxes, a vector dup for padding). The inputs go to GM as the views of the
+        runs the module moves."""
         from .move_tir import logical_out_shape, move_schedule
 
-        vk = emit_move.lower(move_schedule(wl, cfg))
-        names = vk.inputs
         out_shape = logical_out_shape(wl)
+        return Scheduled(lowering="move", module=lambda: (move_schedule(wl, cfg), ()),
+                         host=HostLayout(unpack=lambda y: y.reshape(out_shape), out_dtype=wl.dtype), flops=0,
+                         info={"steps": wl.op, "layout_change": "none", "channel_padding_waste": 0.0})
 
-        def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-            return {nm: np.ascontiguousarray(a).reshape(vk.gm[nm][0]) for nm, a in zip(names, inputs)}
-
-        return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core), pack=pack,
-                    out_name=vk.output, out_shape=vk.gm[vk.output][0], out_dtype=wl.dtype,
-                    unpack=lambda y: y.reshape(out_shape), flops=0, unit="vector",
-                    info={"gm_layouts": {nm: f"{vk.gm[nm][0]} (the runs the op moves)" for nm in (*names, vk.output)},
-                          "steps": wl.op, "layout_change": "none", "channel_padding_waste": 0.0,
-                          "lowering": "TVM s_tir schedule -> emit_move (backend/ascend/emit_move.py)",
-                          "tir_nests": len(vk.nests)})
-
-    def _apply_flat_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+    def _apply_flat_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """Flat chains through TVM: `elemwise_tir.flat_schedule` schedules the op's TE compute
-        (UB tiles, cache_read / cache_write, stages computed at the tile loop, emit_insn pragmas),
-        the backend's `emit_insn` lowering turns it into each core's program."""
-        from opcompiler.backend.ascend import emit_insn
-
+        (UB tiles, cache_read / cache_write, stages computed at the tile loop, emit_insn pragmas)
+        for the backend's "vector" lowering (`emit_insn`). The tensors stream flat."""
         from .elemwise_tir import flat_schedule
 
-        vk = emit_insn.lower(flat_schedule(wl, cfg))
         n, c, h, w = _shape(wl)
         out_shape = (n, c, h, w) if wl.layout == "NCHW" else (n, h, w, c)
-        names = vk.inputs
+        return Scheduled(lowering="vector", module=lambda: (flat_schedule(wl, cfg), ()),
+                         host=HostLayout(unpack=lambda y: y.reshape(out_shape), out_dtype=wl.dtype),
+                         flops=get_op(wl.op).flops(wl),
+                         info={"gm_layouts": {"x": "flat"}, "steps": ";".join(nm for nm, _ in _steps(wl)),
+                               "layout_change": "none (streams the tensor in its own layout)",
+                               "channel_padding_waste": 0.0})
 
-        def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-            return {nm: np.ascontiguousarray(a).reshape(-1) for nm, a in zip(names, inputs)}
-
-        return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core), pack=pack,
-                    out_name=vk.output, out_shape=vk.gm[vk.output][0], out_dtype=wl.dtype,
-                    unpack=lambda y: y.reshape(out_shape), flops=get_op(wl.op).flops(wl), unit="vector",
-                    info={"gm_layouts": {"x": "flat"}, "steps": ";".join(nm for nm, _ in _steps(wl)),
-                          "layout_change": "none (streams the tensor in its own layout)",
-                          "channel_padding_waste": 0.0,
-                          "lowering": "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)",
-                          "tir_nests": len(vk.nests)})
-
-    def _apply_channel_tir(self, wl: Workload, target: Target, cfg: Mapping, m: Any) -> Plan:
+    def _apply_channel_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """Per-channel chains through TVM: `channel_tir.channel_schedule` schedules the chain on
         the NC1HWC0 view (UB tiles of ub_tile / 16 pixels of one channel block, parameters
-        resident in UB, emit_insn pragmas); the backend's `emit_insn` lowering turns it into each
-        core's program (per-channel steps: block stride 0 for fp16, two half-row instructions
-        for fp32)."""
-        from opcompiler.backend.ascend import emit_insn
-
+        resident in UB, emit_insn pragmas) for the backend's "vector" lowering (`emit_insn`;
+        per-channel steps: block stride 0 for fp16, two half-row instructions for fp32)."""
         from .channel_tir import channel_schedule
 
         steps = _steps(wl)
         chain = chain_text(steps)
-        vk = emit_insn.lower(channel_schedule(wl, chain, cfg))
         n, c, h, w = _shape(wl)
         c1, hw = ceil_div(c, C0), h * w
         gm_shape = (n * c1, hw, C0)
@@ -193,15 +167,13 @@ class AscendElemwise(AscendTemplate):
                 gm[f"p{i}"] = per_channel(a.reshape(-1), c1, C0)
             return gm
 
-        return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core), pack=pack,
-                    out_name=vk.output, out_shape=gm_shape, out_dtype=wl.dtype,
-                    unpack=lambda y: from_5hd(y.reshape(n, c1, hw, C0), c, h, w, layout),
-                    flops=get_op(wl.op).flops(wl), unit="vector",
-                    info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H*W, 16)"}, "steps": ";".join(nm for nm, _ in steps),
-                          "layout_change": "NCHW/NHWC <-> NC1HWC0 on the host",
-                          "channel_padding_waste": round(1 - c / (c1 * C0), 4),
-                          "lowering": "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)",
-                          "tir_nests": len(vk.nests)})
+        return Scheduled(lowering="vector", module=lambda: (channel_schedule(wl, chain, cfg), ()),
+                         host=HostLayout(pack=pack, unpack=lambda y: from_5hd(y.reshape(n, c1, hw, C0), c, h, w, layout),
+                                         out_shape=gm_shape, out_dtype=wl.dtype),
+                         flops=get_op(wl.op).flops(wl),
+                         info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H*W, 16)"}, "steps": ";".join(nm for nm, _ in steps),
+                               "layout_change": "NCHW/NHWC <-> NC1HWC0 on the host",
+                               "channel_padding_waste": round(1 - c / (c1 * C0), 4)})
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)

@@ -17,7 +17,7 @@ add_relu without broadcast, ew_chain of relu / sigmoid / clip / affine / pow / a
                                             iterations) and opc.ascend.double_buffer (ping-pong)
     nests                                   pragma_emit_insn = dma_copy (GM <-> UB) or vector_auto
 
-`opcompiler.backend.ascend.emit_insn` lowers the module; nothing here emits instructions.
+The backend's `emit_insn` lowers the module; nothing here emits instructions.
 """
 from __future__ import annotations
 
@@ -26,10 +26,12 @@ from typing import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
+from opcompiler.backend.ascend.intrin import PRAGMA, UB_SCOPE
 from opcompiler.errors import OpcError
 from opcompiler.ops import op_prim_func
 from opcompiler.workload import Workload
+
+from .common import on_cores
 
 _WL: dict[str, Workload] = {}  # workload key -> workload (the caches below are keyed by the key string)
 
@@ -46,16 +48,10 @@ def flat_schedule(wl: Workload, cfg: Mapping, inline: bool = False):
     decomposes it into vector instructions on UB temporaries). The tiled schedule depends on the
     workload and `ub_tile` only and is cached; cores and double buffering are annotations of
     its tile loop, added per config."""
-    from tvm.s_tir import Schedule
-
     key = wl.key_str()
     _WL[key] = wl
     mod, copy_out = _tiled(key, int(cfg["ub_tile"]), bool(inline))
-    sch = Schedule(mod)
-    tiles = sch.get_loops(sch.get_sblock(copy_out))[0]
-    sch.annotate(tiles, CORES, int(cfg["block_dim"]))
-    sch.annotate(tiles, SLOTS, int(bool(cfg["double_buffer"])))
-    return sch.mod
+    return on_cores(mod, copy_out, cfg)
 
 
 @lru_cache(maxsize=256)

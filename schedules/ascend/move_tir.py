@@ -33,12 +33,13 @@ from typing import Mapping
 import numpy as np
 
 from opcompiler.ops.concat_blocks import concat_per_input
-from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
-from opcompiler.backend.ascend.emit_move import ITEM_TILES
+from opcompiler.backend.ascend.intrin import ITEM_TILES, PRAGMA, UB_SCOPE
 from opcompiler.errors import OpcError
 from opcompiler.ops import op_prim_func
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
 from opcompiler.workload import Workload
+
+from .common import on_cores
 
 _WL: dict[str, Workload] = {}
 MAX_SINGLE_RUNS = 65536  # a transpose moving the innermost axis: at most this many one-element moves
@@ -109,19 +110,13 @@ def logical_out_shape(wl: Workload) -> tuple[int, ...]:
 
 def move_schedule(wl: Workload, cfg: Mapping):
     """The scheduled module (IRModule) of a data-movement op for this config."""
-    from tvm.s_tir import Schedule
-
     if wl.op == "concat":
         return concat_schedule(wl, cfg)
     check(wl, cfg)
     key = wl.key_str()
     _WL[key] = wl
     mod, copy_out = _tiled(key, int(cfg["ub_tile"]))
-    sch = Schedule(mod)
-    tiles = sch.get_loops(sch.get_sblock(copy_out))[0]
-    sch.annotate(tiles, CORES, int(cfg["block_dim"]))
-    sch.annotate(tiles, SLOTS, int(bool(cfg["double_buffer"])))
-    return sch.mod
+    return on_cores(mod, copy_out, cfg)
 
 
 def _rows_or_chunks(sch, loops, rows: int, run: int, tile: int):
@@ -227,15 +222,9 @@ def _concat_tiled(key: str, tile: int):
 def concat_schedule(wl: Workload, cfg: Mapping):
     """The scheduled module of concat: the image loop carries the cores and buffering (its tile
     loops' iterations, in order, are the items the cores share)."""
-    from tvm.s_tir import Schedule
-
     key = wl.key_str()
     _WL[key] = wl
-    sch = Schedule(_concat_tiled(key, int(cfg["ub_tile"])))
-    images = sch.get_loops(sch.get_sblock("x"))[0]
-    sch.annotate(images, CORES, int(cfg["block_dim"]))
-    sch.annotate(images, SLOTS, int(bool(cfg["double_buffer"])))
-    return sch.mod
+    return on_cores(_concat_tiled(key, int(cfg["ub_tile"])), "x", cfg)  # the image loop
 
 
 __all__ = ["concat_func", "concat_schedule", "move_schedule", "transpose_geometry", "check", "logical_out_shape"]

@@ -1,8 +1,8 @@
 """pool2d (max / average) on the vector unit over NC1HWC0, tiled by output rows in UB.
 
 The kernel is a TVM schedule (`pool_tir.pool_schedule`: pool2d's own compute on the NC1HWC0
-view, the knobs as split factor and tile-loop annotations) lowered by the backend's `emit_insn`
-(`opcompiler/backend/ascend/emit_insn.py`); what it issues:
+view, the knobs as split factor and tile-loop annotations), returned as a `Scheduled` for the
+backend's "vector" lowering (its `emit_insn`); what it issues:
 
     FOR plane (n, c1), output-row tile (split over `block_dim` cores):
       fill the padded input tile with the pad value (V, only when pad > 0)
@@ -30,14 +30,13 @@ from typing import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.builder import Plan, ceil_div
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, register_template
+from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, core_values, from_5hd, machine, to_5hd
+from .common import AscendTemplate, ceil_div, core_values, from_5hd, machine, to_5hd
 
 C0 = 16
 ROW_TILES = (1, 2, 4, 8, 16, 32, 64)
@@ -105,15 +104,13 @@ class AscendPool(AscendTemplate):
                 out.append(("UB", f"cnt_{sl}", rt * wo * C0 * isz))
         return out
 
-    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
+    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """pool2d through TVM: `pool_tir.pool_schedule` schedules the op's compute on the
-        NC1HWC0 view, the backend's `emit_insn` lowering turns it into each core's program."""
-        from opcompiler.backend.ascend import emit_insn
-
+        NC1HWC0 view, for the backend's "vector" lowering (`emit_insn`)."""
         from .pool_tir import count_table, pool_schedule
 
         if (rw := row_workload(wl)) is not None:  # a global window: the row reduction it is
-            plan = _rows().apply(rw, target, cfg)
+            rs = _rows().apply(rw, target, cfg)
             n, c, layout = wl["n"], wl["c"], wl.layout
 
             def rows(inputs: list[np.ndarray]) -> list[np.ndarray]:
@@ -121,36 +118,31 @@ class AscendPool(AscendTemplate):
                 return [np.ascontiguousarray(x.reshape(n * c, -1))]
 
             shape = (n, c, 1, 1) if layout == "NCHW" else (n, 1, 1, c)
-            return replace(plan, pack=lambda inputs: plan.pack(rows(inputs)),
-                           unpack=lambda y: np.ascontiguousarray(plan.unpack(y).reshape(shape)),
+            return replace(rs, host=replace(rs.host, pack=lambda inputs: rs.host.pack(rows(inputs)),
+                                            unpack=lambda y: np.ascontiguousarray(y.reshape(shape))),
                            flops=get_op(wl.op).flops(wl),
-                           info={**plan.info, "global_pool": f"a row reduction ({rw.op} over {n * c} rows of "
+                           info={**rs.info, "global_pool": f"a row reduction ({rw.op} over {n * c} rows of "
                                                             f"{wl['h'] * wl['w']})",
                                  "layout_change": "NCHW/NHWC -> (N*C, H*W) rows on the host"})
-        m = machine(target)
         n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
         ho, wo = pool_out_hw(wl)
         c1 = ceil_div(c, C0)
-        vk = emit_insn.lower(pool_schedule(wl, cfg))
         layout = wl.layout
 
         def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
             gm = {"x": to_5hd(inputs[0], layout, C0).reshape(n * c1, h, w, C0)}
-            if "count" in vk.inputs:
+            if wl["mode"] == "avg":  # the average's divisor, an input of its module
                 gm["count"] = count_table(wl)
             return gm
 
         def unpack(y: np.ndarray) -> np.ndarray:
             return from_5hd(y.reshape(n, c1, ho * wo, C0), c, ho, wo, layout)
 
-        return Plan(active_cores=vk.active_cores, make_program=lambda core: vk.program(m, core), pack=pack,
-                    out_name=vk.output, out_shape=vk.gm[vk.output][0], out_dtype=wl.dtype, unpack=unpack,
-                    flops=get_op(wl.op).flops(wl), unit="vector",
-                    info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H, W, 16)", "y": "NC1HWC0"},
-                          "layout_change": "NCHW/NHWC <-> NC1HWC0 on the host",
-                          "channel_padding_waste": round(1 - c / (c1 * C0), 4),
-                          "lowering": "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)",
-                          "tir_nests": len(vk.nests)})
+        return Scheduled(lowering="vector", module=lambda: (pool_schedule(wl, cfg), ()),
+                         host=HostLayout(pack=pack, unpack=unpack, out_dtype=wl.dtype), flops=get_op(wl.op).flops(wl),
+                         info={"gm_layouts": {"x": "NC1HWC0 (N*C1, H, W, 16)", "y": "NC1HWC0"},
+                               "layout_change": "NCHW/NHWC <-> NC1HWC0 on the host",
+                               "channel_padding_waste": round(1 - c / (c1 * C0), 4)})
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         if (rw := row_workload(wl)) is not None:

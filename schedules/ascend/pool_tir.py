@@ -30,9 +30,11 @@ from functools import lru_cache
 
 import numpy as np
 
-from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
+from opcompiler.backend.ascend.intrin import PRAGMA, UB_SCOPE
 from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.workload import Workload
+
+from .common import on_cores
 
 C0 = 16
 _WL: dict[str, Workload] = {}
@@ -110,16 +112,10 @@ def _tiled(key: str, oh_tile: int):
 def pool_schedule(wl: Workload, cfg):
     """The scheduled module (IRModule) of pool2d for this config; the tiling depends on the
     workload and `oh_tile` (cached), cores and double buffering are tile-loop annotations."""
-    from tvm.s_tir import Schedule
-
     key = wl.key_str()
     _WL[key] = wl
     mod, copy_out = _tiled(key, int(cfg["oh_tile"]))
-    sch = Schedule(mod)
-    tiles = sch.get_loops(sch.get_sblock(copy_out))[0]
-    sch.annotate(tiles, CORES, int(cfg["block_dim"]))
-    sch.annotate(tiles, SLOTS, int(bool(cfg["double_buffer"])))
-    return sch.mod
+    return on_cores(mod, copy_out, cfg)
 
 
 __all__ = ["pool_schedule", "count_table"]

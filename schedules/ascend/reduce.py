@@ -8,8 +8,9 @@
 
 Both templates take the TVM route: `reduce_tir.reduce_schedule` schedules the op's own TE
 compute (row tiles, cache_read / cache_write into UB, the casts and softmax's stages as UB
-stages, emit_insn pragmas, the reduction loop `vector_reduce`) and the backend's
-`emit_reduce` lowering turns the scheduled module into each core's program.
+stages, emit_insn pragmas, the reduction loop `vector_reduce`); `apply` returns it as a
+`Scheduled` whose "reduce" lowering (the backend's `emit_reduce`) turns it into each core's
+program.
 """
 from __future__ import annotations
 
@@ -17,13 +18,12 @@ from typing import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.builder import Plan, ceil_div
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, register_template
+from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, core_values, machine
+from .common import AscendTemplate, ceil_div, core_values, machine
 
 ROW_TILES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -71,23 +71,16 @@ class _RowTemplate(AscendTemplate):
                 "alignment_waste": 1 - wl["n"] / self._row_stride(wl), "fold_stages": max(1, int(np.ceil(
                     np.log(max(wl["n"], 2)) / np.log(machine(target).lanes(4)))))}
 
-    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Plan:
-        """The TVM route: the scheduled module (`reduce_tir.reduce_schedule`) lowered by the
-        backend's `emit_reduce` (per row a vcadd / vcmax fold; softmax's stages per row)."""
-        from opcompiler.backend.ascend import emit_reduce
-
+    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
+        """The TVM route: the scheduled module (`reduce_tir.reduce_schedule`) for the backend's
+        "reduce" lowering (`emit_reduce`: per row a vcadd / vcmax fold; softmax's stages per
+        row). The rows go to GM as they are: x (m, n), the op's input."""
         from .reduce_tir import reduce_schedule
 
-        m = machine(target)
-        rk = emit_reduce.lower(reduce_schedule(wl, cfg))
-        name = rk.inputs[0]
-        return Plan(active_cores=rk.active_cores, make_program=lambda core: rk.program(m, core),
-                    pack=lambda ins: {name: np.ascontiguousarray(ins[0])}, out_name=rk.output,
-                    out_shape=rk.gm[rk.output][0], out_dtype=wl.dtype, unpack=lambda y: y,
-                    flops=get_op(wl.op).flops(wl), unit="vector",
-                    info={"gm_layouts": {"x": "ND (m, n)"}, "layout_change": "none",
-                          "lowering": "TVM s_tir schedule -> emit_reduce (backend/ascend/emit_reduce.py)",
-                          "tir_nests": rk.nests})
+        return Scheduled(lowering="reduce", module=lambda: (reduce_schedule(wl, cfg), ()),
+                         host=HostLayout(pack=lambda ins: {"x": np.ascontiguousarray(ins[0])}, out_dtype=wl.dtype),
+                         flops=get_op(wl.op).flops(wl),
+                         info={"gm_layouts": {"x": "ND (m, n)"}, "layout_change": "none"})
 
 
 @register_template

@@ -20,10 +20,11 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-from opcompiler.backend.ascend.emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE
-from opcompiler.backend.ascend.emit_reduce import REDUCE
+from opcompiler.backend.ascend.intrin import PRAGMA, REDUCE, UB_SCOPE
 from opcompiler.ops import op_prim_func
 from opcompiler.workload import Workload
+
+from .common import on_cores
 
 ROW_ALIGN = 16  # elements: rows of every 2-D UB tile buffer start on a 32 B block of fp16 (64 B of fp32)
 _WL: dict[str, Workload] = {}
@@ -80,16 +81,10 @@ def _tiled(key: str, rows_tile: int):
 def reduce_schedule(wl: Workload, cfg: Mapping):
     """The scheduled module (IRModule) for this config: the tiling depends on the workload and
     `rows_tile` (cached); cores and double buffering are annotations of the tile loop."""
-    from tvm.s_tir import Schedule
-
     key = wl.key_str()
     _WL[key] = wl
     mod, copy_out = _tiled(key, int(cfg["rows_tile"]))
-    sch = Schedule(mod)
-    tiles = sch.get_loops(sch.get_sblock(copy_out))[0]
-    sch.annotate(tiles, CORES, int(cfg["block_dim"]))
-    sch.annotate(tiles, SLOTS, int(bool(cfg["double_buffer"])))
-    return sch.mod
+    return on_cores(mod, copy_out, cfg)
 
 
 __all__ = ["reduce_schedule"]

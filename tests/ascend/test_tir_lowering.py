@@ -33,6 +33,10 @@ def test_the_lowering_lives_in_the_backend_and_the_schedules_use_it():
         text = (ROOT / "schedules" / "ascend" / name).read_text()
         assert "register_global_func" not in text and "TensorIntrin" not in text and "tvm.compile" not in text
         assert "opcompiler.backend.ascend.intrin" in _imports(ROOT / "schedules" / "ascend" / name)
+    # the ISA's intrinsics and scopes are the one backend module a schedule imports (issue 24)
+    for path in (ROOT / "schedules" / "ascend").glob("*.py"):
+        backend = {m for m in _imports(path) if m.startswith("opcompiler.backend")}
+        assert backend <= {"opcompiler.backend.ascend.intrin"}, (path.name, backend)
 
 
 def test_intrinsics_are_parsed_once_and_specialised_per_shape():

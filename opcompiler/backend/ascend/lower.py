@@ -119,8 +119,6 @@ LOWERINGS: dict[str, Callable[[Scheduled, Machine], Plan]] = {
 
 def lower(sched: Scheduled, m: Machine) -> Plan:
     """The plan of a scheduled template config (see the module docstring)."""
-    if isinstance(sched, Plan):  # a template that still builds its own plan (converted one by one)
-        return sched
     if not isinstance(sched, Scheduled):
         raise OpcFailure(f"an ascend template's apply returns a Scheduled, not {type(sched).__name__}")
     fn = LOWERINGS.get(sched.lowering)
