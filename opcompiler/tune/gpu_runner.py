@@ -8,8 +8,10 @@
   fork of the tuning process), so nothing it forks inherits CUDA state.
 - **The runner** is one long-lived process per GPU, started with the multiprocessing `spawn`
   context: a fresh interpreter, never a fork of a process that touched CUDA (CUDA does not survive
-  a fork: cudaErrorInitializationError). It owns the CUDA context, loads each library, times it
-  with `time_evaluator` and, when asked, checks it against the op's numpy reference.
+  a fork: cudaErrorInitializationError). Its `CudaRunner` (the CUDA backend's,
+  `opcompiler/backend/cuda_runner.py`) owns the CUDA context, loads each library, times it with
+  `time_evaluator` and, when asked, checks it against the op's numpy reference; `TaskRunner`
+  turns that into the tuner's `MeasureResult`.
 - **Isolation**: a runner that dies (a kernel that kills the process), runs past the timeout, or
   reports a CUDA error (an illegal address poisons the whole context) is killed and a fresh one
   spawned; its candidate is recorded `crash` or `timeout` (not valid) and tuning goes on.
@@ -25,7 +27,6 @@ from __future__ import annotations
 import multiprocessing as mp
 import os
 import shutil
-import statistics
 import sys
 import tempfile
 import time
@@ -36,19 +37,16 @@ from importlib import import_module
 from multiprocessing.connection import Connection, wait
 from typing import Any, Callable, Mapping, Sequence
 
+from ..backend.cuda_runner import CudaRunner, cuda_state, export_kernel, is_cuda_error  # noqa: F401
+from ..device import forbid_cuda
 from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
-from .process import BackendSpec, MeasureResult, _ENV_LOCK, _KEEP_METRICS, _clean_sys_path, _context, _one_line
+from .process import BackendSpec, Child, MeasureResult, _KEEP_METRICS, _clean_sys_path, _context, _one_line
 
 # imported once by the forkserver, so each build process starts with them (TVM's CUDA tensor
 # intrinsics, through schedules/cuda/intrin.py, still take seconds to register)
 BUILDER_PRELOAD = ("opcompiler.backend.cuda", "opcompiler.tune.gpu_runner", "opcompiler.schedules.cuda.intrin")
-
-# a CUDA error in these words leaves the context unusable: the runner must be replaced
-_CUDA_ERROR_WORDS = ("cuda", "illegal memory access", "illegal address", "misaligned address",
-                     "unspecified launch failure", "launch timeout", "an illegal instruction")
-
 
 # ------------------------------------------------------------------ builders
 
@@ -69,19 +67,6 @@ class BuildResult:
     cuda_visible_devices: str | None = None
 
 
-def export_kernel(kernel: Any, path: str) -> str:
-    """Write the kernel's library where the runner loads it; returns the entry function's name."""
-    art = kernel.artifact
-    if hasattr(art, "export_library"):
-        art.export_library(path)
-        mod = getattr(art, "mod", art)
-        return str(getattr(mod, "entry_name", "") or "main")
-    import json  # a test double's artifact: its config, for a fake runner
-    with open(path, "w") as f:
-        json.dump({"config": kernel.config, "artifact": repr(art)}, f)
-    return "main"
-
-
 def build_one(backend: Any, wl: Workload, config: Mapping[str, Any], path: str) -> BuildResult:
     """Build one config and export it to `path`. Never raises for a bad config."""
     t0 = time.perf_counter()
@@ -97,22 +82,10 @@ def build_one(backend: Any, wl: Workload, config: Mapping[str, Any], path: str) 
                        elapsed=time.perf_counter() - t0)
 
 
-def _cuda_state() -> dict[str, Any]:
-    """What a build process did with CUDA, for the parent to check. (TVM's FFI imports torch when it
-    is installed, torch.cuda included: importing is not initialising, `torch.cuda.is_initialized()` is.)"""
-    from ..backend import cuda
-    torch = sys.modules.get("torch")
-    initialised = bool(torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized())
-    return {"cuda_touched": cuda.cuda_touched(), "cuda_initialised": initialised,
-            "cuda_python_modules": tuple(sorted(m for m in sys.modules if m.startswith("cuda.bindings"))),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
-
-
 def _builder_main(conn: Connection, spec: BackendSpec) -> None:
     """Build-only worker: receive (wl, config, path), send back a BuildResult."""
     _clean_sys_path()
     os.environ.setdefault("OPC_IN_WORKER", "1")
-    from ..backend.cuda import forbid_cuda
     forbid_cuda("a build process: builders never initialise CUDA")
     try:
         backend, err = spec.make(), ""
@@ -134,7 +107,7 @@ def _builder_main(conn: Connection, spec: BackendSpec) -> None:
                 res = build_one(backend, wl, config, path)
             except BaseException as e:
                 res = BuildResult(status="crash", error=f"{type(e).__name__}: {_one_line(e)}")
-        conn.send(replace(res, pid=os.getpid(), **_cuda_state()))
+        conn.send(replace(res, pid=os.getpid(), **cuda_state()))
 
 
 # ------------------------------------------------------------------ the runner
@@ -156,7 +129,7 @@ class RunnerSpec:
         if self.factory:
             mod, fn = self.factory.split(":")
             return getattr(import_module(mod), fn)(self)
-        return CudaRunner(self)
+        return TaskRunner(self)
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -169,74 +142,33 @@ class RunTask:
     seed: int = 0
 
 
-def is_cuda_error(e: BaseException) -> bool:
-    text = f"{type(e).__name__} {e}".lower()
-    return any(w in text for w in _CUDA_ERROR_WORDS)
+class TaskRunner:
+    """The runner process's loop body: one `RunTask` through the CUDA backend's `CudaRunner` (which
+    owns the GPU), its outcome as a `MeasureResult` and whether the context is poisoned."""
 
-
-class CudaRunner:
-    """The real runner: owns the CUDA context of one GPU (in the spawned runner process)."""
-
-    def __init__(self, spec: RunnerSpec):
-        import tvm
-        from ..backend.cuda import check_servable, has_gpu, install_compile_hook, tvm_cuda_target
-        if not has_gpu():
-            raise OpcError("no CUDA GPU visible to the runner process")
-        check_servable(spec.target)
-        install_compile_hook()  # a module that still holds CUDA source is compiled for its target's arch
-        self.spec, self.tvm = spec, tvm
-        self.dev = tvm.cuda(spec.device)
-        self.tvm_target = tvm_cuda_target(spec.target)
-        self._inputs: dict[tuple, tuple[list, list]] = {}  # (workload, seed) -> (numpy inputs, device inputs)
-
-    def _args(self, wl: Workload, seed: int) -> tuple[list, list]:
-        """The candidates of one workload share their inputs (made and copied to the GPU once); each
-        gets a fresh zeroed output, so a kernel that skips part of it cannot pass on another's values."""
-        import numpy as np
-        from ..backend import device_args
-        from ..ops import get_op
-        key = (wl, seed)
-        if key not in self._inputs:
-            inputs = get_op(wl.op).make_inputs(wl, seed)
-            self._inputs = {key: (inputs, device_args(wl, inputs, self.dev)[:-1])}
-        inputs, dev_in = self._inputs[key]
-        shape, dt = get_op(wl.op).output_spec(wl)
-        return inputs, [*dev_in, self.tvm.runtime.tensor(np.zeros(shape, dtype=dt), self.dev)]
+    def __init__(self, spec: RunnerSpec, runner: CudaRunner | None = None):
+        self.spec = spec
+        self.runner = runner or CudaRunner(spec.target, spec.device, spec.number, spec.repeat, spec.min_repeat_ms)
 
     def run(self, task: RunTask) -> tuple[MeasureResult, bool]:
-        from ..backend.cuda import cuda_metrics
-        from ..ops import get_op
-        from ..verify import compare
         t0 = time.perf_counter()
-        wl, tvm, dev = task.wl, self.tvm, self.dev
         try:
-            with self.tvm_target:
-                mod = tvm.runtime.load_module(task.path)
-            op = get_op(wl.op)
-            inputs, args = self._args(wl, task.seed)
-            mod[task.entry](*args)  # first launch: loads the module on the GPU, runs it once
-            dev.sync()
-            metrics: dict[str, Any] = {}
-            if task.verify:
-                ok, err = compare(args[-1].numpy(), op.reference(wl, inputs))
-                metrics["max_abs_err"] = err
-                if not ok:
-                    return MeasureResult(status="wrong", metrics=metrics, elapsed=time.perf_counter() - t0,
-                                         error=f"wrong result: max abs error {err:.3g} beyond tolerance"), False
-            timer = mod.time_evaluator(task.entry, dev, number=self.spec.number, repeat=self.spec.repeat,
-                                       min_repeat_ms=self.spec.min_repeat_ms)
-            secs = float(statistics.median(timer(*args).results))
+            timed = self.runner.run(task.wl, task.path, task.entry, task.verify, task.seed)
         except OpcError as e:
             return MeasureResult(status="invalid", error=_one_line(e), elapsed=time.perf_counter() - t0), False
         except Exception as e:
             fatal = is_cuda_error(e)
             return MeasureResult(status="crash", error=f"run: {type(e).__name__}: {_one_line(e)}",
                                  elapsed=time.perf_counter() - t0), fatal
-        if secs <= 0:
+        m = timed.metrics
+        metrics = {"max_abs_err": m["max_abs_err"]} if "max_abs_err" in m else {}
+        if timed.wrong:
+            return MeasureResult(status="wrong", metrics=metrics, elapsed=time.perf_counter() - t0,
+                                 error=timed.wrong), False
+        if timed.seconds <= 0:
             return MeasureResult(status="crash", error="the runner measured no time"), False
-        m = cuda_metrics(self.spec.target, wl, secs)
         metrics.update({k: m[k] for k in (*_KEEP_METRICS, "device_arch", "loaded_as") if k in m})
-        return MeasureResult(status="ok", seconds=secs, metrics=metrics, verified=task.verify,
+        return MeasureResult(status="ok", seconds=timed.seconds, metrics=metrics, verified=task.verify,
                              elapsed=time.perf_counter() - t0), False
 
 
@@ -270,52 +202,20 @@ def _runner_main(conn: Connection, spec: RunnerSpec) -> None:
             os._exit(3)
 
 
-class _Builder:
+class _Builder(Child):
     """The parent's handle on one build process (forked by the forkserver, build-only)."""
 
     def __init__(self, ctx: Any, spec: BackendSpec):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_builder_main, args=(child, spec), daemon=True, name="opcompiler-builder")
-        self.proc.start()
-        child.close()
-        self.task: int | None = None
-        self.deadline = 0.0
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
+        super().__init__(ctx, _builder_main, spec, name="opcompiler-builder")
 
 
-class _Runner:
-    """The parent's handle on one runner process."""
+class _Runner(Child):
+    """The parent's handle on one runner process (a fresh interpreter: spawn)."""
 
     def __init__(self, ctx: Any, spec: RunnerSpec):
-        self.conn, child = ctx.Pipe()
-        with _ENV_LOCK:  # a fresh interpreter must not put the current directory first on sys.path
-            old = os.environ.get("PYTHONSAFEPATH")
-            os.environ["PYTHONSAFEPATH"] = "1"
-            try:
-                self.proc = ctx.Process(target=_runner_main, args=(child, spec), daemon=True,
-                                        name="opcompiler-gpu-runner")
-                self.proc.start()
-            finally:
-                if old is None:
-                    del os.environ["PYTHONSAFEPATH"]
-                else:
-                    os.environ["PYTHONSAFEPATH"] = old
-        child.close()
+        super().__init__(ctx, _runner_main, spec, name="opcompiler-gpu-runner", safe_path=True)
         self.ready = False
         self.hello: dict[str, Any] = {}
-        self.task: int | None = None
-        self.deadline = 0.0
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
 
 
 # ------------------------------------------------------------------ the measurer

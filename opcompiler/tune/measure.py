@@ -29,7 +29,7 @@ from ..backend import Backend, capabilities
 from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
-from .process import _KEEP_METRICS, BackendSpec, MeasureResult, _clean_sys_path, _context, _one_line
+from .process import _KEEP_METRICS, BackendSpec, Child, MeasureResult, _clean_sys_path, _context, _one_line
 
 
 def measure_one(backend: Backend, wl: Workload, config: Mapping[str, Any], verify: bool = False,
@@ -128,20 +128,9 @@ def _worker_main(conn: Connection, spec: BackendSpec) -> None:
         conn.send(res)
 
 
-class _Worker:
+class _Worker(Child):
     def __init__(self, ctx: Any, spec: BackendSpec):
-        self.conn, child = ctx.Pipe()
-        self.proc = ctx.Process(target=_worker_main, args=(child, spec), daemon=True)
-        self.proc.start()
-        child.close()
-        self.task: int | None = None
-        self.deadline = 0.0
-
-    def kill(self) -> None:
-        if self.proc.is_alive():
-            self.proc.kill()
-        self.proc.join(timeout=5)
-        self.conn.close()
+        super().__init__(ctx, _worker_main, spec)
 
 
 class Measurer:

@@ -104,6 +104,38 @@ def _context(extra_preload: Sequence[str] = ()) -> Any:
 _ENV_LOCK = threading.Lock()
 
 
+class Child:
+    """The parent's handle on one worker process: `main(conn, spec)` runs in it; `conn` is the
+    parent's end of their pipe, `task` / `deadline` what it runs now and until when. `safe_path`:
+    a fresh interpreter (spawn), which must not put the current directory first on `sys.path`."""
+
+    def __init__(self, ctx: Any, main: Any, spec: Any, name: str | None = None, safe_path: bool = False):
+        self.conn, child = ctx.Pipe()
+        self.proc = ctx.Process(target=main, args=(child, spec), daemon=True, name=name)
+        if safe_path:
+            with _ENV_LOCK:
+                old = os.environ.get("PYTHONSAFEPATH")
+                os.environ["PYTHONSAFEPATH"] = "1"
+                try:
+                    self.proc.start()
+                finally:
+                    if old is None:
+                        del os.environ["PYTHONSAFEPATH"]
+                    else:
+                        os.environ["PYTHONSAFEPATH"] = old
+        else:
+            self.proc.start()
+        child.close()
+        self.task: int | None = None
+        self.deadline = 0.0
+
+    def kill(self) -> None:
+        if self.proc.is_alive():
+            self.proc.kill()
+        self.proc.join(timeout=5)
+        self.conn.close()
+
+
 def _start_forkserver_clean() -> None:
     """Start the forkserver with a clean `sys.path`. It runs `python -c ...`, which would put the
     current directory first on `sys.path`; from a source checkout that directory's `opcompiler/`

@@ -131,19 +131,21 @@ def test_the_runner_loop_loads_times_and_verifies_a_library(tmp_path):
     zeroed output, checks it against numpy, times it and reports the roofline metrics."""
     import tvm
     from opcompiler.backend import get_backend
-    from opcompiler.tune.gpu_runner import CudaRunner, RunTask, build_one
+    from opcompiler.backend.cuda_runner import CudaRunner
+    from opcompiler.tune.gpu_runner import RunTask, TaskRunner, build_one
 
     cpu = load_target("cpu")
     wl = workload("matmul", "m=32,k=64,n=48", dtype="float32")
     b = build_one(get_backend(cpu), wl, {}, str(tmp_path / "k.so"))
     assert b.status == "ok" and os.path.getsize(b.path) > 0
-    runner = CudaRunner.__new__(CudaRunner)
-    runner.spec, runner.tvm, runner.dev = RunnerSpec(target=SM80, repeat=2, min_repeat_ms=1), tvm, tvm.cpu(0)
-    runner.tvm_target, runner._inputs = tvm.target.Target("llvm"), {}
+    gpu = CudaRunner.__new__(CudaRunner)
+    gpu.target, gpu.number, gpu.repeat, gpu.min_repeat_ms = SM80, 1, 2, 1
+    gpu.tvm, gpu.dev, gpu.tvm_target, gpu._inputs = tvm, tvm.cpu(0), tvm.target.Target("llvm"), {}
+    runner = TaskRunner(RunnerSpec(target=SM80, repeat=2, min_repeat_ms=1), gpu)
     res, fatal = runner.run(RunTask(wl=wl, path=b.path, entry=b.entry, verify=True))
     assert (res.status, fatal, res.verified) == ("ok", False, True), res.error
     assert res.seconds > 0 and res.metrics["max_abs_err"] < 1e-3 and res.metrics["bound"] in ("compute", "DRAM")
     again, _ = runner.run(RunTask(wl=wl, path=b.path, entry=b.entry))
-    assert again.status == "ok" and len(runner._inputs) == 1  # inputs made once per workload
+    assert again.status == "ok" and len(gpu._inputs) == 1  # inputs made once per workload
     broken, fatal = runner.run(RunTask(wl=wl, path=str(tmp_path / "missing.so"), entry="main"))
     assert broken.status == "crash" and not fatal  # not a CUDA error: the runner stays
