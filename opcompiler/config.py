@@ -2,8 +2,11 @@
 
 A config *spec* is what a user or a caller gives: `None` / `"default"` (the template's
 default), `"paper"` (the schedule a seed paper published, where the template has one),
-`"best"` (the best verified tuning record, the default when there is none), a mapping of
-knobs, or (from the CLI) JSON text or a `.json` file. Every backend's `build` calls
+`"best"` (the best verified tuning record, the default when there is none), `"measured"`
+(the derived default's best-predicted candidates timed by the backend), a mapping of knobs, or
+(from the CLI) JSON text or a `.json` file. `best` reads the record store (`opcompiler.records`),
+below this module; what it asks of a workload's op comes through `workload.catalogue()`, so
+nothing here imports upwards. Every backend's `build` calls
 `resolve_config`, which returns the full config and ALWAYS runs the template's `check`, so a
 config that cannot fit fails the same one-line way on every target. The CLI, the Python API,
 graphs and export call `choose` first when they want to report where a config came from.

@@ -86,7 +86,7 @@ class Record:
     def to_json(self) -> str:
         d = asdict(self)
         d["key"], d["config"], d["metrics"] = dict(self.key), dict(self.config), dict(self.metrics)
-        return json.dumps({"v": SCHEMA_VERSION, **d}, sort_keys=False, default=_jsonable)
+        return json.dumps({"v": SCHEMA_VERSION, **d}, sort_keys=False, default=jsonable)
 
     @staticmethod
     def from_obj(obj: Any) -> "Record":
@@ -107,7 +107,8 @@ class Record:
                       timestamp=float(obj.get("timestamp", 0.0)))
 
 
-def _jsonable(o: Any) -> Any:
+def jsonable(o: Any) -> Any:
+    """`json.dumps`'s `default` for numpy scalars and arrays (anything else as its text)."""
     if hasattr(o, "item"):
         return o.item()
     if hasattr(o, "tolist"):

@@ -8,6 +8,7 @@ import sys
 from typing import Any
 
 from ..ops import default_dtype as _default_dtype, workload
+from ..records import jsonable
 from ..target import Target, load_target
 from ..workload import Workload
 
@@ -186,16 +187,8 @@ def shape_label(op: str, params: Any, args: argparse.Namespace | None = None) ->
 
 
 def emit_json(obj: Any) -> None:
-    json.dump(obj, sys.stdout, default=_default, sort_keys=False)
+    json.dump(obj, sys.stdout, default=jsonable, sort_keys=False)
     sys.stdout.write("\n")
-
-
-def _default(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return str(o)
 
 
 def fmt_si(x: float, unit: str) -> str:

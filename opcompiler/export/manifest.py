@@ -12,6 +12,7 @@ import numpy as np
 
 from ..backend import Kernel, capabilities
 from ..ops import get_op
+from ..records import jsonable
 from ..target import Target
 from ..workload import Workload
 from .runtime import FORMAT_VERSION, MANIFEST
@@ -101,13 +102,5 @@ def build_manifest(*, name: str, wl: Workload, target: Target, kernel: Kernel, c
 
 def write_manifest(folder: Path, manifest: dict[str, Any]) -> Path:
     path = folder / MANIFEST
-    path.write_text(json.dumps(manifest, indent=2, default=_jsonable) + "\n")
+    path.write_text(json.dumps(manifest, indent=2, default=jsonable) + "\n")
     return path
-
-
-def _jsonable(o: Any) -> Any:
-    if hasattr(o, "item"):
-        return o.item()
-    if hasattr(o, "tolist"):
-        return o.tolist()
-    return str(o)

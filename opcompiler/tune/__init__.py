@@ -1,11 +1,13 @@
 """The autotuner: knob spaces and features, measurement in worker processes, an XGBoost
-ranking cost model, model-guided search, and JSON-lines tuning records.
+ranking cost model and model-guided search, writing JSON-lines tuning records.
 
     >>> from opcompiler.tune import tune
     >>> res = tune("conv2d", "ascend-sim", preset="resnet50.res2_3x3", dtype="float16", trials=128)
 
 Modules: `space` (knobs, features), `measure` (workers, timeouts), `cost_model` (XGBoost),
-`search` (xgb | random | grid), `records` (tuning logs, `best_record`), `tuner` (the loop).
+`search` (xgb | random | grid), `records` (a log checked writable before tuning), `tuner` (the
+loop). The record store itself (`Record`, `RecordLog`, `best_record`) is `opcompiler.records`, in
+the core, re-exported here.
 """
 from __future__ import annotations
 
@@ -17,7 +19,7 @@ _LAZY = {"tune", "Tuner", "TuneOptions", "TuneResult"}
 
 
 def __getattr__(name: str) -> Any:
-    # the loop pulls in TVM; reading records (api.py's `--config best`) should not
+    # the loop pulls in TVM (and every template); reading records should not
     if name in _LAZY:
         from . import tuner
         return getattr(tuner, name)

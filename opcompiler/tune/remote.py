@@ -267,7 +267,7 @@ class RemoteMeasurer:
     def measure(self, wl: Workload, configs: Sequence[Mapping[str, Any]], verify: bool = False, seed: int = 0,
                 on_result: Callable[[int, MeasureResult], None] | None = None) -> list[MeasureResult]:
         """Measure every config on the servers; results in input order, `on_result` as each arrives."""
-        from ..records import _jsonable
+        from ..records import jsonable
         if self.closed:
             raise OpcError("the remote measurer is closed")
         t0 = time.perf_counter()
@@ -277,7 +277,7 @@ class RemoteMeasurer:
             self._gen += 1
             gen = self._gen
         for i, c in enumerate(configs):
-            self._todo.put(_Task(i, gen, json.dumps({**base, "config": dict(c)}, default=_jsonable)))
+            self._todo.put(_Task(i, gen, json.dumps({**base, "config": dict(c)}, default=jsonable)))
         self._top_up()
         left, last_top_up, progress = len(configs), time.monotonic(), time.monotonic()
         try:

@@ -144,7 +144,7 @@ def _session_measurer(timeout: float) -> Any:
 def measure_request(text: str) -> str:
     """`opcompiler.sim.measure`: one candidate as JSON in, `{"result": MeasureResult}`,
     `{"refused": why}` or `{"error": what}` as JSON out."""
-    from ..records import _jsonable
+    from ..records import jsonable
     try:
         req = json.loads(text)
         target = _SERVED["target"]
@@ -155,7 +155,7 @@ def measure_request(text: str) -> str:
         wl = Workload.make(w["op"], w["params"], w["dtype"])
         m = _session_measurer(float(req.get("timeout", 60.0)))
         res = m.measure(wl, [req["config"]], verify=bool(req.get("verify")), seed=int(req.get("seed", 0)))[0]
-        return json.dumps({"result": dataclasses.asdict(res)}, default=_jsonable)
+        return json.dumps({"result": dataclasses.asdict(res)}, default=jsonable)
     except Exception as e:
         return json.dumps({"error": f"{type(e).__name__}: {_one_line(e)}"})
 
