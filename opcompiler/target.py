@@ -228,10 +228,10 @@ DEFAULT_CUDA = "cuda-sm80"  # what `--target cuda` builds for on a machine witho
 
 
 def _cuda_targets() -> dict[int, Target]:
-    """The shipped cuda targets by architecture number (sm_80 -> 80)."""
+    """The shipped targets `--target cuda` chooses among, by architecture number (sm_80 -> 80)."""
     out = {}
     for t in builtin_targets().values():
-        if t.family == "cuda" and "arch" in t.extra:
+        if capabilities(t).auto_target == AUTO_CUDA and "arch" in t.extra:
             n = device.arch_digits(t.extra["arch"])
             if n is None:
                 raise OpcError(f"target file {t.path}: extra.arch {t.extra['arch']!r} is not a CUDA architecture",
