@@ -21,7 +21,6 @@ ALLOWED = {
     "opcompiler/backend/base.py",  # Backend.__init__: a backend serves only its own family
     "opcompiler/backend/ascend/machine.py",  # Machine.from_target guards its own family
     "opcompiler/backend/dsp/machine.py",  # machine() guards its own family
-    "opcompiler/backend/cuda.py",  # the CUDA backend picking its own target files for this GPU
 }
 
 

@@ -113,7 +113,7 @@ class ExportedKernel:
             self._sim = _SimulatorProgram(self.folder, self.manifest)
         else:
             raise _Base(f"{self.folder}: unknown artifact kind {kind!r}")
-        dev_kind = _device_kind(self.manifest)
+        dev_kind = device_kind(self.manifest)
         self._dev = _tvm().device(dev_kind, 0) if kind == "tvm-library" and dev_kind != "cpu" else None
         self.last_run: dict[str, Any] = {}  # simulator runs: seconds, cycles, metrics of the last call
         self._want = [(tuple(s["shape"]), np.dtype(s["dtype"])) for s in self.inputs]  # fast path of check()
@@ -164,7 +164,7 @@ def load(folder: str | os.PathLike) -> ExportedKernel:
     return ExportedKernel(folder)
 
 
-def _device_kind(m: dict[str, Any]) -> str:
+def device_kind(m: dict[str, Any]) -> str:
     """The TVM device a library kernel runs on, as the exporting backend declared it
     (`Capabilities.rpc_device`, written as `target.device`); a folder written before the manifest
     said so names its family, which was the device's name."""
@@ -181,7 +181,7 @@ def _tvm():
 def _load_library(folder: Path, m: dict[str, Any]):
     tvm = _tvm()
     art = m["artifact"]
-    kind = _device_kind(m)
+    kind = device_kind(m)
     if kind != "cpu":
         if not tvm.device(kind, 0).exist:
             raise _Base(f"{folder}: the kernel is for a {m['target']['family']} device and none is present here")

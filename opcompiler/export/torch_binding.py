@@ -19,9 +19,11 @@ import torch
 from torch import nn
 
 try:  # inside an export folder
-    from .opc_runtime import ALIGN, ExportedKernel, KernelInputError, check_arg, check_count, layout_error, load
+    from .opc_runtime import (ALIGN, ExportedKernel, KernelInputError, check_arg, check_count, device_kind,
+                              layout_error, load)
 except ImportError:  # as opcompiler.export.torch_binding
-    from .runtime import ALIGN, ExportedKernel, KernelInputError, check_arg, check_count, layout_error, load
+    from .runtime import (ALIGN, ExportedKernel, KernelInputError, check_arg, check_count, device_kind,
+                          layout_error, load)
 
 # TVM's pool workers spin ~300k iterations after each kernel, starving torch's OpenMP threads on
 # the same cores (seen: a 0.8 MB torch clone after a conv took 48 ms instead of 0.02 ms). Read
@@ -58,9 +60,9 @@ def _check(kernel: ExportedKernel, args: tuple[torch.Tensor, ...], strides: bool
 
 
 def _device(kernel: ExportedKernel) -> str:
-    """Where the kernel's tensors live: cpu for cpu and simulator exports, else the target family (cuda)."""
-    fam = kernel.manifest["target"]["family"]
-    return "cpu" if fam == "cpu" or kernel._sim is not None else fam
+    """Where the kernel's tensors live: cpu for simulator exports, else the device the exporting
+    backend declared (`Capabilities.rpc_device`: cpu, cuda), which torch names alike."""
+    return "cpu" if kernel._sim is not None else device_kind(kernel.manifest)
 
 
 def _to_tvm(t: torch.Tensor):
