@@ -1,6 +1,8 @@
 """Pieces shared by the Ascend templates: dtype rules, host-side layouts, knob ranges, the
-cube's L0 chunk rule and the UB epilogue's channel groups (TIR schedules place it with
-`tir_epilogue_at`).
+cube templates' check / buffers / apply (`CubeTemplate`), the cube's L0 chunk rule and the UB
+epilogue's channel groups (TIR schedules place it with `tir_epilogue_at`), and the vector
+templates' per-config tile-loop annotation (`on_cores`). The machine's figures and the ISA's
+names come from the backend's `intrin`, the one backend module a schedule imports.
 """
 from __future__ import annotations
 
