@@ -6,7 +6,7 @@ bias_add, batch_norm, bn_relu, hardswish are fixed chains, ew_chain spells its c
 with a full-shape operand, bias / scale / bn with per-channel operands).
 
 The kernel is a TVM schedule of the op's own TE compute (`chain_tir.py`), lowered by the DSP
-backend (`opcompiler.backend.dsp.tir_vector`): the stored expression becomes vector instructions
+backend's vector lowering (`tir_vector`): the stored expression becomes vector instructions
 recognised from its nodes (max -> vmax, a*b+c -> vfma, exp / log / 1/x -> the VPU's math-library
 sequences, ...). The knobs: the tensor is cut into stages of about `tile` elements, split over
 `cores` cores (or whole images per core, `split=batch`), DMAed DDR -> AM (x and each full-shape
@@ -24,18 +24,17 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Program
+from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.steps import operand_kinds
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template
+from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
-from .chain_tir import build_program
-from .common import require_fp32
-from .stream import cdiv, cores_knob, group_key, share
+from .chain_tir import scheduled
+from .common import refuse_invalid, require_fp32
+from .stream import cdiv, cores_knob, share
 
 TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -189,16 +188,11 @@ class DspChain(Template):
                 "lane_use": (g.hw / g.pitch) if g.mode == "plane" and g.pitch else
                 (g.c / g.pitch if g.mode == "pixel" else 1.0)}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
-              tamper=None, vtamper=None) -> Program:
-        """The program lowered from the TVM schedule of the op's compute (`chain_tir.py`);
-        `tamper` / `vtamper` (tests only) rewrite a DMA view / a vector kernel."""
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        """The TVM schedule of the op's compute (`chain_tir.py`), lowered by the DSP backend."""
         require_fp32(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         m = machine(target)
         g = _Geo(m, wl, config)
         shares = g.shares(int(config.get("cores", m.cores)), m.cores)  # cores with equal item keys time alike
-        return build_program(wl, target, config, functional, g, lambda c: group_key(shares[c], g.key), tamper,
-                             vtamper)
+        return scheduled(wl, target, config, g, shares)

@@ -22,23 +22,22 @@ with the chain template's knobs (`chain.py`) as schedule primitives and annotati
                                         opc.dsp.op = "vec"; the result copied back (a DMA nest)
 
 `dbuf` (two slots of every stage buffer) and `cores` (how many cores share the stage / image
-loop) are read by the lowering. `opcompiler.backend.dsp.tir_vector` lowers the function; nothing
-here emits an instruction.
+loop) are read by the lowering. The backend's vector lowering (`tir_vector`) lowers the function;
+nothing here emits an instruction.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.tir_lower import lowered
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.tir_vector import VEC, VecLowerer
+from opcompiler.backend.dsp.intrin import VEC, machine
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op, op_prim_func
+from opcompiler.ops import op_prim_func
 from opcompiler.target import Target
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
 
+from . import stream
 from .common import copy_loop
 
 _WL: dict[str, Workload] = {}
@@ -137,49 +136,17 @@ def chain_schedule(wl: Workload, mode: str, batch: bool, per: int, chunk: int, l
 
 
 
-_FUNCS: dict[tuple, Any] = {}
-
-
-def lowered_func(wl: Workload, target: Target, g) -> Any:
-    """The lowered TIR of a chain geometry (cached: dbuf and cores do not change the schedule)."""
-    key = (wl.key_str(), getattr(target, "digest", target.name), g.mode, g.batch, g.per,
-           getattr(g, "chunk", 0) if g.mode == "plane" and not g.pitch else 0, g.L)
-    if key not in _FUNCS:
-        if len(_FUNCS) >= 256:
-            _FUNCS.clear()
-        chunk = g.chunk if g.mode == "plane" and not g.pitch else 0
-        _FUNCS[key] = lowered(chain_schedule(wl, g.mode, g.batch, g.per, chunk, g.L))
-    return _FUNCS[key]
-
-
-def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
-                  group_key: Callable[[int], Hashable], tamper: Callable | None = None,
-                  vtamper: Callable | None = None):
-    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+def scheduled(wl: Workload, target: Target, config: Mapping[str, Any], g, shares: list) -> Scheduled:
+    """The chain's schedule for the backend's vector lowering (`lowering="vector"`); dbuf and cores
+    do not change the module. The cores with work are the ones the stage loop's split gives some."""
     m = machine(target)
-    op = get_op(wl.op)
-    specs = op.inputs(wl)
-    func = lowered_func(wl, target, g)
-    params = [p.name for p in func.params]
-    ddr_names = {p: nm for p, (nm, _, _) in zip(params, specs)}
-    ddr_names[params[-1]] = "out"
-    tir_shapes = {ddr_names[p.name]: tuple(int(s) for s in p.shape) for p in func.params}
-    low = VecLowerer(m, func, ddr_names, tir_shapes, bool(config["dbuf"]), functional, tamper, vtamper)
-    k = max(1, min(int(config.get("cores", m.cores)), m.cores))
-    out_shape = tuple(int(v) for v in op.output_spec(wl)[0])
-    ddr = {nm: s for nm, s, _ in specs}
-    ddr["out"] = out_shape
-    hpre, hpost = host_ops(m, [(nm, nbytes(s)) for nm, s, _ in specs], [("out", nbytes(out_shape))], [])
-
-    def core_ops(c: int) -> list:
-        return low.core_ops(c, k, 1) if c < k else []
-    prog = assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=group_key, pre=[], post=[],
-                    host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[nm for nm, _, _ in specs], output="out",
-                    out_shape=out_shape, flops=op.flops(wl),
-                    cores_used=sum(1 for c in range(k) if low._split_extent(func.body) is None or
-                                   (c + 1) * low._split_extent(func.body) // k > c * low._split_extent(func.body) // k),
-                    info={"layout_change": "none", "lanes": g.mode, "lowering": "tir"})
-    return prog
+    chunk = g.chunk if g.mode == "plane" and not g.pitch else 0
+    knobs = (g.mode, g.batch, g.per, chunk, g.L)
+    return stream.scheduled(
+        "vector", wl, config, m, ("chain", wl.key_str(), getattr(target, "digest", target.name)) + knobs,
+        lambda: chain_schedule(wl, *knobs).mod, shares, g.key,
+        {"layout_change": "none", "lanes": g.mode, "lowering": "tir"}, cores_used="split")
 
 
-__all__ = ["build_program", "chain_schedule", "lowered_func"]
+__all__ = ["chain_schedule", "scheduled"]
+

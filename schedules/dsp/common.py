@@ -1,6 +1,9 @@
 """Checks shared by the dsp-sim templates (below every template module, so none imports another for them)."""
 from __future__ import annotations
 
+import math
+
+from opcompiler.backend.dsp.intrin import ALIGN, F32, SCOPE_GSM, STAGE, DspMachine
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
 from opcompiler.workload import Workload
@@ -13,6 +16,23 @@ def require_fp32(wl: Workload, target: Target) -> None:
     if wl.dtype != "float32":
         raise OpcError(f"{target.name} computes in fp32 on its VPEs (no {wl.dtype} arithmetic)", arg="--dtype",
                        value=wl.dtype, expected="float32")
+
+
+def refuse_invalid(tmpl, wl: Workload, target: Target, config) -> None:
+    """A config the template's `check` refuses cannot be scheduled: an OpcError saying why."""
+    why = tmpl.check(wl, target, config)
+    if why:
+        raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+
+
+def capacity_why(m: DspMachine, fp: dict[str, int]) -> str | None:
+    """Why a footprint (bytes per level, vector registers) does not fit the machine, or None."""
+    for lv in ("AM", "SM", "GSM"):
+        if fp[lv] > m.cap(lv):
+            return f"{lv} needs {fp[lv]} B > {m.cap(lv)} B"
+    if fp["REG"] > m.registers:
+        return f"register block needs {fp['REG']} vector registers > {m.registers}"
+    return None
 
 
 def copy_loop(sch, blk, depth: int):
@@ -37,3 +57,49 @@ def matmul_schedule(wl: Workload):
     epi = [b for b in names if b in MATMUL_EPI]
     mm = sch.get_sblock("matmul")
     return sch, epi, mm, sch.get_sblock(epi[-1]) if epi else mm
+
+
+def compacted(sch):
+    """The scheduled function with its tiles as TVM compacts them (init blocks lowered, allocations
+    placed where they are used, blocks opaque, buffers compacted to the regions their loops
+    touch): the sizes the backend's lowering allocates."""
+    import tvm.s_tir.transform as st
+
+    mod = sch.mod
+    for p in (st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
+              st.CompactBufferAllocation()):
+        mod = p(mod)
+    return mod["main"]
+
+
+def placement(m: DspMachine, func, dbuf: bool) -> dict[str, int]:
+    """The bytes each level's tiles reach when placed as the lowering places them: in the order
+    they are allocated, each at its level's alignment (`intrin.ALIGN`), a tile inside a stage loop
+    once per buffer (two with `dbuf`), a GSM staging tile inside a stage once per core and buffer."""
+    found: list[tuple] = []
+
+    def visit(st, in_stage: bool) -> None:
+        name = type(st).__name__
+        if name == "SBlockRealize":
+            found.extend((b, in_stage) for b in st.block.alloc_buffers)
+            visit(st.block.body, in_stage)
+        elif name == "For":
+            visit(st.body, in_stage or STAGE in st.annotations)
+        elif name == "SeqStmt":
+            for x in st.seq:
+                visit(x, in_stage)
+        elif name == "IfThenElse":
+            visit(st.then_case, in_stage)
+    visit(func.body, False)
+    top = dict.fromkeys(ALIGN, 0)
+    for b, in_stage in found:
+        level = b.scope().split(".")[-1]
+        if level not in ALIGN:  # registers (or a scope the lowering refuses itself)
+            continue
+        n = (2 if dbuf else 1) if in_stage else 1
+        if b.scope() == SCOPE_GSM and in_stage:
+            n *= m.cores
+        size = math.prod(int(x) for x in b.shape) * F32
+        for _ in range(n):
+            top[level] = -(-top[level] // ALIGN[level]) * ALIGN[level] + size
+    return top

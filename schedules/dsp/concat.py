@@ -8,22 +8,21 @@ through AM buffers (double-buffered with `dbuf`), two descriptors per transfer. 
 
 `apply` is the TVM schedule of the op's compute written per input (`move_tir.concat_schedule`:
 a stage loop per input under the image loop, the stages shared over the cores in the order
-above), lowered by the backend's data-movement lowering (`opcompiler.backend.dsp.tir_move`).
+above), lowered by the backend's data-movement lowering (`tir_move`).
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import F32, Program
+from opcompiler.backend.dsp.intrin import F32, machine
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template
+from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
 from . import move_tir
-from .common import require_fp32
-from .stream import cores_knob, group_key, share
+from .common import refuse_invalid, require_fp32
+from .stream import cores_knob, share
 
 TILES = (4096, 16384, 65536, 131072, 262144)
 
@@ -84,14 +83,11 @@ class DspConcat(Template):
         return {"ddr_bytes": float(2 * total * F32), "transfers": float(len(items)),
                 "work_per_core": len(items) / max(1, min(config["cores"], len(items)))}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         require_fp32(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         m = machine(target)
         tile, staged = int(config["tile"]), config["path"] == "am"
         shares = share(self._items(wl, tile), int(config["cores"]), m.cores)
-        return move_tir.build_program(wl, target, config, functional, (tile, staged), staged and bool(config["dbuf"]),
-                                      sum(1 for s in shares if s), lambda c: group_key(shares[c], lambda it: it[3]),
-                                      {"path": config["path"]})
+        return move_tir.scheduled(wl, target, config, (tile, staged), staged and bool(config["dbuf"]), shares,
+                                  lambda it: it[3], {"path": config["path"]})

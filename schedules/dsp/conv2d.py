@@ -6,16 +6,14 @@ from __future__ import annotations
 from typing import Any, Mapping
 
 
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import Program
+from opcompiler.backend.dsp.intrin import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw, conv_out_shape
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template, register_template
+from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import Relayout
 from .common import require_fp32
 from .direct import (
     ConvSpec,
@@ -27,6 +25,7 @@ from .direct import (
     pass_cost,
 )
 from .grouped import DspGroupedConv
+from .tir_sched import scheduled, tiles_fit
 
 EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
        "conv2d_bn": ("bn",),
@@ -38,13 +37,6 @@ ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (1, 2, 4, 8, 12, 16, 28, 32, 56)
 
 
-_FITTED: dict[tuple, Program] = {}  # timing programs the default's search built, for the build after it
-
-
-def _fit_key(wl: Workload, target: Target, config: Mapping[str, Any]) -> tuple:
-    return (wl, target.digest, tuple(sorted((k, str(v)) for k, v in config.items())))
-
-
 class DirectTemplate(Template):
     """Shared by the direct-convolution and fully-connected templates: knobs, checks, lowering."""
 
@@ -52,20 +44,17 @@ class DirectTemplate(Template):
         raise NotImplementedError
 
     def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
-        """(lowering names, DDR tensors, pre relayouts, post relayouts, output shape)."""
+        """(lowering names, DDR tensors, pre relayouts, post relayouts, output shape); a relayout is
+        (source, destination, shape, source strides, leader_only): the destination, contiguous,
+        read from the source through the strides by the cores (all, split along axis 0, or core 0)."""
         raise NotImplementedError
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
-        """The program the DSP backend lowers from this config's TVM schedule (`tir_sched.py`)."""
-        from .tir_sched import build_program
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        """This config's TVM schedule (`tir_sched.py`), lowered by the DSP backend."""
         why = self.check(wl, target, config)
         if why is not None and "host_copies" in why:
             raise OpcError(why, arg="--config", value=dict(config))
-        if not functional:  # the default's search may just have built it (`_tir_fits`)
-            hit = _FITTED.pop(_fit_key(wl, target, config), None)
-            if hit is not None:
-                return hit
-        return build_program(self, wl, target, config, functional)
+        return scheduled(self, wl, target, config)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
@@ -183,18 +172,11 @@ class DspDirectConv2d(DirectTemplate):
                        expected="fewer input channels or a narrower image")
 
     def _tir_fits(self, wl: Workload, target: Target, cfg: Mapping[str, Any]) -> bool:
-        """Whether this config builds: TVM compacts a staged tile to the region its
-        loops can touch, which with a row split that does not divide the output can exceed
-        the tile `check` counts (the build is cached, so the default's first build reuses it)."""
-        from .tir_sched import build_program
-        try:
-            prog = build_program(self, wl, target, cfg, False)
-        except OpcError:
-            return False
-        if len(_FITTED) >= 4:  # programs of large images are large: keep the last few only
-            _FITTED.pop(next(iter(_FITTED)))
-        _FITTED[_fit_key(wl, target, cfg)] = prog  # the build that follows takes it
-        return True
+        """Whether this config's tiles fit as TVM compacts them: a staged tile is compacted to
+        the region its loops can touch, which with a row split that does not divide the output
+        can exceed the tile `check` counts (the compacted schedule is cached, so the build that
+        follows the default's search schedules nothing again)."""
+        return tiles_fit(wl, target, cfg)
 
     def paper(self, wl: Workload, target: Target) -> dict[str, Any]:
         """Algorithm 3 as written: whole images per core, all of K on the lanes, one output pixel
@@ -224,11 +206,11 @@ class DspDirectConv2d(DirectTemplate):
             return "w_path=host_copies replicates HWIO weights on the host; use gsm or ddr for NCHW"
         return check(machine(target), sp, cf)
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
-        """The program lowered by the DSP backend from this config's TVM schedule (`tir_sched.py`)."""
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        """This config's TVM schedule (`tir_sched.py`; groups > 1: `grouped_tir.py`)."""
         if wl.p["groups"] != 1:
-            return self.grouped.apply(wl, target, config, functional)
-        return super().apply(wl, target, config, functional)
+            return self.grouped.apply(wl, target, config)
+        return super().apply(wl, target, config)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         if wl.p["groups"] != 1:
@@ -243,20 +225,19 @@ class DspDirectConv2d(DirectTemplate):
         ddr = {n: s for n, s, _ in get_op(wl.op).inputs(wl)}
         out_shape = conv_out_shape(wl)
         ddr["out"] = out_shape
-        pre: list[Relayout] = []
-        post: list[Relayout] = []
+        pre: list[tuple] = []
+        post: list[tuple] = []
         if nchw:
             c, h, w = sp.c, sp.h, sp.w
             ddr["data_nhwc"] = (sp.n, h, w, c)
-            pre.append(Relayout("data", "data_nhwc", (sp.n, h, w, c), (c * h * w, w, 1, h * w)))
+            pre.append(("data", "data_nhwc", (sp.n, h, w, c), (c * h * w, w, 1, h * w), False))
             ddr["weight_hwio"] = (sp.r, sp.s, c, sp.k)
-            pre.append(Relayout("weight", "weight_hwio", (sp.r, sp.s, c, sp.k), (sp.s, 1, sp.r * sp.s, c * sp.r * sp.s),
-                                leader_only=True))
+            pre.append(("weight", "weight_hwio", (sp.r, sp.s, c, sp.k), (sp.s, 1, sp.r * sp.s, c * sp.r * sp.s), True))
             ddr["out_nhwc"] = (sp.n, sp.ho, sp.wo, sp.k)
-            post.append(Relayout("out_nhwc", "out", out_shape, (sp.ho * sp.wo * sp.k, 1, sp.wo * sp.k, sp.k)))
+            post.append(("out_nhwc", "out", out_shape, (sp.ho * sp.wo * sp.k, 1, sp.wo * sp.k, sp.k), False))
             if "res" in sp.epi:  # the residual is read in the output's (NHWC) layout
                 names["residual"] = "residual_nhwc"
                 ddr["residual_nhwc"] = (sp.n, sp.ho, sp.wo, sp.k)
-                pre.append(Relayout("residual", "residual_nhwc", (sp.n, sp.ho, sp.wo, sp.k),
-                                    (sp.k * sp.ho * sp.wo, sp.wo, 1, sp.ho * sp.wo)))
+                pre.append(("residual", "residual_nhwc", (sp.n, sp.ho, sp.wo, sp.k),
+                            (sp.k * sp.ho * sp.wo, sp.wo, 1, sp.ho * sp.wo), False))
         return names, ddr, pre, post, out_shape

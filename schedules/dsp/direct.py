@@ -1,7 +1,7 @@
 """The VPE-vectorized direct convolution (seed 004 Algorithm 3, generalized) and the fully
 connected layer (Algorithm 2, as a 1x1 convolution over rows): geometry, config, capacity check,
 pass cost. The program itself is lowered from the TVM schedules (`tir_sched.py`; the
-reduction-split FC: `ksplit.py`) by `opcompiler/backend/dsp/tir_lower.py` (and `tir_ksplit.py`).
+reduction-split FC: `ksplit.py`) by the dsp backend's `tir_lower.py` (and `tir_ksplit.py`).
 
 Data stay NHWC / HWIO in DDR (the MiniGo layout); output channels K sit on the 32 vector
 lanes (kv vectors per block; K = 2 or 1 leaves lanes idle), input scalars are loaded from SM
@@ -24,10 +24,11 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
-from opcompiler.backend.dsp.core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws
+from opcompiler.backend.dsp.core import MkCost, mk_ew, mk_out, mk_ws
 from opcompiler.backend.dsp.core import sum_costs as _sum
-from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32
+from opcompiler.backend.dsp.intrin import EPI_REGS, F32, DspMachine
+
+from .common import capacity_why
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -108,13 +109,7 @@ def footprint(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]:
 
 def check(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> str | None:
     """Why this config cannot build (capacity), or None."""
-    fp = footprint(m, sp, cf)
-    for lv in ("AM", "SM", "GSM"):
-        if fp[lv] > m.cap(lv):
-            return f"{lv} needs {fp[lv]} B > {m.cap(lv)} B"
-    if fp["REG"] > m.registers:
-        return f"register block needs {fp['REG']} vector registers > {m.registers}"
-    return None
+    return capacity_why(m, footprint(m, sp, cf))
 
 
 def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: int | None = None

@@ -4,20 +4,18 @@ relu, add, add_relu, bias_add, batch_norm and the fused bn_relu of seed 004 §2.
 chains, and ew_chain spells its chain out: both are TVM schedules of the op's compute (`chain.py`,
 `chain_tir.py`: the tensor cut into stages of pixels / planes, split across the cores, DMAed
 DDR -> AM, computed in AM, DMAed back) lowered by the DSP backend to vector instructions
-(`opcompiler.backend.dsp.tir_vector`). Explicit padding (`pad.py`), slice and transpose
+(its `tir_vector`). Explicit padding (`pad.py`), slice and transpose
 (strided DMA, `slice.py`, `transpose.py`) and concat (DMA only, `concat.py`) are TVM schedules of
-their computes too (`move_tir.py`), lowered to DMA descriptors and fills
-(`opcompiler.backend.dsp.tir_move`).
+their computes too (`move_tir.py`), lowered to DMA descriptors and fills (the backend's `tir_move`).
 """
 from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.program import Program
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template, register_template
+from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
 
 from .chain import DspChain
@@ -72,8 +70,8 @@ class DspElemwise(Template):
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         return _of(wl).check(wl, target, config)
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
-        return _of(wl).apply(wl, target, config, functional)
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        return _of(wl).apply(wl, target, config)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         return _of(wl).features(wl, target, config)

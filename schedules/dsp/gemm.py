@@ -1,6 +1,6 @@
 """The blocked GEMM of the dsp matmul template (`algo=gemm`): C[M, N] = A[M, K] @ B[K, N] (+ bias,
 ReLU) blocked for GSM, SM and AM the way the FT-M7032 GEMM libraries do, with the VPU pass
-spelled out as vector instructions (`opcompiler.backend.dsp.vector`).
+spelled out as vector instructions (the dsp backend's `vector.py`).
 
 * **C blocks** of `mb` x `nb` live in a core's AM for the whole reduction (accumulated there
   across K blocks) and leave AM -> DDR row stage by row stage after the last K block. The blocks
@@ -23,7 +23,7 @@ spelled out as vector instructions (`opcompiler.backend.dsp.vector`).
 The template is a TVM schedule of the op's own compute (`gemm_schedule`): the C blocks, K
 blocks, A stages and register blocks are splits of its loops, the tiles are `cache_read` /
 `cache_write` stages in `local.GSM` / `local.AM` / `local.SM`, and the loops carry `opc.dsp.*`
-annotations; the backend's `tir_gemm.GemmLowerer` lowers it (copies to DMA descriptors, the
+annotations; `scheduled` hands it to the backend, whose `tir_gemm.GemmLowerer` lowers it (copies to DMA descriptors, the
 register-block nest to vector instructions, the software pipeline above). Edges (M, N, K not
 multiples of the blocks) are the block predicates: smaller register blocks and shorter loops;
 lanes beyond N compute on whatever the AM tile holds and are never stored. Functional mode
@@ -34,18 +34,14 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass
-from functools import lru_cache
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.assemble import Relayout, assemble, host_ops, nbytes
-from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Program
-from opcompiler.backend.dsp.tir_gemm import GemmLowerer
-from opcompiler.backend.dsp.tir_lower import lowered
+from opcompiler.backend.dsp.intrin import F32, DspMachine
 from opcompiler.ops import get_op
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
 
-from .common import matmul_schedule
+from .common import capacity_why, matmul_schedule
 from .stream import cdiv
 
 KC = (32, 64, 96, 128, 192, 256)
@@ -116,13 +112,7 @@ def check_gemm(m: DspMachine, g: GemmGeo, cfg: Mapping[str, Any]) -> str | None:
     if passes > MAX_PASSES:
         return (f"{passes} VPU passes per core (rounds x K blocks x A stages) > {MAX_PASSES}: "
                 "use larger rows, kc or C blocks")
-    fp = g.footprint(m.cores)
-    for lv in ("AM", "SM", "GSM"):
-        if fp[lv] > m.cap(lv):
-            return f"{lv} needs {fp[lv]} B > {m.cap(lv)} B"
-    if fp["REG"] > m.registers:
-        return f"register block needs {fp['REG']} vector registers > {m.registers}"
-    return None
+    return capacity_why(m, g.footprint(m.cores))
 
 
 def gemm_features(m: DspMachine, g: GemmGeo) -> dict[str, float]:
@@ -201,27 +191,20 @@ def gemm_schedule(wl: Workload, g: GemmGeo):
     return sch
 
 
-@lru_cache(maxsize=128)
-def _lowered(wl: Workload, g: GemmGeo):
-    """The lowered TIR of one config (called with dbuf=0: double buffering is the lowering's, the
-    schedule does not depend on it)."""
-    return lowered(gemm_schedule(wl, g))
-
-
-def build_program(m: DspMachine, wl: Workload, g: GemmGeo, names: dict[str, str], ddr: dict, pre: list[Relayout],
-                  out_shape: tuple, functional: bool, tamper=None) -> Program:
-    """The cluster program: per-core ops lowered from the schedule by the backend's `GemmLowerer`,
-    framed as the other matmul routes (transposed operands relaid by DMA, host work)."""
+def scheduled(m: DspMachine, wl: Workload, g: GemmGeo, names: dict[str, str], ddr: dict, pre: list[tuple],
+              out_shape: tuple, info: dict) -> Scheduled:
+    """The blocked GEMM's scheduled module (`lowering="gemm"`: the backend's GemmLowerer deals the
+    C blocks to the cores and pipelines the K blocks), framed as the other matmul routes
+    (transposed operands relaid by DMA, host work). The module does not depend on `dbuf` (double
+    buffering is the lowering's): it is built with dbuf=0, once for both."""
     op = get_op(wl.op)
-    in_specs = op.inputs(wl)
-    func = _lowered(wl, dataclasses.replace(g, dbuf=0))
-    params = [p.name for p in func.params]
-    ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
+    g0 = dataclasses.replace(g, dbuf=0)
+    args = {0: names["data"], 1: names["weight"], -1: names["out"]}
     if g.bias:
-        ddr_names[params[2]] = names["bias"]
-    low = GemmLowerer(m, func, ddr_names, ddr, bool(g.dbuf), functional, tamper)
-    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
-    return assemble(m, functional=functional, cores=m.cores, core_ops=low.core_ops, group_key=low.group_key,
-                    pre=pre, post=[], host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
-                    inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, flops=op.flops(wl),
-                    cores_used=min(m.cores, len(g.blocks())))
+        args[2] = names["bias"]
+    return Scheduled(
+        "gemm", key=("gemm", wl, g0), module=lambda: gemm_schedule(wl, g0).mod,
+        params={"inputs": tuple((n, tuple(s)) for n, s, _ in op.inputs(wl)), "ddr": ddr, "out_shape": out_shape,
+                "args": args, "pre": tuple(pre), "post": (), "dbuf": bool(g.dbuf),
+                "cores_used": min(m.cores, len(g.blocks()))},
+        flops=op.flops(wl), info=info)

@@ -1,7 +1,7 @@
 """dsp-sim template for grouped and depthwise convolution (groups > 1), NCHW / OIHW (dispatched
 to by `dsp.direct_conv2d`, whose K-on-the-lanes direct convolution needs every output channel to
 read every input channel). `apply` is the TVM schedule of the op's own TE compute in
-`grouped_tir.py`, lowered by the DSP backend (`opcompiler/backend/dsp/tir_gconv.py`); this module
+`grouped_tir.py`, lowered by the DSP backend (its `tir_gconv.py`); this module
 keeps the knobs, the capacity checks, the default and `features()`.
 
 An item is (image, block of `planes` output channels, block of `rows` output rows); items are
@@ -25,15 +25,15 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Program
+from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
 from opcompiler.errors import OpcError
 from opcompiler.ops.catalogue import conv_out_hw
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template
+from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
-from .stream import cdiv, cores_knob, group_key, share
+from .common import refuse_invalid
+from .stream import cdiv, cores_knob, share
 
 EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
        "conv2d_bn": ("bn",)}
@@ -184,17 +184,12 @@ class DspGroupedConv(Template):
                 "reg_occupancy": g.regs() / m.registers, "loads_per_fma": rows_loaded * g.S / (g.rb * g.taps),
                 "lane_use": g.wo / g.OW}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
-              tamper=None, vtamper=None) -> Program:
-        """The program the DSP backend lowers from this config's TVM schedule (`grouped_tir.py`);
-        `tamper` / `vtamper`: tests only (rewrite a lowered DMA view / vector kernel)."""
-        from .grouped_tir import build_program
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        """This config's TVM schedule (`grouped_tir.py`), lowered by the DSP backend."""
+        from .grouped_tir import scheduled
         self._check_wl(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         m = machine(target)
         g = _Geo(m, wl, config)
         shares = share(g.items(), int(config["cores"]), m.cores)
-        return build_program(wl, target, config, functional, g, shares,
-                             lambda c: group_key(shares[c], g.key), tamper, vtamper)
+        return scheduled(wl, target, config, g, shares)

@@ -24,20 +24,20 @@ with the grouped template's knobs (`grouped.py`) as schedule primitives and anno
                                      block's rows and lanes, then the taps), the epilogue blocks
                                      after it
 
-`opcompiler.backend.dsp.tir_gconv` lowers the function; nothing here emits an instruction.
+The backend's convolution lowering (`tir_gconv`) lowers the function; nothing here emits an instruction.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.tir_gconv import GCONV, GConvLowerer
-from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, lowered
+from opcompiler.backend.dsp.intrin import EPI_BLOCKS, GCONV, machine
 from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
+
+from . import stream
 
 _WL: dict[str, Workload] = {}
 
@@ -122,45 +122,20 @@ def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool
     return sch
 
 
-_FUNCS: dict[tuple, Any] = {}
-
-
-def lowered_func(wl: Workload, target: Target, g) -> Any:
-    key = (wl.key_str(), getattr(target, "digest", target.name), g.KP if g.kg <= g.KP else g.kpg, g.rows, g.rb,
-           g.resident, g.Wr, g.L)
-    if key not in _FUNCS:
-        if len(_FUNCS) >= 256:
-            _FUNCS.clear()
-        planes = g.KP if g.kg <= g.KP else g.kpg
-        _FUNCS[key] = lowered(gconv_schedule(wl, planes, g.rows, g.rb, g.resident, g.Wr, g.L))
-    return _FUNCS[key]
-
-
-def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
-                  shares: list, group_key: Callable[[int], Hashable], tamper: Callable | None = None,
-                  vtamper: Callable | None = None):
-    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+def scheduled(wl: Workload, target: Target, config: Mapping[str, Any], g, shares: list) -> Scheduled:
+    """The grouped convolution's schedule for the backend's register-blocked convolution lowering
+    (`lowering="gconv"`)."""
     m = machine(target)
     op = get_op(wl.op)
-    func = lowered_func(wl, target, g)
-    specs = op.inputs(wl)
-    out_shape = (g.n, g.k, g.ho, g.wo)
-    ddr = {nm: tuple(s) for nm, s, _ in specs}
-    ddr["out"] = out_shape
-    ddr_names = {p.name: nm for p, (nm, _, _) in zip(func.params, specs)}
-    ddr_names[func.params[-1].name] = "out"
-    tir_shapes = {ddr_names[p.name]: tuple(int(s) for s in p.shape) for p in func.params}  # data: (n*c, h, w)
-    low = GConvLowerer(m, func, ddr_names, tir_shapes, bool(config["dbuf"]), functional, tamper, vtamper)
-    k = max(1, min(int(config["cores"]), m.cores))
-    hpre, hpost = host_ops(m, [(nm, nbytes(s)) for nm, s, _ in specs], [("out", nbytes(out_shape))], [])
-
-    def core_ops(c: int) -> list:
-        return low.core_ops(c, k, 1) if c < k else []
-    return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=group_key, pre=[], post=[],
-                    host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[nm for nm, _, _ in specs], output="out",
-                    out_shape=out_shape, flops=op.flops(wl), cores_used=sum(1 for s in shares if s),
-                    info={"layout_change": "none", "lane_use": round(g.wo / g.OW, 4), "groups": g.groups,
-                          "params": len(g.pnames), "lowering": "tir"})
+    planes = g.KP if g.kg <= g.KP else g.kpg
+    knobs = (planes, g.rows, g.rb, g.resident, g.Wr, g.L)
+    ddr = {nm: tuple(s) for nm, s, _ in op.inputs(wl)}
+    ddr["out"] = (g.n, g.k, g.ho, g.wo)
+    return stream.scheduled(
+        "gconv", wl, config, m, ("gconv", wl.key_str(), getattr(target, "digest", target.name)) + knobs,
+        lambda: gconv_schedule(wl, *knobs).mod, shares, g.key,
+        {"layout_change": "none", "lane_use": round(g.wo / g.OW, 4), "groups": g.groups, "params": len(g.pnames),
+         "lowering": "tir"}, ddr=ddr)
 
 
-__all__ = ["build_program", "gconv_schedule", "lowered_func"]
+__all__ = ["gconv_schedule", "scheduled"]

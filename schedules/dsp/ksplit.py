@@ -10,19 +10,14 @@ a barrier frees the GSM slots.
 
 The program is a TVM schedule of the op's own compute: the K axis split into one part per core
 and `rfactor`ed, the partial tiles in local.GSM, the sum over the parts (the `matmul` block) and
-the epilogue in registers (`ksplit_schedule`); the parts are balanced as c*K//P (`balance_parts`),
-and the backend's `tir_ksplit.KsplitLowerer` lowers it.
+the epilogue in registers (`ksplit_schedule`); the backend's `tir_ksplit.KsplitLowerer` lowers it,
+the parts balanced as c*K//P (`tir_ksplit.balance_parts`).
 """
 from __future__ import annotations
 
-from functools import lru_cache
-
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Program
-from opcompiler.backend.dsp.tir_ksplit import KsplitLowerer
-from opcompiler.backend.dsp.tir_lower import lowered
+from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
 from opcompiler.ops import get_op
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
 
 from .common import copy_loop, matmul_schedule
@@ -35,63 +30,6 @@ def footprint_k(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]
     am = (chunk * kbp + cf.rows * kbp + m.cores * cf.rows * kbp + cf.rows * kbp + kbp) * F32
     return {"AM": am, "SM": cf.rows * chunk * F32, "GSM": m.cores * cf.rows * kbp * F32,
             "REG": cf.pw * cf.kv + cf.kv + cf.pw}
-
-
-@lru_cache(maxsize=256)
-def _lowered(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw: int):
-    """The lowered TIR of one split=k config (the schedule depends on these knobs only)."""
-    return balance_parts(lowered(ksplit_schedule(wl, lanes, cores, rows, kv, pw)), wl["k"], cores)
-
-
-def balance_parts(func, k: int, cores: int):
-    """The index map of the K parts: part c covers [c*K//P, (c+1)*K//P) (sizes differ by one at
-    most, as the FC libraries split a reduction) instead of TVM's split into parts of ceil(K/P)
-    with the last one short or empty. Applied to the lowered function: every `kc * ceil(K/P)`
-    (the first element of part kc) becomes `kc*K // P`, and every bound `... < K` of an index
-    in part kc becomes `... < (kc+1)*K // P`. The buffers of a part keep their ceil(K/P) rows."""
-    import tvm_ffi
-    from tvm import tirx
-
-    q = -(-k // cores)
-    if q * cores == k or q == 1:
-        return func  # equal parts already, or parts of one element (the same sizes as TVM's split)
-    kc = _cores_var(func.body)
-
-    def mentions(e) -> bool:
-        found = []
-        tvm_ffi.structural_map(e, (tirx.Var, lambda v: found.append(v.same_as(kc)) or v))
-        return any(found)
-
-    def start(e):
-        if isinstance(e.b, tirx.IntImm) and int(e.b.value) == q and e.a.same_as(kc):
-            dt = "int32"
-            return tirx.FloorDiv(tirx.Mul(kc, tirx.const(k, dt)), tirx.const(cores, dt))
-        return e
-
-    def bound(e):
-        if isinstance(e.b, tirx.IntImm) and int(e.b.value) == k and mentions(e.a):
-            dt = "int32"
-            nxt = tirx.FloorDiv(tirx.Mul(tirx.Add(kc, tirx.const(1, dt)), tirx.const(k, dt)), tirx.const(cores, dt))
-            return tirx.LT(e.a, nxt)
-        return e
-    return tvm_ffi.structural_map(func, [(tirx.Mul, start), (tirx.LT, bound)])
-
-
-def _cores_var(st):
-    """The loop variable of the loop over the K parts (annotated opc.dsp.cores)."""
-    name = type(st).__name__
-    if name == "For":
-        if "opc.dsp.cores" in st.annotations:
-            return st.loop_var
-        return _cores_var(st.body)
-    if name == "SBlockRealize":
-        return _cores_var(st.block.body)
-    if name == "SeqStmt":
-        for x in st.seq:
-            v = _cores_var(x)
-            if v is not None:
-                return v
-    return None
 
 
 def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw: int):
@@ -166,27 +104,25 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
     return sch
 
 
-def build_program(tmpl, wl: Workload, target, config, functional: bool, tamper=None) -> Program:
-    """The cluster program of split=k: per-core ops lowered from the rfactored TIR by the backend's
-    `KsplitLowerer`, framed as the other FC routes (transposed operands relaid by DMA, host work)."""
+def scheduled(tmpl, wl: Workload, target, config) -> Scheduled:
+    """split=k's scheduled module (`lowering="ksplit"`: the backend's KsplitLowerer, which balances
+    the K parts as c*K//P), framed as the other FC routes (transposed operands relaid by DMA,
+    host work)."""
     m = machine(target)
     sp = tmpl.spec(wl, target)
     cf = DirectConfig.of(config)
     op = get_op(wl.op)
-    in_specs = op.inputs(wl)
     names, ddr, pre, post, out_shape = tmpl.tensors(wl, sp)
-    func = _lowered(wl, m.lanes, m.cores, cf.rows, cf.kv, cf.pw)
-    params = [p.name for p in func.params]
-    ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
+    args = {0: names["data"], 1: names["weight"], -1: names["out"]}
     if "bias" in sp.epi:
-        ddr_names[params[2]] = names["bias"]
-    low = KsplitLowerer(m, func, ddr_names, ddr, cf.kv, functional, tamper)
-    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], [])
+        args[2] = names["bias"]
     parts = [(c + 1) * sp.c // m.cores - c * sp.c // m.cores for c in range(m.cores)]  # each core's K part
-    prog = assemble(m, functional=functional, cores=m.cores, core_ops=lambda c: low.core_ops(c, m.cores),
-                    group_key=lambda c: (c, parts[c]), pre=pre, post=post, host_pre=hpre, host_post=hpost,
-                    ddr_tensors=ddr, inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape,
-                    flops=op.flops(wl), cores_used=sum(1 for n in parts if n))
-    prog.info = {"layout_change": "none" if not pre else "transposes by DMA (counted)",
-                 "reduction": f"split over {m.cores} cores, partials reduced through GSM", "lowering": "tir"}
-    return prog
+    knobs = (m.lanes, m.cores, cf.rows, cf.kv, cf.pw)
+    return Scheduled(
+        "ksplit", key=("ksplit", wl) + knobs, module=lambda: ksplit_schedule(wl, *knobs).mod,
+        params={"inputs": tuple((n, tuple(s)) for n, s, _ in op.inputs(wl)), "ddr": ddr, "out_shape": out_shape,
+                "args": args, "pre": tuple(pre), "post": tuple(post), "kv": cf.kv, "k": wl["k"],
+                "group_keys": tuple((c, parts[c]) for c in range(m.cores)), "cores_used": sum(1 for n in parts if n)},
+        flops=op.flops(wl),
+        info={"layout_change": "none" if not pre else "transposes by DMA (counted)",
+              "reduction": f"split over {m.cores} cores, partials reduced through GSM", "lowering": "tir"})

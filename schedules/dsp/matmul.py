@@ -13,22 +13,20 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import Program
+from opcompiler.backend.dsp.intrin import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, register_template
+from opcompiler.template_base import Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from opcompiler.backend.dsp.assemble import Relayout
-from .common import require_fp32
+from .common import capacity_why, refuse_invalid, require_fp32
 from .conv2d import DirectTemplate
 from .direct import ConvSpec, DirectConfig, check
 from .gemm import KC, MB, NB, GemmGeo, check_gemm, gemm_features
-from .gemm import build_program as build_gemm
-from .ksplit import build_program as build_ksplit
+from .gemm import scheduled as gemm_scheduled
 from .ksplit import footprint_k
+from .ksplit import scheduled as ksplit_scheduled
 
 EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu"), "matmul_bias": ("bias",)}
 GEMM_MIN = 256  # m, n and k at least this: the template default is the blocked GEMM
@@ -181,38 +179,28 @@ class DspFullyConnected(DirectTemplate):
             return check(m, sp, cf)
         if cf.w_path != "ddr" or cf.out_path != "ddr" or cf.order != "out":
             return "split=k loads weight slices from DDR and stores from AM: use w_path=ddr, out_path=ddr, order=out"
-        fp = footprint_k(m, sp, cf)
-        for lv in ("AM", "SM", "GSM"):
-            if fp[lv] > m.cap(lv):
-                return f"{lv} needs {fp[lv]} B > {m.cap(lv)} B"
-        if fp["REG"] > m.registers:
-            return f"register block needs {fp['REG']} vector registers > {m.registers}"
-        return None
+        return capacity_why(m, footprint_k(m, sp, cf))
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
-        """Lower to the cluster program; `split="k"` splits the reduction and reduces in GSM."""
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        """The scheduled module of this config's algorithm; `split="k"` splits the reduction and
+        reduces in GSM."""
         if config.get("algo") == "gemm":
-            return self._apply_gemm(wl, target, config, functional)
+            return self._apply_gemm(wl, target, config)
         if config.get("split") != "k":
-            return super().apply(wl, target, config, functional)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
-        return build_ksplit(self, wl, target, config, functional)
+            return super().apply(wl, target, config)
+        refuse_invalid(self, wl, target, config)
+        return ksplit_scheduled(self, wl, target, config)
 
-    def _apply_gemm(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool) -> Program:
+    def _apply_gemm(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         m = machine(target)
         sp = self.spec(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         names, ddr, pre, _, out_shape = self.tensors(wl, sp)
         g = self._geo(wl, target, config)
-        prog = build_gemm(m, wl, g, names, ddr, pre, out_shape, functional)
-        prog.info = {"layout_change": "transposes by DMA (counted)" if pre else "none",
-                     "algo": f"gemm: C blocks {g.mb}x{g.nb} in AM, B blocks {g.kc}x{g.nb} via {g.w_path.upper()}, "
-                             f"A stages {g.ms}x{g.kc} in SM, register blocks {g.pw}x{g.kv * m.lanes}"}
-        return prog
+        return gemm_scheduled(m, wl, g, names, ddr, pre, out_shape, {
+            "layout_change": "transposes by DMA (counted)" if pre else "none",
+            "algo": f"gemm: C blocks {g.mb}x{g.nb} in AM, B blocks {g.kc}x{g.nb} via {g.w_path.upper()}, "
+                    f"A stages {g.ms}x{g.kc} in SM, register blocks {g.pw}x{g.kv * m.lanes}"})
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         if config.get("algo") == "gemm":
@@ -238,13 +226,13 @@ class DspFullyConnected(DirectTemplate):
         names = {"data": "tensor_a", "weight": "tensor_b", "out": "out", "bias": "bias"}
         ddr = {n: s for n, s, _ in get_op(wl.op).inputs(wl)}
         ddr["out"] = (m_, n_)
-        pre: list[Relayout] = []
+        pre: list[tuple] = []  # (source, destination, shape, source strides, leader_only)
         if wl.p.get("trans_a"):
             names["data"] = ddr["a_rows"] = "a_rows"
             ddr["a_rows"] = (m_, k_)
-            pre.append(Relayout("tensor_a", "a_rows", (m_, k_), (1, m_)))
+            pre.append(("tensor_a", "a_rows", (m_, k_), (1, m_), False))
         if wl.p.get("trans_b"):
             names["weight"] = "b_kn"
             ddr["b_kn"] = (k_, n_)
-            pre.append(Relayout("tensor_b", "b_kn", (k_, n_), (1, k_), leader_only=True))
+            pre.append(("tensor_b", "b_kn", (k_, n_), (1, k_), True))
         return names, ddr, pre, [], (m_, n_)

@@ -23,22 +23,22 @@ annotations:
                 sequence per image; the image loop (opc.dsp.items) shared over the cores as
                 one list of stages; path=am reads the tile into AM (cache_read)
 
-`opcompiler.backend.dsp.tir_move` lowers the function; nothing here emits an instruction.
+The backend's data-movement lowering (`tir_move`) lowers the function; nothing here emits an instruction.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Callable, Mapping
 from typing import Any
 
-from opcompiler.ops.concat_blocks import concat_per_input
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.tir_lower import lowered
-from opcompiler.backend.dsp.tir_move import DMA, ITEMS, MoveLowerer
-from opcompiler.ops import get_op, op_prim_func
+from opcompiler.backend.dsp.intrin import DMA, ITEMS, machine
+from opcompiler.ops import op_prim_func
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
+from opcompiler.ops.concat_blocks import concat_per_input
 from opcompiler.target import Target
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
+
+from . import stream
 
 _WL: dict[str, Workload] = {}
 
@@ -202,45 +202,15 @@ def concat_schedule(wl: Workload, tile: int, staged: bool):
 
 SCHEDULES: dict[str, Callable] = {"slice": slice_schedule, "pad": pad_schedule, "transpose": transpose_schedule,
                                   "concat": concat_schedule}
-_FUNCS: dict[tuple, Any] = {}
-
-
-def lowered_func(wl: Workload, target: Target, *knobs) -> Any:
-    """The lowered TIR of a move kernel (cached: dbuf and cores do not change the schedule)."""
-    key = (wl.key_str(), getattr(target, "digest", target.name)) + knobs
-    if key not in _FUNCS:
-        if len(_FUNCS) >= 256:
-            _FUNCS.clear()
-        _FUNCS[key] = lowered(SCHEDULES[wl.op](wl, *knobs))
-    return _FUNCS[key]
-
-
-def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, knobs: tuple,
-                  dbuf: bool, cores_used: int, group_key: Callable[[int], Hashable], info: dict,
-                  tamper: Callable | None = None):
-    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+def scheduled(wl: Workload, target: Target, config: Mapping[str, Any], knobs: tuple, dbuf: bool, shares: list,
+              item_key, info: dict) -> Scheduled:
+    """A move kernel's schedule (`SCHEDULES[op](wl, *knobs)`) for the backend's data-movement
+    lowering (`lowering="move"`); dbuf and cores do not change the module."""
     m = machine(target)
-    op = get_op(wl.op)
-    specs = op.inputs(wl)
-    func = lowered_func(wl, target, *knobs)
-    params = [p.name for p in func.params]
-    ddr_names = {p: nm for p, (nm, _, _) in zip(params, specs)}
-    ddr_names[params[-1]] = "out"
-    tir_shapes = {ddr_names[p.name]: tuple(int(s) for s in p.shape) for p in func.params}
-    low = MoveLowerer(m, func, ddr_names, tir_shapes, dbuf, functional, tamper)
-    k = max(1, min(int(config.get("cores", m.cores)), m.cores))
-    out_shape = tuple(int(v) for v in op.output_spec(wl)[0])
-    ddr = {nm: s for nm, s, _ in specs}
-    ddr["out"] = out_shape
-    hpre, hpost = host_ops(m, [(nm, nbytes(s)) for nm, s, _ in specs], [("out", nbytes(out_shape))], [])
-
-    def core_ops(c: int) -> list:
-        return low.core_ops(c, k, 1) if c < k else []
-    return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=group_key, pre=[], post=[],
-                    host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=[nm for nm, _, _ in specs], output="out",
-                    out_shape=out_shape, flops=op.flops(wl), cores_used=cores_used,
-                    info={"layout_change": "none", **info, "lowering": "tir"})
+    return stream.scheduled(
+        "move", wl, {**config, "dbuf": dbuf}, m, ("move", wl.key_str(), getattr(target, "digest", target.name)) + knobs,
+        lambda: SCHEDULES[wl.op](wl, *knobs).mod, shares, item_key, {"layout_change": "none", **info, "lowering": "tir"})
 
 
-__all__ = ["build_program", "concat_func", "concat_schedule", "lowered_func", "pad_schedule", "slice_schedule", "transpose_schedule"]
+__all__ = ["concat_func", "concat_schedule", "pad_schedule", "scheduled", "slice_schedule", "transpose_schedule"]
 

@@ -7,7 +7,7 @@ output tile is assembled in AM: the fill value by vector stores (the left / righ
 per buffer, since the DMA never writes them; rows above / below the input when the item has
 them), the input rows by DMA DDR -> AM into the interior; the tile (whole output rows) is
 DMAed AM -> DDR. `apply` is the TVM schedule of the op's compute (`move_tir.pad_schedule`: the
-pad block computed into the AM tile), lowered by the backend (`opcompiler.backend.dsp.tir_move`).
+pad block computed into the AM tile), lowered by the backend (`tir_move`).
 """
 from __future__ import annotations
 
@@ -15,15 +15,14 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Program
-from opcompiler.errors import OpcError
+from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template
+from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
 from . import move_tir
-from .stream import cdiv, cores_knob, group_key, share
+from .common import refuse_invalid
+from .stream import cdiv, cores_knob, share
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -98,13 +97,10 @@ class DspPad(Template):
                 "work_per_core": len(items) / max(1, min(config["cores"], len(items))),
                 "am_occupancy": g.am_elems() * F32 / m.cap("AM")}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         self.space(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         m = machine(target)
         g = _Geo(m, wl, config)
         shares = share(g.items(), int(config["cores"]), m.cores)
-        return move_tir.build_program(wl, target, config, functional, (g.planes, g.rows), bool(config["dbuf"]),
-                                      sum(1 for s in shares if s), lambda c: group_key(shares[c], g.key), {})
+        return move_tir.scheduled(wl, target, config, (g.planes, g.rows), bool(config["dbuf"]), shares, g.key, {})

@@ -21,16 +21,15 @@ from typing import Any
 
 import numpy as np
 
-from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Program
+from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template, register_template
+from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
 
-from .common import require_fp32
-from .pool_tir import build_program
-from .stream import cdiv, cores_knob, group_key, share
+from .common import refuse_invalid, require_fp32
+from .pool_tir import scheduled
+from .stream import cdiv, cores_knob, share
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 7, 8, 14, 16, 28, 32, 56)
@@ -150,16 +149,11 @@ class DspPool2d(Template):
                 "am_occupancy": g.am_elems(m.lanes) * F32 / m.cap("AM"), "loads_per_vector": float(loads),
                 "lane_use": g.wo / g.OW}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
-              tamper=None, vtamper=None) -> Program:
-        """The program lowered from the TVM schedule of the op's compute (`pool_tir.py`);
-        `tamper` / `vtamper` (tests only) rewrite a DMA view / a vector kernel."""
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        """The TVM schedule of the op's compute (`pool_tir.py`), lowered by the DSP backend."""
         self._check_wl(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         m = machine(target)
         g = _Geo(m, wl, config)
         shares = share(g.items(), int(config["cores"]), m.cores)  # cores with equal item keys time alike
-        return build_program(wl, target, config, functional, g, shares, lambda c: group_key(shares[c], g.key),
-                             tamper, vtamper)
+        return scheduled(wl, target, config, g, shares)

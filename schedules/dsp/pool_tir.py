@@ -20,20 +20,20 @@ with the pooling template's knobs (`pool.py`) as schedule primitives and annotat
                                      reduces each input row over the columns first (AM scratch)
     dbuf / cores                     read by the lowering
 
-`opcompiler.backend.dsp.tir_vector` lowers the function; nothing here emits an instruction.
+The backend's vector lowering (`tir_vector`) lowers the function; nothing here emits an instruction.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.tir_lower import lowered
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.tir_vector import VEC, VecLowerer
-from opcompiler.ops import get_op, op_prim_func
+from opcompiler.backend.dsp.intrin import VEC, machine
+from opcompiler.ops import op_prim_func
 from opcompiler.target import Target
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
+
+from . import stream
 
 _WL: dict[str, Workload] = {}
 
@@ -96,46 +96,17 @@ def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, l
 
 
 
-_FUNCS: dict[tuple, Any] = {}
-
-
-def lowered_func(wl: Workload, target: Target, g) -> Any:
-    key = (wl.key_str(), getattr(target, "digest", target.name), g.planes, g.rows, g.sep, g.Wr, g.L)
-    if key not in _FUNCS:
-        if len(_FUNCS) >= 256:
-            _FUNCS.clear()
-        _FUNCS[key] = lowered(pool_schedule(wl, g.planes, g.rows, g.sep, g.Wr, g.L))
-    return _FUNCS[key]
-
-
-def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
-                  shares: list, group_key: Callable[[int], Hashable], tamper: Callable | None = None,
-                  vtamper: Callable | None = None):
-    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
+def scheduled(wl: Workload, target: Target, config: Mapping[str, Any], g, shares: list) -> Scheduled:
+    """The pooling schedule (`lowering="vector"`: the backend's window-nest lowering; the
+    constants it computes, the divisors of average pooling, are DDR tables the host fills)."""
     m = machine(target)
-    op = get_op(wl.op)
-    func = lowered_func(wl, target, g)
-    ddr_names = {func.params[0].name: "x", func.params[-1].name: "out"}
-    tir_shapes = {ddr_names[p.name]: tuple(int(s) for s in p.shape) for p in func.params}
-    low = VecLowerer(m, func, ddr_names, tir_shapes, bool(config["dbuf"]), functional, tamper, vtamper,
-                     tile_tags=True)
-    k = max(1, min(int(config.get("cores", m.cores)), m.cores))
-    ddr: dict[str, tuple] = {"x": (g.n, g.c, g.h, g.w), "out": (g.n, g.c, g.ho, g.wo)}
-    prepare = []
-    for nm, v in low.tables.items():
-        ddr[nm] = v.shape
-
-        def fill(d, nm=nm, v=v):
-            d[nm][...] = v
-        prepare.append(fill)
-    hpre, hpost = host_ops(m, [("x", nbytes(ddr["x"]))], [("out", nbytes(ddr["out"]))], [])
-
-    def core_ops(c: int) -> list:
-        return low.core_ops(c, k, 1) if c < k else []
-    return assemble(m, functional=functional, cores=m.cores, core_ops=core_ops, group_key=group_key, pre=[], post=[],
-                    host_pre=hpre, host_post=hpost, ddr_tensors=ddr, inputs=["x"], output="out", out_shape=ddr["out"],
-                    prepare=prepare, flops=op.flops(wl), cores_used=sum(1 for s in shares if s),
-                    info={"layout_change": "none", "lane_use": round(g.wo / g.OW, 4), "lowering": "tir"})
+    knobs = (g.planes, g.rows, g.sep, g.Wr, g.L)
+    return stream.scheduled(
+        "vector", wl, config, m, ("pool", wl.key_str(), getattr(target, "digest", target.name)) + knobs,
+        lambda: pool_schedule(wl, *knobs).mod, shares, g.key,
+        {"layout_change": "none", "lane_use": round(g.wo / g.OW, 4), "lowering": "tir"},
+        args={0: "x", -1: "out"}, ddr={"x": (g.n, g.c, g.h, g.w), "out": (g.n, g.c, g.ho, g.wo)},
+        tile_tags=True, tables=True)
 
 
-__all__ = ["build_program", "lowered_func", "pool_schedule"]
+__all__ = ["pool_schedule", "scheduled"]

@@ -17,17 +17,16 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.machine import DspMachine, machine
-from opcompiler.backend.dsp.program import F32, Program
+from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template, register_template
+from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
 
-from .common import require_fp32
-from .reduce_tir import build_program
-from .softmax_tir import build_program as softmax_program
-from .stream import cdiv, cores_knob, group_key, share
+from .common import refuse_invalid, require_fp32
+from .reduce_tir import scheduled
+from .softmax_tir import scheduled as softmax_scheduled
+from .stream import cdiv, cores_knob, share
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 ACC = (1, 2, 4, 8)
@@ -104,19 +103,15 @@ class _RowTemplate(Template):
                 "am_occupancy": g.am_elems() * F32 / m.cap("AM"), "lane_use": g.n / g.npad,
                 "vectors_per_row": g.npad / g.L}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False,
-              tamper=None, vtamper=None) -> Program:
-        """The program lowered from the TVM schedule of the op's compute (`reduce_tir.py` /
-        `softmax_tir.py`); `tamper` / `vtamper` (tests only) rewrite a DMA view / a vector kernel."""
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+        """The TVM schedule of the op's compute (`reduce_tir.py` / `softmax_tir.py`), lowered by
+        the DSP backend."""
         self._check_wl(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         m = machine(target)
         g = _Geo(m, wl, config)
         shares = share(g.items(), int(config["cores"]), m.cores)  # cores with equal item keys time alike
-        build = softmax_program if g.softmax else build_program
-        return build(wl, target, config, functional, g, shares, lambda c: group_key(shares[c], g.key), tamper, vtamper)
+        return (softmax_scheduled if g.softmax else scheduled)(wl, target, config, g, shares)
 
 
 @register_template

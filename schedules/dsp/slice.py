@@ -4,10 +4,10 @@ input and lands contiguously in the output; runs are cut into transfers of at mo
 elements, DDR -> DDR descriptors or staged through AM, split over the cores.
 
 `apply` (concat's) builds the TVM schedule of the op's compute (`move_tir.slice_schedule`), lowered by the
-backend's data-movement lowering (`opcompiler.backend.dsp.tir_move`)."""
+backend's data-movement lowering (`tir_move`)."""
 from __future__ import annotations
 
-from opcompiler.backend.dsp.machine import machine
+from opcompiler.backend.dsp.intrin import machine
 from opcompiler.ops.catalogue import slice_geometry
 from opcompiler.target import Target
 from opcompiler.template_base import Knob

@@ -16,16 +16,17 @@ primitives, staged as the reductions of `reduce_tir.py`.
                                    in place: the lowering multiplies by the reciprocal it stored)
     the output                     cache_write into local.AM, copied back
 
-`opcompiler.backend.dsp.tir_vector` lowers the function; nothing here emits an instruction.
+The backend's vector lowering (`tir_vector`) lowers the function; nothing here emits an instruction.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Hashable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.tir_vector import VEC
+from opcompiler.backend.dsp.intrin import VEC
 from opcompiler.ops import op_prim_func
 from opcompiler.target import Target
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
 
 from .reduce_tir import _WL
@@ -73,20 +74,11 @@ def softmax_schedule(wl: Workload, rows: int, acc: int, lanes: int):
     return sch
 
 
-def lowered_func(wl: Workload, target: Target, rows: int, acc: int, lanes: int) -> Any:
-    from .reduce_tir import lowered_func as _lowered
+def scheduled(wl: Workload, target: Target, config: Mapping[str, Any], g, shares: list) -> Scheduled:
+    """The softmax schedule for the backend's vector lowering, framed as the row reductions."""
+    from .reduce_tir import scheduled as row_scheduled
 
-    return _lowered(wl, target, rows, acc, lanes, schedule=softmax_schedule)
-
-
-def build_program(wl: Workload, target: Target, config: Mapping[str, Any], functional: bool, g,
-                  shares: list, group_key: Callable[[int], Hashable], tamper: Callable | None = None,
-                  vtamper: Callable | None = None):
-    """The cluster program: per-core ops lowered from the TIR, the host's launch / copies."""
-    from .reduce_tir import build_program as _build
-
-    return _build(wl, target, config, functional, g, shares, group_key, tamper, vtamper,
-                  func=lowered_func(wl, target, g.rows, g.acc, g.L))
+    return row_scheduled(wl, target, config, g, shares, schedule=softmax_schedule)
 
 
-__all__ = ["build_program", "lowered_func", "softmax_schedule"]
+__all__ = ["scheduled", "softmax_schedule"]

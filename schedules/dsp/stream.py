@@ -1,24 +1,21 @@
-"""Shared by the dsp templates whose VPU passes are spelled out as vector instructions
-(`opcompiler.backend.dsp.vector`): pooling, grouped convolution, element-wise chains, softmax,
-reductions, concat.
+"""Shared by the dsp templates whose work is cut into items the cores share, each item one stage
+of the backend's vector / move lowering: pooling, grouped convolution, element-wise chains,
+softmax, reductions, slice / pad / transpose / concat.
 
 Each such template cuts its work into items, gives every core a contiguous share of them
-(`cores` knob: how many cores take part), and lowers each item to one stage: DMA-in (DDR ->
+(`cores` knob: how many cores take part), and schedules each item as one stage: DMA-in (DDR ->
 AM / SM) plus constant fills, one VPU pass, DMA-out; with `dbuf` two buffers alternate and the
-next stage's DMA-in is issued before this stage's VPU pass (`direct.stage_order`). In timing mode
-stages with the same key share their Op objects (so repeated stages compress), and cores with
-the same sequence of keys are simulated once with a multiplicity.
+next stage's DMA-in is issued before this stage's VPU pass. In timing mode cores with the same
+sequence of item keys (`group_key`) are simulated once with a multiplicity.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Hashable, Sequence
+from typing import Any, Callable, Hashable, Mapping, Sequence
 
-from opcompiler.backend.dsp import vector as vx
-from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import Op
-from opcompiler.template_base import Knob
-
-from opcompiler.backend.dsp.program import stage_order
+from opcompiler.backend.dsp.intrin import DspMachine
+from opcompiler.ops import get_op
+from opcompiler.template_base import Knob, Scheduled
+from opcompiler.workload import Workload
 
 
 def cores_knob(m: DspMachine) -> Knob:
@@ -35,38 +32,42 @@ def share(items: Sequence, ncores: int, total_cores: int) -> list[list]:
     return out + [[] for _ in range(total_cores - k)]
 
 
-def vpu_op(m: DspMachine, kernel: vx.VKernel, reads: tuple, writes: tuple, functional: bool, label: str) -> Op:
-    """One VPU pass: cycles from list-scheduling its instructions, values from executing them."""
-    cost = vx.kernel_cost(m, kernel)
-    fn = (lambda mem, k=kernel: vx.execute(mem, k, m.lanes)) if functional else None
-    return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kernel.nests), fn=fn,
-              label=label)
-
-
-def stream(items: Sequence, nbuf: int, functional: bool, stage: Callable[[Any, int, bool], tuple],
-           key: Callable[[Any], Hashable], cache: dict) -> list:
-    """The stages of one core's items in issue order; `stage(item, slot, first_use_of_slot)`."""
-    stages = []
-    for i, it in enumerate(items):
-        slot, first = i % nbuf, i < nbuf
-        if functional:
-            stages.append(stage(it, slot, first))
-            continue
-        k = (slot, first, key(it))
-        if k not in cache:
-            cache[k] = stage(it, slot, first)
-        stages.append(cache[k])
-    return stage_order(stages, nbuf > 1, functional)
-
-
 def group_key(items: Sequence, key: Callable[[Any], Hashable]) -> Hashable:
     return tuple(key(it) for it in items)
 
 
-def fill_kernel(value: float, base: int, shape: tuple[int, int, int], pitches: tuple[int, int], lanes: int,
-                label: str) -> vx.VKernel:
-    return vx.VKernel(tuple(vx.fill_nests(value, base, shape, pitches, lanes)), label)
-
-
 def cdiv(a: int, b: int) -> int:
     return -(-a // b)
+
+
+def scheduled(lowering: str, wl: Workload, config: Mapping[str, Any], m: DspMachine, key: tuple,
+              module: Callable[[], Any], shares: Sequence[Sequence] | None, item_key: Callable[[Any], Hashable],
+              info: Mapping[str, Any], args: Mapping | None = None, cores_used: int | None = None,
+              ddr: Mapping[str, tuple] | None = None, **params: Any) -> Scheduled:
+    """The Scheduled of an item-stream template: the op's inputs and output in DDR as the catalogue
+    gives them (the function's parameters in order, the last one the output, unless `args` names
+    them), `cores` cores taking contiguous shares of the items (`shares`, keyed per core by
+    `item_key` so cores with equal keys are timed once), double buffering as `dbuf` says. `ddr`:
+    the DDR tensors as the kernel views them, when not the catalogue's shapes (inputs, then "out")."""
+    op = get_op(wl.op)
+    specs = op.inputs(wl)
+    if ddr is None:
+        ddr = {nm: tuple(s) for nm, s, _ in specs}
+        ddr["out"] = tuple(int(v) for v in op.output_spec(wl)[0])
+        specs = [(nm, s) for nm, s, _ in specs]
+    else:
+        ddr = {nm: tuple(s) for nm, s in ddr.items()}
+        specs = [(nm, s) for nm, s in ddr.items() if nm != "out"]
+    out_shape = ddr["out"]
+    if args is None:
+        args = {i: nm for i, (nm, _) in enumerate(specs)}
+        args[-1] = "out"
+    if cores_used is None and shares is not None:
+        cores_used = sum(1 for s in shares if s)
+    return Scheduled(lowering, key=key, module=module, flops=op.flops(wl), info=dict(info),
+                     params={"inputs": tuple((nm, tuple(s)) for nm, s in specs), "ddr": ddr, "out_shape": out_shape,
+                             "args": dict(args), "dbuf": bool(config["dbuf"]),
+                             "cores": max(1, min(int(config.get("cores", m.cores)), m.cores)),
+                             "group_keys": tuple(group_key(shares[c], item_key) for c in range(m.cores))
+                             if shares is not None else None,
+                             "cores_used": cores_used, **params})

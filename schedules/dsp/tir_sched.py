@@ -16,25 +16,22 @@ Loops carry `opc.dsp.*` annotations that say what each nest is on the chip: `dma
 descriptor per execution of the nest), `mk` (each iteration is one micro-kernel call),
 `dma_shared` (a copy into GSM whose outer loop is split across the cores, then a barrier),
 `stage` (each iteration is one DMA-in / VPU / DMA-out stage, double-buffered when `dbuf`),
-`cores` (iterations split across the cores). `tir_lower.py` turns the lowered function into
-the DSP program.
+`cores` (iterations split across the cores). `scheduled` hands the module to the backend
+(`lowering="direct"`), whose Lowerer turns it into the DSP program.
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.tir_lower import lowered
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import View
-from opcompiler.backend.dsp.tir_lower import EPI_BLOCKS, Lowerer
+from opcompiler.backend.dsp.intrin import EPI_BLOCKS, machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, op_prim_func, workload
 from opcompiler.target import Target
+from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
 
-from .common import copy_loop, matmul_schedule
+from .common import compacted, copy_loop, matmul_schedule, placement
 
 
 def nhwc_workload(wl: Workload) -> Workload:
@@ -276,51 +273,53 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
 
 
 
-_FUNCS: dict[tuple, Any] = {}  # (workload, tiling knobs) -> lowered function: schedule once per process
+_FUNCS: dict[tuple, Any] = {}  # schedule key -> the compacted function: schedule once per process
 
 
-def lowered_func(wl, target, config: Mapping[str, Any]):
-    """The lowered TIR of this config (cached per process)."""
-    key = (wl.op, tuple(sorted(wl.params)), getattr(target, "digest", target.name),
-           tuple((k, config[k]) for k in ("pw", "kv", "rows", "cols", "order", "w_path", "out_path", "split")
-                 if k != "pw" or config.get("order") != "ws"))  # order=ws has no register blocks
+def schedule_key(wl: Workload, target: Target, config: Mapping[str, Any]) -> tuple:
+    """What the scheduled module of a config depends on (order=ws has no register blocks: its
+    `pw` makes no other module)."""
+    return ("direct", wl.op, tuple(sorted(wl.params)), getattr(target, "digest", target.name),
+            tuple((k, config[k]) for k in ("pw", "kv", "rows", "cols", "order", "w_path", "out_path", "split")
+                  if k != "pw" or config.get("order") != "ws"))
+
+
+def compacted_func(wl: Workload, target: Target, config: Mapping[str, Any]):
+    """The scheduled function of this config with its tiles compacted by TVM (cached per process)."""
+    key = schedule_key(wl, target, config)
     if key not in _FUNCS:
         if len(_FUNCS) >= 256:  # a tuning run sees many configs; keep the cache bounded
             _FUNCS.clear()
-        _FUNCS[key] = lowered(conv_schedule(wl, target, config))
+        _FUNCS[key] = compacted(conv_schedule(wl, target, config))
     return _FUNCS[key]
 
 
-def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
-                  tamper: Callable[[str, View], View] | None = None):
-    """The cluster program of `lowering="tir"`: per-core ops from the lowered TIR, framed like
-    the direct path (NCHW relayouts, host launch / copies)."""
+def tiles_fit(wl: Workload, target: Target, config: Mapping[str, Any]) -> bool:
+    """Whether the tiles as TVM compacted them fit SM, AM and GSM when placed as the lowering
+    places them (`placement`). TVM compacts a staged tile to the region its loops can touch,
+    which with a row split that does not divide the output can exceed the tile `check` counts."""
+    m = machine(target)
+    return all(need <= m.cap(lv) for lv, need in placement(m, compacted_func(wl, target, config),
+                                                           bool(config["dbuf"])).items())
+
+
+def scheduled(tmpl, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
+    """The direct route's scheduled module (`lowering="direct"`) and what lowering it needs: the
+    DDR tensors (NCHW relaid to NHWC by the cores before / after), the items' shares of the
+    cores, the weights' path."""
     m = machine(target)
     sp = tmpl.spec(wl, target)
     op = get_op(wl.op)
     in_specs = op.inputs(wl)
     names, ddr, pre, post, out_shape = tmpl.tensors(wl, sp)
-    func = lowered_func(wl, target, config)
-    params = [p.name for p in func.params]
-    ddr_names = {params[0]: names["data"], params[1]: names["weight"], params[-1]: names["out"]}
+    args: dict = {0: names["data"], 1: names["weight"], -1: names["out"]}
     if "residual" in names:  # NCHW: the residual relaid to NHWC first
-        ddr_names["residual"] = names["residual"]
+        args["residual"] = names["residual"]
     kbp = config["kv"] * m.lanes
     nk = -(-sp.k // kbp)
-    core_names, replicate, prepare = {}, [], []
-    if config["w_path"] == "host_copies":  # W replicated by the host, one DDR copy per core (seed 004)
-        wname = names["weight"]
-        for c in range(m.cores):
-            ddr[f"{wname}@core{c}"] = ddr[wname]
-        replicate = [(f"W for core {c}", nbytes(ddr[wname])) for c in range(m.cores)]
-        prepare = [lambda d, n=m.cores: [d[f"{wname}@core{c}"].__setitem__(Ellipsis, d[wname]) for c in range(n)]]
-        core_names = {params[1]: lambda c: f"{wname}@core{c}"}
-    low = Lowerer(m, func, ddr_names, ddr, config["kv"], bool(config["dbuf"]), nk > 1, functional, tamper,
-                  core_names)
     cols = min(config["cols"], sp.wo)
     per_image = -(-sp.ho // config["rows"]) * -(-sp.wo // cols)
     nitems = sp.n * per_image if config["split"] == "items" else sp.n
-    hpre, hpost = host_ops(m, [(n, nbytes(s)) for n, s, _ in in_specs], [("out", nbytes(out_shape))], replicate)
 
     def share(c: int) -> tuple[int, int]:
         return c * nitems // m.cores, (c + 1) * nitems // m.cores
@@ -333,12 +332,22 @@ def build_program(tmpl, wl, target, config: Mapping[str, Any], functional: bool,
         return (a % per_image if config["split"] == "items" else 0, b - a,
                 (c + 1) * rows_w // m.cores - c * rows_w // m.cores)
 
-    prog = assemble(m, functional=functional, cores=m.cores, core_ops=lambda c: low.core_ops(c, m.cores, per_image),
-                    group_key=key, pre=pre, post=post, host_pre=hpre, host_post=hpost, ddr_tensors=ddr,
-                    inputs=[n for n, _, _ in in_specs], output="out", out_shape=out_shape, prepare=prepare,
-                    flops=op.flops(wl), cores_used=sum(1 for c in range(m.cores) if share(c)[1] > share(c)[0]))
-    kbp = config["kv"] * m.lanes
-    nk = -(-sp.k // kbp)
-    prog.info = {"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r.src}->{r.dst}" for r in pre + post)
-                 if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4), "lowering": "tir"}
-    return prog
+    cfg = dict(config)
+    return Scheduled(
+        "direct", key=schedule_key(wl, target, cfg),
+        module=lambda: _as_module(compacted_func(wl, target, cfg)),
+        params={"inputs": tuple((n, tuple(s)) for n, s, _ in in_specs), "ddr": ddr, "out_shape": out_shape,
+                "args": args, "pre": tuple(pre), "post": tuple(post), "kv": cfg["kv"], "dbuf": bool(cfg["dbuf"]),
+                "gsm_reread": nk > 1, "per_image": per_image,
+                "replicate": names["weight"] if cfg["w_path"] == "host_copies" else None,
+                "group_keys": tuple(key(c) for c in range(m.cores)),
+                "cores_used": sum(1 for c in range(m.cores) if share(c)[1] > share(c)[0])},
+        flops=op.flops(wl),
+        info={"layout_change": "by DMA on the cores (counted): " + ", ".join(f"{r[0]}->{r[1]}" for r in pre + post)
+              if pre or post else "none", "lane_use": round(sp.k / (nk * kbp), 4), "lowering": "tir"})
+
+
+def _as_module(func):
+    import tvm
+
+    return tvm.IRModule({"main": func})

@@ -20,24 +20,22 @@ the cores the tiles are split over (contiguous shares). No VPU work.
 
 `apply` is the TVM schedule of the op's compute (`move_tir.transpose_schedule`: x and the output
 reshaped to the canonical form, the split output axis and the axes before it fused into the
-stage loop), lowered by the backend's data-movement lowering (`opcompiler.backend.dsp.tir_move`).
+stage loop), lowered by the backend's data-movement lowering (`tir_move`).
 """
 from __future__ import annotations
 
 from math import prod
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.program import F32, Program, View, runs
-from opcompiler.errors import OpcError
+from opcompiler.backend.dsp.intrin import F32, machine
 from opcompiler.ops.catalogue import transpose_dims
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Template
+from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
 from . import move_tir
-from .common import require_fp32
-from .stream import cores_knob, group_key, share
+from .common import refuse_invalid, require_fp32
+from .stream import cores_knob, share
 
 TILES = (256, 1024, 4096, 16384, 65536, 131072)
 
@@ -108,20 +106,21 @@ class _Geo:
                 res.append((s_off + s * sstr[j], o_off + s * ostr[j], n))
         return res
 
-    def views(self, it: tuple[int, int, int]) -> tuple[View, tuple[int, ...]]:
-        """The input view of an item (strided) and its shape."""
-        s0, _, n = it
-        shape = (n,) + self.out[self.j + 1:]
-        strides = (self.sstr[self.j],) + self.sstr[self.j + 1:]
-        return View(("DDR", "x"), s0, shape, strides), shape
+    def views(self, it: tuple[int, int, int]) -> tuple[tuple[int, ...], tuple[int, ...]]:
+        """The input window of an item: its shape and (strided) input strides."""
+        _, _, n = it
+        return (n,) + self.out[self.j + 1:], (self.sstr[self.j],) + self.sstr[self.j + 1:]
 
 
-def _contig(space: tuple, offset: int, shape: tuple[int, ...]) -> View:
-    strides, acc = [], 1
-    for dd in reversed(shape):
-        strides.append(acc)
-        acc *= dd
-    return View(space, offset, shape, tuple(reversed(strides)))
+def _runs(shape: tuple[int, ...], strides: tuple[int, ...]) -> int:
+    """Contiguous runs of a DMA descriptor reading the strided window into a contiguous tile: the
+    innermost dims contiguous in the source merge."""
+    expect = 1
+    for d in range(len(shape) - 1, -1, -1):
+        if strides[d] != expect:
+            return prod(shape[:d + 1])
+        expect *= shape[d]
+    return 1
 
 
 class DspTranspose(Template):
@@ -168,22 +167,18 @@ class DspTranspose(Template):
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         g = _Geo(wl, int(config["tile"]))
         items = g.items()
-        src, shape = g.views(items[0])
-        nruns = runs(src, _contig(("AM",), 0, shape)) * len(items)
+        nruns = _runs(*g.views(items[0])) * len(items)
         return {"ddr_bytes": float(2 * g.total * F32), "transfers": float(len(items)), "dma_runs": float(nruns),
                 "run_elems": float(g.run), "work_per_core": len(items) / max(1, min(config["cores"], len(items)))}
 
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any], functional: bool = False) -> Program:
+    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         require_fp32(wl, target)
-        why = self.check(wl, target, config)
-        if why:
-            raise OpcError(f"config cannot run: {why}", arg="--config", value=dict(config))
+        refuse_invalid(self, wl, target, config)
         m = machine(target)
         g = _Geo(wl, int(config["tile"]))
         shares = share(g.items(), int(config["cores"]), m.cores)
         staged = config["path"] == "am"
-        return move_tir.build_program(
-            wl, target, config, functional, (g.j, g.cnt, staged), staged and bool(config["dbuf"]),
-            sum(1 for s in shares if s), lambda c: group_key(shares[c], lambda it: it[2]),
+        return move_tir.scheduled(
+            wl, target, config, (g.j, g.cnt, staged), staged and bool(config["dbuf"]), shares, lambda it: it[2],
             {"path": config["path"], "canonical": f"{'x'.join(map(str, g.cd))} / {''.join(map(str, g.cp))}",
              "run_elems": g.run, "tiles": sum(len(s) for s in shares)})

@@ -23,6 +23,8 @@ from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target
 from opcompiler.template import get_template
 
+from dsp_lowering import program
+
 TGT = load_target("dsp-sim")
 M = machine(TGT)
 BE = get_backend(TGT)
@@ -200,7 +202,7 @@ def test_functional_execution_issues_what_timing_counts(op: str, shape: str) -> 
     assert (done["fmac"], done["ldst"], done["sld"], done["valu"]) == (c["fmas"], c["vldst"], c["slds"], c["valu"])
     assert sum(done.values()) > 0
     tmpl = get_template(get_op(op).family, "dsp")
-    fprog = tmpl.apply(wl, TGT, kernel.config, functional=True)
+    fprog = program(tmpl, wl, TGT, kernel.config, True)
     assert timing(M, fprog).dsp_cycles == pytest.approx(res.metrics["dsp_cycles"], rel=0.03)
 
 

@@ -21,6 +21,8 @@ from opcompiler.target import load_target
 from opcompiler.template import get_template
 from opcompiler.verify import compare
 
+from dsp_lowering import program
+
 TGT = load_target("dsp-sim")
 M = machine(TGT)
 BE = get_backend(TGT)
@@ -60,7 +62,7 @@ def test_residual_epilogue_matches_numpy_and_both_clocks_agree(op: str, shape: s
     assert res.cycles == BE.measure(k).cycles
     # the functional replay's clock equals the timing model on the same per-core program; the
     # timing program's core groups put the reported figure within a few % of it
-    fprog = TMPL.apply(wl, TGT, k.config, functional=True)
+    fprog = program(TMPL, wl, TGT, k.config, True)
     assert timing(M, fprog).cycles == res.metrics["functional_cycles"]
     assert res.metrics["functional_cycles"] == pytest.approx(res.metrics["timing_cycles"], rel=0.03)
 

@@ -26,6 +26,8 @@ from opcompiler.target import load_target
 from opcompiler.template import get_template
 from opcompiler.verify import compare
 
+from dsp_lowering import func, program
+
 TGT = load_target("dsp-sim")
 M = machine(TGT)
 BE = get_backend(TGT)
@@ -91,7 +93,7 @@ def test_functional_program_times_like_the_timing_program(shape: str, cfg) -> No
     (identical cores as one group hold the shared channels as one block)."""
     wl = workload("matmul", shape, dtype="float32")
     kernel = BE.build(wl, cfg)
-    fprog = TM.apply(wl, TGT, kernel.config, functional=True)
+    fprog = program(TM, wl, TGT, kernel.config, True)
     assert timing(M, fprog).dsp_cycles == pytest.approx(BE.measure(kernel).metrics["dsp_cycles"], rel=0.03)
 
 
@@ -225,12 +227,9 @@ def test_timing_ops_shared_by_shape_are_the_ops_built_fresh(monkeypatch) -> None
 def test_the_template_is_a_tvm_schedule() -> None:
     """The loops, tiles and scopes the lowering reads are the schedule's: C blocks over the fused
     (N, M) block loop, K blocks, A stages, register blocks of pw x kv*32, B via local.GSM."""
-    from opcompiler.schedules.dsp.gemm import _lowered
-
     wl = workload("matmul_bias_relu", "m=45,k=77,n=100", dtype="float32")
-    g = GemmGeo.of(M, 45, 77, 100, dict(G, pw=3, kv=2, rows=12, kc=32, mb=32, nb=64, dbuf=1, w_path="gsm"),
-                   ("bias", "relu"))
-    text = _lowered(wl, g).script()
+    text = func(TM, wl, TGT, TM.config(wl, TGT, dict(G, pw=3, kv=2, rows=12, kc=32, mb=32, nb=64, dbuf=1,
+                                                     w_path="gsm"))).script()
     for want in ('"opc.dsp.blocks"', '"opc.dsp.kblock"', '"opc.dsp.stage"', '"mk_gemm"', 'scope="local.GSM"',
                  'scope="local.SM"', 'T.sblock("matmul_bias")', 'T.sblock("vrelu")'):
         assert want in text, want
@@ -247,22 +246,17 @@ def test_the_lowered_program_is_what_runs(name: str, cfg) -> None:
     GSM) breaks the output: the values come from the lowered DMA and vector program."""
     from opcompiler.backend.dsp.engine import execute
     from opcompiler.backend.dsp.program import View
-    from opcompiler.schedules.dsp.gemm import build_program
-
     wl = workload("matmul_bias_relu", "m=45,k=77,n=100", dtype="float32")
     cfg = TM.config(wl, TGT, cfg)
-    sp = TM.spec(wl, TGT)
-    names, ddr, pre, _, out_shape = TM.tensors(wl, sp)
-    g = TM._geo(wl, TGT, cfg)
     d = get_op(wl.op)
     xs = d.make_inputs(wl, 3)
     ref = d.reference(wl, xs)
-    good, _ = execute(M, build_program(M, wl, g, names, ddr, pre, out_shape, True), xs)
+    good, _ = execute(M, program(TM, wl, TGT, cfg, True), xs)
     np.testing.assert_allclose(good, ref, rtol=1e-5, atol=1e-5)
 
     def shift(what, v):
         return View(v.space, v.offset + 1, v.shape, v.strides) if what == name else v
-    bad, _ = execute(M, build_program(M, wl, g, names, ddr, pre, out_shape, True, tamper=shift), xs)
+    bad, _ = execute(M, program(TM, wl, TGT, cfg, True, tamper=shift), xs)
     assert not np.allclose(bad, ref, rtol=1e-3)
 
 

@@ -60,4 +60,5 @@ def test_configs_sharing_their_staging_share_its_schedule_and_lower_alike():
         assert lowered(ts.conv_schedule(wl, t, {**base, "pw": pw, "w_path": w_path})).script() == text
     assert scripts[3, "gsm"] != scripts[5, "ddr"]
     ws = {**base, "order": "ws"}
-    assert ts.lowered_func(wl, t, {**ws, "pw": 1}) is ts.lowered_func(wl, t, {**ws, "pw": 4})
+    assert ts.compacted_func(wl, t, {**ws, "pw": 1}) is ts.compacted_func(wl, t, {**ws, "pw": 4})
+    assert tm.apply(wl, t, {**ws, "pw": 1}).key == tm.apply(wl, t, {**ws, "pw": 4}).key

@@ -16,8 +16,10 @@ from opcompiler.backend.dsp.vector import VI, Mem, Nest, VKernel
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 from opcompiler.schedules.dsp.grouped import DspGroupedConv, _Geo
-from opcompiler.schedules.dsp.stream import fill_kernel, group_key, share, stream, vpu_op
+from opcompiler.schedules.dsp.stream import group_key, share
 from opcompiler.target import load_target
+
+from dsp_lowering import fill_kernel, program, stream, vpu_op
 
 T = load_target("dsp-sim")
 M = machine(T)
@@ -260,7 +262,7 @@ def test_same_cycles_as_the_retired_emission(op, shape):
         cfg = GC.random_config(wl, T, rng) if done else GC.default(wl, T)
         if GC.check(wl, T, cfg) is not None:
             continue
-        new = timing(M, GC.apply(wl, T, cfg, False))
+        new = timing(M, program(GC, wl, T, cfg, False))
         old = timing(M, _retired_program(wl, cfg))
         nc, oc = new.counters.as_dict(), old.counters.as_dict()
         assert new.cycles <= old.cycles, cfg
@@ -272,7 +274,7 @@ def test_same_cycles_as_the_retired_emission(op, shape):
             {a: v for a, v in oc.items() if a not in ("vldst", "valu", "mk_calls")}, cfg
         if done < 2:
             xs = get_op(op).make_inputs(wl, done)
-            out, _ = execute(M, GC.apply(wl, T, cfg, True), xs)
+            out, _ = execute(M, program(GC, wl, T, cfg, True), xs)
             old_out, _ = execute(M, _retired_program(wl, cfg, True), xs)
             assert _close(out, get_op(op).reference(wl, xs)), cfg
             np.testing.assert_allclose(out, old_out, rtol=1e-6, atol=1e-6)
@@ -288,7 +290,7 @@ def _spy(wl, cfg):
     def spy(k):
         seen.append(k)
         return k
-    GC.apply(wl, T, cfg, True, vtamper=spy)
+    program(GC, wl, T, cfg, True, vtamper=spy)
     return seen
 
 
@@ -315,7 +317,7 @@ def _rewrite(fix):
 
 def _numpy_ok(wl, cfg, **kw):
     xs = get_op(wl.op).make_inputs(wl, 0)
-    out, _ = execute(M, GC.apply(wl, T, cfg, True, **kw), xs)
+    out, _ = execute(M, program(GC, wl, T, cfg, True, **kw), xs)
     return _close(out, get_op(wl.op).reference(wl, xs))
 
 
@@ -364,6 +366,6 @@ def test_every_config_check_accepts_builds():
     for _ in range(40):
         cfg = GC.random_config(wl, T, rng)
         if GC.check(wl, T, cfg) is None:
-            timing(M, GC.apply(wl, T, cfg, False))
+            timing(M, program(GC, wl, T, cfg, False))
             built += 1
     assert built >= 10

@@ -20,6 +20,8 @@ from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target
 from opcompiler.template import get_template
 
+from dsp_lowering import func, program
+
 KS = {"split": "k", "w_path": "ddr", "out_path": "ddr", "order": "out", "dbuf": 1, "cols": 1}
 
 # (op, shape, knobs, retired (cycles, dma_transfers, mk_calls), corrected cycles)
@@ -91,29 +93,26 @@ def test_split_k_odd_shapes(t, op, shape, knobs):
 
 def test_the_lowered_program_is_what_runs(t):
     """Shifting the partial tiles' copy into GSM by one element breaks the output."""
-    from opcompiler.schedules.dsp.ksplit import build_program
-
     tm = get_template("matmul", "dsp")
     wl = workload("matmul_bias_relu", shape="m=2,k=37,n=33")
     cfg = tm.config(wl, t, {**KS, "kv": 1, "pw": 1, "rows": 1})
     d = get_op(wl.op)
     xs = d.make_inputs(wl, 1)
     ref = d.reference(wl, xs)
-    good, _ = execute(machine(t), build_program(tm, wl, t, cfg, True), xs)
+    good, _ = execute(machine(t), program(tm, wl, t, cfg, True), xs)
     np.testing.assert_allclose(good, ref, rtol=1e-5, atol=1e-6 * float(np.abs(ref).max()))
 
     def shift(name, v):
         return View(v.space, v.offset + 1, v.shape, v.strides) if name.endswith("rf_local.GSM") else v
-    bad, _ = execute(machine(t), build_program(tm, wl, t, cfg, True, tamper=shift), xs)
+    bad, _ = execute(machine(t), program(tm, wl, t, cfg, True, tamper=shift), xs)
     assert not np.allclose(bad, ref, rtol=1e-3)
 
 
 def test_split_k_balanced_parts_and_bad_configs(t):
     """The K parts are c*K//P (sizes differ by one at most); split=k keeps its capacity and path errors."""
-    from opcompiler.schedules.dsp.ksplit import _lowered
-
     wl = workload("matmul", shape="m=1,k=19,n=32")
-    text = _lowered(wl, 32, 8, 1, 1, 1).script()
+    tm = get_template("matmul", "dsp")
+    text = func(tm, wl, t, tm.config(wl, t, {**KS, "kv": 1, "pw": 1, "rows": 1})).script()
     assert "* 19 // 8" in text and "+ 1) * 19 // 8" in text
     be = get_backend(t)
     with pytest.raises(OpcError, match="split=k"):

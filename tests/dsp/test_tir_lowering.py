@@ -12,6 +12,8 @@ from opcompiler.target import load_target
 from opcompiler.template import get_template
 from opcompiler.verify import compare
 
+from dsp_lowering import program
+
 TIR = {"w_path": "ddr", "out_path": "ddr", "order": "out"}  # the convolution (no lowering knob)
 
 
@@ -56,7 +58,7 @@ def test_tir_program_matches_numpy(t, op, shape, knobs):
 
 def _timed(t, wl, knobs):
     tm = get_template("conv2d", "dsp")
-    tim = timing(machine(t), tm.apply(wl, t, tm.config(wl, t, {**TIR, **knobs}), False))
+    tim = timing(machine(t), program(tm, wl, t, tm.config(wl, t, {**TIR, **knobs})))
     return tim.cycles, tim.counters.as_dict()
 
 
@@ -148,8 +150,6 @@ def test_paper_schedule_cycles_as_the_retired_direct_emission(t):
 
 
 def test_wrong_offset_in_one_lowered_dma_gives_wrong_result(t):
-    from opcompiler.schedules.dsp.tir_sched import build_program
-
     from opcompiler.backend.dsp.program import View
 
     wl = workload("conv2d", shape="n=1,c=3,h=6,w=6,k=32,r=3,s=3,pad=1,layout=NHWC")
@@ -158,12 +158,12 @@ def test_wrong_offset_in_one_lowered_dma_gives_wrong_result(t):
     d = get_op("conv2d")
     xs = d.make_inputs(wl, 0)
     ref = d.reference(wl, xs)
-    good, _ = execute(machine(t), build_program(tm, wl, t, cfg, True), xs)
+    good, _ = execute(machine(t), program(tm, wl, t, cfg, True), xs)
     assert compare(good, ref)[0]
 
     def shift(name, v):  # the input rows land one channel off in SM
         return View(v.space, v.offset + 1, v.shape, v.strides) if name == "data->pad_local.SM" else v
-    bad, _ = execute(machine(t), build_program(tm, wl, t, cfg, True, tamper=shift), xs)
+    bad, _ = execute(machine(t), program(tm, wl, t, cfg, True, tamper=shift), xs)
     assert not compare(bad, ref)[0]
 
 

@@ -16,11 +16,15 @@ from opcompiler.ops import get_op, workload
 from opcompiler.schedules.dsp import move_tir
 from opcompiler.schedules.dsp.pad import _Geo as _PadGeo
 from opcompiler.schedules.dsp.stream import share
-from opcompiler.schedules.dsp.transpose import _Geo as _TGeo
 from opcompiler.target import load_target
+from opcompiler.template import get_template
+
+from dsp_lowering import func as lowered
+from dsp_lowering import program
 
 T = load_target("dsp-sim")
 M = machine(T)
+EW = get_template("elemwise", "dsp")
 BE = get_backend(T)
 
 # (op, workload, config, dsp_cycles) measured at afeecc6 by the retired direct emitters
@@ -134,15 +138,7 @@ def test_outputs_match_numpy_exactly(op, shape, cfg, old) -> None:
 
 def _program(op, shape, cfg, tamper):
     wl = workload(op, shape, dtype="float32")
-    if op == "pad":
-        g = _PadGeo(M, wl, cfg)
-        knobs, dbuf = (g.planes, g.rows), bool(cfg["dbuf"])
-    elif op == "transpose":
-        g = _TGeo(wl, cfg["tile"])
-        knobs, dbuf = (g.j, g.cnt, cfg["path"] == "am"), cfg["path"] == "am" and bool(cfg["dbuf"])
-    else:
-        knobs, dbuf = (cfg["tile"], cfg["path"] == "am"), cfg["path"] == "am" and bool(cfg["dbuf"])
-    return wl, move_tir.build_program(wl, T, cfg, True, knobs, dbuf, cfg["cores"], lambda c: c, {}, tamper=tamper)
+    return wl, program(EW, wl, T, cfg, True, tamper=tamper)
 
 
 @pytest.mark.parametrize("op, shape, cfg", [
@@ -253,7 +249,7 @@ def test_concat_stages_are_shared_like_the_retired_items() -> None:
         assert len(dmas) == 2 * len(shares[c])
     from opcompiler.backend.dsp.tir_move import MoveLowerer
 
-    func = move_tir.lowered_func(wl, T, 4096, True)
+    func = lowered(EW, wl, T, cfg)
     low = MoveLowerer(M, func, {}, {p.name: tuple(p.shape) for p in func.params}, True, False)
     offs = {v[1] for v in low.space.values() if v[0] == "AM"}
     assert len(offs) == 1 and len(next(iter(offs))) == 2

@@ -16,15 +16,11 @@ from opcompiler.ops import get_op, workload
 from opcompiler.schedules.dsp.pool import DspPool2d, _Geo
 from opcompiler.schedules.dsp.reduce import DspReduce
 from opcompiler.schedules.dsp.reduce import _Geo as _RGeo
-from opcompiler.schedules.dsp.stream import (
-    fill_kernel,
-    group_key,
-    share,
-    stream,
-    vpu_op,
-)
+from opcompiler.schedules.dsp.stream import group_key, share
 from opcompiler.target import load_target
 from opcompiler.verify import compare
+
+from dsp_lowering import fill_kernel, program, stream, vpu_op
 
 T = load_target("dsp-sim")
 M = machine(T)
@@ -154,7 +150,7 @@ def _retired_program(wl, config, functional=False):
 
 def _numpy_ok(wl, cfg, seed=0, prog=None, **kw):
     xs = get_op(wl.op).make_inputs(wl, seed)
-    out, _ = execute(M, prog if prog is not None else PO.apply(wl, T, cfg, True, **kw), xs)
+    out, _ = execute(M, prog if prog is not None else program(PO, wl, T, cfg, True, **kw), xs)
     return compare(out, get_op(wl.op).reference(wl, xs))
 
 
@@ -215,7 +211,7 @@ def test_same_cycles_as_the_retired_emission(shape):
         cfg = PO.random_config(wl, T, rng) if done else PO.default(wl, T)
         if PO.check(wl, T, cfg) is not None:
             continue
-        new = timing(M, PO.apply(wl, T, cfg, False))
+        new = timing(M, program(PO, wl, T, cfg, False))
         old = timing(M, _retired_program(wl, cfg))
         nc, oc = new.counters.as_dict(), old.counters.as_dict()
         assert new.cycles <= old.cycles, cfg
@@ -227,7 +223,7 @@ def test_same_cycles_as_the_retired_emission(shape):
             {a: v for a, v in oc.items() if a not in ("vldst", "valu", "mk_calls")}, cfg
         if done < 3:
             xs = get_op("pool2d").make_inputs(wl, done)
-            out, _ = execute(M, PO.apply(wl, T, cfg, True), xs)
+            out, _ = execute(M, program(PO, wl, T, cfg, True), xs)
             old_out, _ = execute(M, _retired_program(wl, cfg, True), xs)
             assert compare(out, get_op("pool2d").reference(wl, xs))[0], cfg
             np.testing.assert_allclose(out, old_out, rtol=1e-6, atol=1e-6)
@@ -279,13 +275,13 @@ def test_instructions_recognised_from_the_window():
         seen.append(k)
         return k
     wl = workload("pool2d", shape="n=1,c=3,h=9,w=9,kernel=3,stride=2,pad=1,mode=max", dtype="float32")
-    PO.apply(wl, T, {**PO.default(wl, T), "separable": 0}, True, vtamper=spy)
+    program(PO, wl, T, {**PO.default(wl, T), "separable": 0}, True, vtamper=spy)
     post = seen[0].nests[-1].post
     assert [i.op for i in post].count("vld") == 9 and [i.op for i in post].count("vmax") == 8
     assert post[0].srcs[0].lane == 2 and post[-1].op == "vst"
     seen.clear()
     wl = workload("pool2d", shape="n=1,c=3,h=9,w=9,kernel=3,stride=2,pad=1,mode=avg", dtype="float32")
-    PO.apply(wl, T, {**PO.default(wl, T), "separable": 0}, True, vtamper=spy)
+    program(PO, wl, T, {**PO.default(wl, T), "separable": 0}, True, vtamper=spy)
     ops = [i.op for i in seen[0].nests[-1].post]
     assert ops[-5:] == ["vld", "sld", "vmul", "vmul", "vst"] and ops.count("vadd") == 8
 
@@ -396,13 +392,13 @@ def test_reduce_same_cycles_as_the_retired_emission(op, shape):
         cfg = RE.random_config(wl, T, rng) if done else RE.default(wl, T)
         if RE.check(wl, T, cfg) is not None:
             continue
-        new = timing(M, RE.apply(wl, T, cfg, False))
+        new = timing(M, program(RE, wl, T, cfg, False))
         old = timing(M, _retired_reduce_program(wl, cfg))
         assert new.cycles == old.cycles, cfg
         assert new.counters.as_dict() == old.counters.as_dict(), cfg
         if done < 3:
             xs = get_op(op).make_inputs(wl, done)
-            out, _ = execute(M, RE.apply(wl, T, cfg, True), xs)
+            out, _ = execute(M, program(RE, wl, T, cfg, True), xs)
             old_out, _ = execute(M, _retired_reduce_program(wl, cfg, True), xs)
             assert _red_ok(wl, out, xs), cfg
             np.testing.assert_array_equal(out, old_out)
@@ -422,9 +418,9 @@ def test_reduce_a_wrong_instruction_gives_a_wrong_result(op, fix):
     def rw(k):
         return vx.VKernel(tuple(vx.Nest(outer=n.outer, body=tuple(fix(i) for i in n.body), inner=n.inner, pre=n.pre,
                                         post=tuple(fix(i) for i in n.post)) for n in k.nests), k.label)
-    out, _ = execute(M, RE.apply(wl, T, cfg, True), xs)
+    out, _ = execute(M, program(RE, wl, T, cfg, True), xs)
     assert _red_ok(wl, out, xs)
-    out, _ = execute(M, RE.apply(wl, T, cfg, True, vtamper=rw), xs)
+    out, _ = execute(M, program(RE, wl, T, cfg, True, vtamper=rw), xs)
     assert not _red_ok(wl, out, xs)
 
 
@@ -435,5 +431,5 @@ def test_reduce_a_shifted_dma_offset_gives_a_wrong_result():
 
     def shift(name, v):
         return View(v.space, v.offset + 1, v.shape, v.strides) if name.startswith("x->") else v
-    out, _ = execute(M, RE.apply(wl, T, cfg, True, tamper=shift), xs)
+    out, _ = execute(M, program(RE, wl, T, cfg, True, tamper=shift), xs)
     assert not _red_ok(wl, out, xs)

@@ -17,8 +17,10 @@ from opcompiler.backend.dsp.program import Allocator, View, dma_op
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 from opcompiler.schedules.dsp.reduce import DspSoftmax, _Geo
-from opcompiler.schedules.dsp.stream import fill_kernel, group_key, share, stream, vpu_op
+from opcompiler.schedules.dsp.stream import group_key, share
 from opcompiler.target import load_target
+
+from dsp_lowering import fill_kernel, program, stream, vpu_op
 
 T = load_target("dsp-sim")
 M = machine(T)
@@ -143,8 +145,8 @@ PINNED = [
 def test_pinned_cycles_of_the_retired_emitter(shape, cfg, cycles):
     wl = workload("softmax", shape=shape, dtype="float32")
     assert SM.check(wl, T, cfg) is None
-    assert timing(M, SM.apply(wl, T, cfg, False)).cycles <= cycles
-    assert timing(M, SM.apply(wl, T, cfg, False)).cycles == cycles  # the same instructions
+    assert timing(M, program(SM, wl, T, cfg, False)).cycles <= cycles
+    assert timing(M, program(SM, wl, T, cfg, False)).cycles == cycles  # the same instructions
 
 
 SHAPES = ["m=16,n=1000", "m=5,n=37", "m=3,n=2049", "m=70,n=333", "m=300,n=77", "m=1,n=32"]
@@ -162,13 +164,13 @@ def test_same_cycles_and_outputs_as_the_retired_emission(shape):
         cfg = SM.random_config(wl, T, rng) if done else SM.default(wl, T)
         if SM.check(wl, T, cfg) is not None:
             continue
-        new = timing(M, SM.apply(wl, T, cfg, False))
+        new = timing(M, program(SM, wl, T, cfg, False))
         old = timing(M, _retired_program(wl, cfg))
         assert new.cycles == old.cycles, cfg
         assert new.counters.as_dict() == old.counters.as_dict(), cfg
         if done < 3:
             xs = get_op("softmax").make_inputs(wl, done)
-            out, _ = execute(M, SM.apply(wl, T, cfg, True), xs)
+            out, _ = execute(M, program(SM, wl, T, cfg, True), xs)
             old_out, _ = execute(M, _retired_program(wl, cfg, True), xs)
             assert _ok(wl, out, xs), cfg
             np.testing.assert_array_equal(out, old_out)
@@ -199,7 +201,7 @@ def test_exp_is_the_vpu_sequence_and_the_division_a_reciprocal():
     wl = workload("softmax", shape="m=9,n=100", dtype="float32")
     cfg = {"rows": 4, "acc": 2, "dbuf": 1, "cores": 1}
     seen = []
-    SM.apply(wl, T, cfg, True, vtamper=lambda k: seen.append(k) or k)
+    program(SM, wl, T, cfg, True, vtamper=lambda k: seen.append(k) or k)
     ops = [[i.op for i in n.pre + n.body + n.post] for k in seen[:3] for n in k.nests]
     assert ops[0].count("vmax") == 2 + 1 + 5 and ops[0].count("vrot") == 5
     exp = [i.op for i in vx.emit_exp("x", "e", "r", "n")]
@@ -225,9 +227,9 @@ def test_a_wrong_instruction_gives_a_wrong_result(fix):
         return vx.VKernel(tuple(vx.Nest(outer=n.outer, body=tuple(fix(i) for i in n.body), inner=n.inner,
                                         pre=tuple(fix(i) for i in n.pre), post=tuple(fix(i) for i in n.post))
                                 for n in k.nests), k.label)
-    out, _ = execute(M, SM.apply(wl, T, cfg, True), xs)
+    out, _ = execute(M, program(SM, wl, T, cfg, True), xs)
     assert _ok(wl, out, xs)
-    out, _ = execute(M, SM.apply(wl, T, cfg, True, vtamper=rw), xs)
+    out, _ = execute(M, program(SM, wl, T, cfg, True, vtamper=rw), xs)
     assert not _ok(wl, out, xs)
 
 
@@ -238,7 +240,7 @@ def test_a_shifted_dma_offset_gives_a_wrong_result():
 
     def shift(name, v):
         return View(v.space, v.offset + 1, v.shape, v.strides) if name.startswith("x->") else v
-    out, _ = execute(M, SM.apply(wl, T, cfg, True, tamper=shift), xs)
+    out, _ = execute(M, program(SM, wl, T, cfg, True, tamper=shift), xs)
     assert not _ok(wl, out, xs)
 
 

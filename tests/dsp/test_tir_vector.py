@@ -15,9 +15,11 @@ from opcompiler.errors import OpcFailure
 from opcompiler.ops import get_op, workload
 from opcompiler.ops.steps import STEPS
 from opcompiler.schedules.dsp.chain import DspChain, _Geo
-from opcompiler.schedules.dsp.stream import cdiv, group_key, stream, vpu_op
+from opcompiler.schedules.dsp.stream import cdiv, group_key
 from opcompiler.target import load_target
 from opcompiler.verify import compare
+
+from dsp_lowering import program, stream, vpu_op
 
 T = load_target("dsp-sim")
 M = machine(T)
@@ -144,7 +146,7 @@ def _inputs(wl, seed):
 
 def _numpy_ok(wl, cfg, seed=0, **kw):
     xs = _inputs(wl, seed)
-    out, _ = execute(M, CH.apply(wl, T, cfg, True, **kw), xs)
+    out, _ = execute(M, program(CH, wl, T, cfg, True, **kw), xs)
     return compare(out, get_op(wl.op).reference(wl, xs))
 
 
@@ -230,7 +232,7 @@ def test_same_cycles_as_the_retired_emission(op, shape, mode):
         cfg = CH.random_config(wl, T, rng) if done else CH.default(wl, T)
         if CH.check(wl, T, cfg) is not None:
             continue
-        new = timing(M, CH.apply(wl, T, cfg, False))
+        new = timing(M, program(CH, wl, T, cfg, False))
         old = timing(M, _retired_program(wl, cfg))
         nc, oc = new.counters.as_dict(), old.counters.as_dict()
         if op == "ew_chain":
@@ -290,7 +292,7 @@ def test_instructions_recognised_from_the_expression():
     def spy(k):
         seen.append(k)
         return k
-    CH.apply(wl, T, CH.default(wl, T), True, vtamper=spy)
+    program(CH, wl, T, CH.default(wl, T), True, vtamper=spy)
     ops = [i.op for i in seen[0].nests[0].post]
     assert ops == ["vld", "vld", "vld", "vfma", "vmax", "vst"]
     scale = seen[0].nests[0].post[1].srcs[0]
@@ -332,4 +334,4 @@ def test_in_place_tiles_fit_what_the_template_checks():
     assert CH.check(wl, T, cfg) is None
     g = _Geo(M, wl, cfg)
     assert g.am_elems() * F32 > M.cap("AM") // 2  # a separate output tile would not fit
-    timing(M, CH.apply(wl, T, cfg, False))
+    timing(M, program(CH, wl, T, cfg, False))

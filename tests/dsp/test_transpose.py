@@ -22,6 +22,8 @@ from opcompiler.schedules.dsp.transpose import canonical
 from opcompiler.target import load_target
 from opcompiler.template import get_template
 
+from dsp_lowering import program
+
 TGT = load_target("dsp-sim")
 M = machine(TGT)
 BE = get_backend(TGT)
@@ -113,7 +115,7 @@ def test_channel_shuffle_runs_at_ddr_bandwidth() -> None:
 def test_functional_program_times_like_the_timing_program(shape: str) -> None:
     wl = workload("transpose", shape, dtype="float32")
     kernel = BE.build(wl)
-    fprog = get_template("elemwise", "dsp").apply(wl, TGT, kernel.config, functional=True)
+    fprog = program(get_template("elemwise", "dsp"), wl, TGT, kernel.config, True)
     assert timing(M, fprog).dsp_cycles == pytest.approx(BE.measure(kernel).metrics["dsp_cycles"], rel=0.03)
 
 

@@ -19,6 +19,7 @@ from opcompiler.backend import get_backend
 from opcompiler.backend.ascend import scheduler as asc
 from opcompiler.backend.ascend.isa import Barrier, DataMove, Load3D, Mmad, Scalar, Vec
 from opcompiler.backend.dsp import core as dsp_core, engine, fclock, program, vector
+from opcompiler.backend.dsp.lower import lower as dsp_lower
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.backend.dsp.program import Program as DspProgram, View, dma_op
 from opcompiler.ops import get_op, workload
@@ -212,7 +213,7 @@ DSP_KERNELS = [("conv2d", "n=2,c=8,h=9,w=9,k=32,r=3,s=3,pad=1", None, True),
 def _dsp(op, shape, config):
     wl = workload(op, shape, dtype="float32")
     k = DSP.build(wl, config)
-    fprog = get_template(get_op(op).family, "dsp").apply(wl, DT, k.config, functional=True)
+    fprog = dsp_lower(get_template(get_op(op).family, "dsp").apply(wl, DT, k.config), DT, True)
     return wl, k, fprog, get_op(op).make_inputs(wl)
 
 

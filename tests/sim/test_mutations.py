@@ -25,6 +25,7 @@ from opcompiler.backend.ascend import fclock as afc
 from opcompiler.backend.ascend import scheduler as asc
 from opcompiler.backend.ascend.isa import Barrier, Mmad, Vec
 from opcompiler.backend.dsp import core, engine, fclock as dfc, vector
+from opcompiler.backend.dsp.lower import lower as dsp_lower
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target
@@ -183,7 +184,7 @@ def _dsp_fprog(op, shape, config=None, mode="shared"):
     target = DT_COPY if mode == "copy" else DT
     wl = workload(op, shape, dtype="float32")
     k = get_backend(target).build(wl, dict(config) if config else None)
-    return (get_template(get_op(op).family, "dsp").apply(wl, target, k.config, functional=True),
+    return (dsp_lower(get_template(get_op(op).family, "dsp").apply(wl, target, k.config), target, True),
             get_op(op).make_inputs(wl))
 
 

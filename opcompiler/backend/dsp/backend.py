@@ -7,6 +7,7 @@ from ...template_base import Config, Template
 from ...workload import Workload
 from ..sim import SimBackend
 from . import fclock
+from .lower import lower as lower_scheduled  # a template's Scheduled -> Program
 from .engine import Timing, profile, report_keys, timing
 from .machine import DspMachine, machine
 
@@ -33,9 +34,10 @@ class DspSimBackend(SimBackend):
 
     def lower(self, wl: Workload, tmpl: Template, cfg: Config) -> tuple[dict, dict]:
         m = self.machine
-        prog = tmpl.apply(wl, self.target, cfg)  # timing program: validates capacities, fast
+        sched = tmpl.apply(wl, self.target, cfg)  # the scheduled module; this backend lowers it
+        prog = lower_scheduled(sched, self.target, functional=False)  # timing program: validates capacities, fast
         info = {"data_mode": m.data_mode, "cores_used": prog.cores_used, **prog.info}
-        return {"template": tmpl, "program": prog}, info
+        return {"template": tmpl, "scheduled": sched, "program": prog}, info
 
     def timing(self, kernel) -> Timing:
         return timing(self.machine, kernel.artifact["program"])
@@ -43,7 +45,8 @@ class DspSimBackend(SimBackend):
     def functional(self, kernel, inputs) -> tuple[list, Timing, dict]:
         m = self.machine
         tmpl = kernel.artifact["template"]
-        fprog = tmpl.apply(kernel.workload, self.target, kernel.config, functional=True)
+        sched = kernel.artifact.get("scheduled") or tmpl.apply(kernel.workload, self.target, kernel.config)
+        fprog = lower_scheduled(sched, self.target, functional=True)
         out, counters, ft = fclock.replay(m, fprog, inputs, fclock.clock(self.target))
         return [out], ft, {"functional_counters": counters.as_dict()}
 

@@ -21,7 +21,7 @@ from ...sim.instr import Instruction
 from .core import MkCost
 from .machine import DspMachine
 
-F32 = 4
+from .intrin import F32  # noqa: E402
 
 
 @dataclass(frozen=True)

@@ -34,7 +34,7 @@ loop's largest extent. Anything else is a one-line OpcFailure.
 from __future__ import annotations
 
 import itertools
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 
 import numpy as np
 
@@ -42,12 +42,11 @@ from opcompiler.errors import OpcFailure
 
 from . import vector as vx
 from .machine import DspMachine
-from .program import Op, dma_op
 from .tir_eval import _bkey, _boxes, _full, _key, _vars, _Zero, _valid
 from .tir_vector import VecLowerer, repacked
 from .tir_vselect import _isload, _Select
 
-GCONV = "gconv"  # the opc.dsp.op value of a register-blocked convolution nest
+from .intrin import GCONV  # noqa: E402  (the opc.dsp.op value of a register-blocked convolution nest)
 X_REGS = 4  # tap loads in flight (register names rotate)
 
 
@@ -69,10 +68,9 @@ class GConvLowerer(VecLowerer):
     """The Lowerer of kernels whose VPU pass is a register-blocked convolution nest."""
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
-                 dbuf: bool, functional: bool, tamper: Callable | None = None,
-                 vtamper: Callable[[vx.VKernel], vx.VKernel] | None = None):
+                 dbuf: bool, functional: bool):
         self._stored: dict[int, list] = {}  # AM tile -> the box the last conv nest stored into it
-        super().__init__(m, func, ddr_names, ddr_shapes, dbuf, functional, tamper, vtamper, tile_tags=True)
+        super().__init__(m, func, ddr_names, ddr_shapes, dbuf, functional, tile_tags=True)
 
         def visit(st, inside: bool) -> None:  # the AM tiles a gconv nest stores are stage outputs
             name = type(st).__name__
@@ -312,7 +310,6 @@ class GConvLowerer(VecLowerer):
     # ---- lowering one nest -------------------------------------------------------------------
     def _gconv(self, st, E: dict, stage: list | None) -> None:
         S = self._gstatic(st)
-        L = self.m.lanes
         ext = [self._ev(lp.extent, E) for lp in S.outer]
         rb_n = self._ev(S.row.extent, E) if S.row is not None else 1
         ln_n = self._ev(S.lane.extent, E)
@@ -380,18 +377,13 @@ class GConvLowerer(VecLowerer):
         if tail:
             nests.append(self._block(st, S, E, slot, full, tail, (gbn, kpg, 1, nvv)))
         kern = vx.VKernel(tuple(nests), "grouped conv")
-        if self.vtamper is not None:
-            kern = self.vtamper(kern)
-        cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern: vx.execute(mem, k, L)) if self.fn else None
 
         def tag(bk: int) -> str:
             return self._tag(bk, slot if self._sp(bk)[2] else 0)
         rd = tuple(dict.fromkeys(t for t in [tag(S.x[0]), f"pad{slot}", tag(S.w[0])] +
                                  [tag(p[0]) for p in S.params] if t))
         nr = full * rb_n + tail
-        op = Op("vpu", "vpu", cycles=cost.cycles, reads=rd, writes=(tag(S.epi[-1][4]),), cost=cost,
-                nruns=len(kern.nests), fn=fn, label=f"conv {gbn * kpg} ch x {nr} rows")
+        op = self._vpu_op(kern, rd, (tag(S.epi[-1][4]),), f"conv {gbn * kpg} ch x {nr} rows")
         self._emit(self._intern(op), stage, 1)
         return None
 
@@ -458,10 +450,8 @@ class GConvLowerer(VecLowerer):
         for b in boxes:
             sv = self._view(_key(st), sspace, sbase, fsrc, E, ext, b)
             dv = self._view(_key(st), dspace, dbase, fdst, E, ext, b)
-            if self.tamper is not None:
-                dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
-            op = dma_op(self.m, sv, dv, (self._tag(bsrc, slot),), (self._tag(bdst, slot),), self.fn,
-                        f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
+            op = self._copy_op(bsrc, bdst, sv, dv, (self._tag(bsrc, slot),), (self._tag(bdst, slot),),
+                               f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             self._emit(self._intern(op), stage, 2)
 
     def _block(self, st, S: _Static, E: dict, slot: int, yb0: int, rb: int, outer: tuple) -> vx.Nest:

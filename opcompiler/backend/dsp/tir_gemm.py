@@ -40,7 +40,7 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 
 from . import vector as vx
-from .program import Allocator, Op, compress, dma_op
+from .program import Allocator, Op, compress
 from .tir_eval import _bkey, _full, _grid, _key, _vars
 from .tir_lower import EPI_BLOCKS, Lowerer
 from .vector import VI, Mem, Nest, VKernel
@@ -90,8 +90,8 @@ class GemmLowerer(Lowerer):
     """Per-core op lists of the blocked GEMM (see the module docstring)."""
 
     def __init__(self, m, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple], dbuf: bool,
-                 functional: bool, tamper=None):
-        super().__init__(m, func, ddr_names, ddr_shapes, 0, dbuf, False, functional, tamper)
+                 functional: bool):
+        super().__init__(m, func, ddr_names, ddr_shapes, 0, dbuf, False, functional)
         self.memo: dict[tuple, Op] = {}  # timing mode: ops of one kind and shape share one object
         self.costs: dict[tuple, vx.MkCost] = {}  # pass shape -> its cycles
         self._block_info()
@@ -304,9 +304,7 @@ class GemmLowerer(Lowerer):
         dspace, dbase = self._base(bdst, slots[1])
         sv = self._view(_key(lp), sspace, sbase, fsrc, E, ext, box)
         dv = self._view(_key(lp), dspace, dbase, fdst, E, ext, box)
-        if self.tamper is not None:
-            dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
-        return dma_op(self.m, sv, dv, reads, writes, self.fn, label)
+        return self._copy_op(bsrc, bdst, sv, dv, reads, writes, label)
 
     # ---- per block -------------------------------------------------------------------------------
     def _block_info(self) -> None:
@@ -636,10 +634,7 @@ class GemmLowerer(Lowerer):
                 ck = (ns, self.cols[b], self.kk[t], self.first[t], last)  # the cost does not depend on addresses
                 if ck not in self.costs:
                     self.costs[ck] = vx.kernel_cost(self.m, k)
-                cost = self.costs[ck]
-                fn = (lambda mem, k=k: vx.execute(mem, k, self.m.lanes)) if self.fn else None
-                return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=(f"c{s0}",), cost=cost,
-                          nruns=len(k.nests), fn=fn, label=k.label)
+                return self._vpu_op(k, reads, (f"c{s0}",), k.label, self.costs[ck])
             return self._op(("v", slot, bslot, s0, ns, self.shape[b][1], self.kk[t], self.first[t], last), make)
 
         # A stages in issue order, with their SM buffers

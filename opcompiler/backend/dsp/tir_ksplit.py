@@ -31,12 +31,64 @@ from .tir_eval import _Exec, _Zero, _bkey, _full, _key, _vars
 from .tir_lower import EPI_BLOCKS, REDUCTIONS, Lowerer, _sum
 
 
+def balance_parts(func, k: int, cores: int):
+    """The index map of the K parts: part c covers [c*K//P, (c+1)*K//P) (sizes differ by one at
+    most, as the FC libraries split a reduction) instead of TVM's split into parts of ceil(K/P)
+    with the last one short or empty. Applied to the lowered function: every `kc * ceil(K/P)`
+    (the first element of part kc) becomes `kc*K // P`, and every bound `... < K` of an index
+    in part kc becomes `... < (kc+1)*K // P`. The buffers of a part keep their ceil(K/P) rows."""
+    import tvm_ffi
+    from tvm import tirx
+
+    q = -(-k // cores)
+    if q * cores == k or q == 1:
+        return func  # equal parts already, or parts of one element (the same sizes as TVM's split)
+    kc = _cores_var(func.body)
+
+    def mentions(e) -> bool:
+        found = []
+        tvm_ffi.structural_map(e, (tirx.Var, lambda v: found.append(v.same_as(kc)) or v))
+        return any(found)
+
+    def start(e):
+        if isinstance(e.b, tirx.IntImm) and int(e.b.value) == q and e.a.same_as(kc):
+            dt = "int32"
+            return tirx.FloorDiv(tirx.Mul(kc, tirx.const(k, dt)), tirx.const(cores, dt))
+        return e
+
+    def bound(e):
+        if isinstance(e.b, tirx.IntImm) and int(e.b.value) == k and mentions(e.a):
+            dt = "int32"
+            nxt = tirx.FloorDiv(tirx.Mul(tirx.Add(kc, tirx.const(1, dt)), tirx.const(k, dt)), tirx.const(cores, dt))
+            return tirx.LT(e.a, nxt)
+        return e
+    return tvm_ffi.structural_map(func, [(tirx.Mul, start), (tirx.LT, bound)])
+
+
+def _cores_var(st):
+    """The loop variable of the loop over the K parts (annotated opc.dsp.cores)."""
+    name = type(st).__name__
+    if name == "For":
+        if "opc.dsp.cores" in st.annotations:
+            return st.loop_var
+        return _cores_var(st.body)
+    if name == "SBlockRealize":
+        return _cores_var(st.block.body)
+    if name == "SeqStmt":
+        for x in st.seq:
+            v = _cores_var(x)
+            if v is not None:
+                return v
+    return None
+
+
+
 class KsplitLowerer(Lowerer):
     """Per-core op lists of the rfactored fully connected layer."""
 
     def __init__(self, m, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple], kv: int,
-                 functional: bool, tamper=None):
-        super().__init__(m, func, ddr_names, ddr_shapes, kv, False, False, functional, tamper)
+                 functional: bool):
+        super().__init__(m, func, ddr_names, ddr_shapes, kv, False, False, functional)
         self.roles: dict[int, str] = {}
         self._scan_roles(func.body)
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
+from . import vector as vx
 from .core import EPI_REGS, mk_ew, mk_out, mk_ws
 from .machine import DspMachine
 from .program import F32, Allocator, Op, View, dma_op
@@ -39,11 +40,12 @@ from .program import stage_order
 from .tir_eval import _bkey, _boxes, _Compiler, _Exec, _full, _grid, _key, _vars, _Zero
 
 def lowered(sch):
-    """A scheduled module as this lowering walks it: init blocks lowered, allocations placed where
-    they are used, blocks opaque, buffers compacted to the regions their loops touch."""
+    """A scheduled module (an `s_tir.Schedule` or its IRModule) as this lowering walks it: init
+    blocks lowered, allocations placed where they are used, blocks opaque, buffers compacted to
+    the regions their loops touch."""
     import tvm.s_tir.transform as st
 
-    mod = sch.mod
+    mod = getattr(sch, "mod", sch)
     for p in (st.LowerInitBlock(), st.PlanAndUpdateBufferAllocationLocation(), st.ConvertBlocksToOpaque(),
               st.CompactBufferAllocation()):
         mod = p(mod)
@@ -52,7 +54,7 @@ def lowered(sch):
 
 # epilogue blocks of the conv family in the catalogue's computes, in order
 # ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM)
-EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vadd": "res", "vrelu": "relu"}
+from .intrin import ALIGN, EPI_BLOCKS  # noqa: E402,F401
 REDUCTIONS = ("conv2d", "matmul", "matmul_rf_update")  # the reduction block of each family (split=k: the rfactor)
 
 
@@ -63,11 +65,10 @@ class Lowerer:
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
                  kv: int, dbuf: bool, gsm_reread: bool,
-                 functional: bool, tamper: Callable[[str, View], View] | None = None,
-                 core_names: Mapping[str, Callable[[int], str]] | None = None):
+                 functional: bool, core_names: Mapping[str, Callable[[int], str]] | None = None):
         """`core_names`: parameters each core reads from its own DDR copy (param -> core -> name)."""
         self.m, self.func, self.kv, self.dbuf, self.fn = m, func, kv, dbuf, functional
-        self.tamper, self.gsm_reread = tamper, gsm_reread
+        self.gsm_reread = gsm_reread
         self.core_names = dict(core_names or {})
         self.core = 0
         self.nbuf = 2 if dbuf else 1
@@ -105,8 +106,8 @@ class Lowerer:
 
     def _allocate(self) -> None:
         """SM/AM buffers at fixed offsets (the tiles of a stage twice when double-buffered)."""
-        am, sm = Allocator("AM", self.m.cap("AM"), 128), Allocator("SM", self.m.cap("SM"), 8)
-        gsm = Allocator("GSM", self.m.cap("GSM"), 64)  # one for the cluster: every core sees the same
+        am, sm = Allocator("AM", self.m.cap("AM"), ALIGN["AM"]), Allocator("SM", self.m.cap("SM"), ALIGN["SM"])
+        gsm = Allocator("GSM", self.m.cap("GSM"), ALIGN["GSM"])  # one for the cluster: every core sees the same
         found: list[tuple[Any, bool]] = []
         self.has_shared = False
         stage_in: list[tuple[int, int]] = []  # (destination, source) of the copies inside a stage
@@ -445,15 +446,27 @@ class Lowerer:
         for b in boxes:
             sv = self._view(k, sspace, sbase, fsrc, E, ext, full(b))
             dv = self._view(k, dspace, dbase, fdst, E, ext, full(b))
-            if self.tamper is not None:
-                dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
             # reads of the shared weights in GSM are ordered by the barriers, not by the tag
             shared = sspace[0] == "GSM" and not self._sp(bsrc)[2]
-            op = dma_op(self.m, sv, dv, (stag,) if stag and not shared else (), (dtag,), self.fn,
-                        f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
+            op = self._copy_op(bsrc, bdst, sv, dv, (stag,) if stag and not shared else (), (dtag,),
+                               f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             self._emit(self._intern(op), stage, where)
             if shared and self.gsm_reread:  # W_g is rewritten for the next block only
                 self._emit(Op("barrier", "sync", label="W_g read"), stage, where)  # after every core read it
+
+    def _copy_op(self, bsrc: int, bdst: int, src: View, dst: View, reads: tuple, writes: tuple, label: str) -> Op:
+        """The DMA of one copy box of buffer `bsrc` into `bdst` (every lowering's copies go through
+        here: the one place a test injects a wrong address, `tests/dsp/dsp_lowering.py`)."""
+        return dma_op(self.m, src, dst, reads, writes, self.fn, label)
+
+    def _vpu_op(self, kern: vx.VKernel, reads: tuple, writes: tuple, label: str, cost: Any = None) -> Op:
+        """One VPU pass of a vector kernel: cycles from list-scheduling its instructions (`cost`
+        when the caller has it already), values from executing them in functional mode."""
+        if cost is None:
+            cost = vx.kernel_cost(self.m, kern)
+        fn = (lambda mem, k=kern, L=self.m.lanes: vx.execute(mem, k, L)) if self.fn else None
+        return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kern.nests),
+                  fn=fn, label=label)
 
     def _view(self, nest: int, space: tuple, base: int, fflat: Callable, E: dict, ext: list, box) -> View:
         """The strided window of the index `fflat` over `box` (offset and strides from its values

@@ -25,7 +25,7 @@ fill's last vector of a row is predicated to the box). Imports nothing from `sch
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -34,15 +34,14 @@ from opcompiler.errors import OpcFailure
 
 from . import vector as vx
 from .machine import DspMachine
-from .program import Allocator, Op, dma_op
+from .program import Allocator
 from .tir_eval import _bkey, _boxes, _full, _grid, _key, _valid
 from .tir_vector import VecLowerer
 from .tir_vselect import _Select
 
-DMA = "dma"
-# a loop over stage loops in sequence (concat: per image, x's stages then x1's): its stages, in
-# walk order, are one item list the cores take contiguous shares of
-ITEMS = "opc.dsp.items"
+# DMA: a copy nest; ITEMS: a loop over stage loops in sequence (concat: per image, x's stages then
+# x1's): its stages, in walk order, are one item list the cores take contiguous shares of
+from .intrin import DMA, ITEMS  # noqa: E402
 
 
 def _is_load(e) -> bool:
@@ -60,10 +59,10 @@ class MoveLowerer(VecLowerer):
     """The Lowerer of kernels made only of copy nests (see the module docstring)."""
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
-                 dbuf: bool, functional: bool, tamper: Callable | None = None):
+                 dbuf: bool, functional: bool):
         self._padded = False
         self._stage_loop = None
-        super().__init__(m, func, ddr_names, ddr_shapes, dbuf, functional, tamper, None, tile_tags=True)
+        super().__init__(m, func, ddr_names, ddr_shapes, dbuf, functional, tile_tags=True)
 
     # ---- buffers --------------------------------------------------------------------------
     def _allocate(self) -> None:
@@ -266,10 +265,7 @@ class MoveLowerer(VecLowerer):
         for a, b in runs:
             kern = vx.VKernel(tuple(vx.fill_nests(value, corner + a, (np_, nr, b - a), (strides[-3], strides[-2]), L)),
                               "padding fill")
-            cost = vx.kernel_cost(self.m, kern)
-            fn = (lambda mem, kk=kern: vx.execute(mem, kk, L)) if self.fn else None
-            op = Op("vpu", "vpu", cycles=cost.cycles, reads=(), writes=(f"pad{slot}",), cost=cost,
-                    nruns=len(kern.nests), fn=fn, label="padding fill")
+            op = self._vpu_op(kern, (), (f"pad{slot}",), "padding fill")
             self._emit(self._intern(op), stage, 0)
 
     def _dma(self, st, E: dict, stage: list | None, part: tuple[int, int] | None = None) -> None:
@@ -309,9 +305,7 @@ class MoveLowerer(VecLowerer):
         for b in boxes:
             sv = self._view(k, sspace, sbase, fsrc, E, ext, b)
             dv = self._view(k, dspace, dbase, fdst, E, ext, b)
-            if self.tamper is not None:
-                dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
-            op = dma_op(self.m, sv, dv, reads, (dtag,), self.fn, f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
+            op = self._copy_op(bsrc, bdst, sv, dv, reads, (dtag,), f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             # a stage's DMA-in: into its AM tile, or the one DDR -> DDR descriptor
             self._emit(self._intern(op), stage, 2 if sspace[0] == "AM" else 0)
 

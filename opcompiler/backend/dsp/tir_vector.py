@@ -59,7 +59,7 @@ selection of a stored expression).
 """
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
@@ -76,7 +76,7 @@ from .tir_vscan import _Nest, _rowstatic, _static, _vars, _window
 from .tir_vselect import _combine, _isload
 from .tir_vwindow import WindowNests
 
-VEC = "vec"  # the opc.dsp.op value of a vector nest
+from .intrin import VEC  # noqa: E402  (the opc.dsp.op value of a vector nest)
 
 
 def repacked(shape: tuple, strides: tuple, ext: list) -> tuple:
@@ -93,19 +93,17 @@ class VecLowerer(WindowNests, Lowerer):
     """The Lowerer of kernels whose VPU passes are vector nests (element-wise chains)."""
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
-                 dbuf: bool, functional: bool, tamper: Callable | None = None,
-                 vtamper: Callable[[vx.VKernel], vx.VKernel] | None = None, tile_tags: bool = False):
-        """`vtamper`: tests only, rewrites each vector kernel before it is executed. `tile_tags`:
+                 dbuf: bool, functional: bool, tile_tags: bool = False):
+        """`tile_tags`:
         each stage tile its own dependency tag (the copy-in, its padding fills, the result), and
         copies into a stage tile clipped to what the stage's window nest reads (pooling)."""
         self.bstrides: dict[int, tuple[int, ...]] = {}
-        self.vtamper = vtamper
         self.tile_tags = tile_tags
         self.tables: dict[str, np.ndarray] = {}  # constants the lowering computed (DDR name -> values)
         self._table_ops: list[tuple] = []
         self._deferred: list[tuple] = []
         self._vec_outs: set[int] = set()
-        super().__init__(m, func, ddr_names, ddr_shapes, 1, dbuf, False, functional, tamper)
+        super().__init__(m, func, ddr_names, ddr_shapes, 1, dbuf, False, functional)
 
     # ---- buffers --------------------------------------------------------------------------
     def _strides(self, bk: int) -> tuple[int, ...]:
@@ -328,16 +326,12 @@ class VecLowerer(WindowNests, Lowerer):
             srcs = tuple(mems[s[1]] if isinstance(s, tuple) and s[0] == "mem" else s for s in ins.srcs)
             body.append(vx.VI(ins.op, dst, srcs))
         kern = vx.VKernel((vx.Nest(outer=outer, post=tuple(body)),), nest.name)
-        if self.vtamper is not None:
-            kern = self.vtamper(kern)
-        cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern: vx.execute(mem, k, L)) if self.fn else None
+
         def tag(bk: int) -> str:  # a buffer outside the stage was written with the first slot's tag
             return self._tag(bk, slot if self._sp(bk)[2] else 0)
         rd = tuple(dict.fromkeys(t for t in (tag(a[0]) for a in nest.accesses[1:]) if t))
         wr = (tag(nest.accesses[0][0]),)
-        op = Op("vpu", "vpu", cycles=cost.cycles, reads=rd, writes=wr, cost=cost, nruns=len(kern.nests), fn=fn,
-                label=f"{nest.name}: {int(np.prod(box))} elements")
+        op = self._vpu_op(kern, rd, wr, f"{nest.name}: {int(np.prod(box))} elements")
         self._emit(self._intern(op), stage, 1)
 
     def _mem(self, nest: _Nest, acc: tuple, E: dict, ext: list, box: tuple, slot: int) -> vx.Mem:
@@ -464,11 +458,6 @@ class VecLowerer(WindowNests, Lowerer):
                 body.append(vx.VI(red[3], f"s{a}", (f"s{a}", stored)))
         kern = vx.VKernel((vx.Nest(outer=(nr,), inner=(J,), pre=tuple(pre), body=tuple(body), post=tuple(post)),),
                           "row nest")
-        if self.vtamper is not None:
-            kern = self.vtamper(kern)
-        cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem_, k=kern: vx.execute(mem_, k, L)) if self.fn else None
         rd = tuple(dict.fromkeys(t for t in (self._tag(a[0], slot) for a in rs.accesses[1:]) if t))
-        o = Op("vpu", "vpu", cycles=cost.cycles, reads=rd, writes=tuple(dict.fromkeys(self._tag(b, slot) for b in wr)),
-               cost=cost, nruns=len(kern.nests), fn=fn, label=f"{rs.name}: {nr} rows")
+        o = self._vpu_op(kern, rd, tuple(dict.fromkeys(self._tag(b, slot) for b in wr)), f"{rs.name}: {nr} rows")
         self._emit(self._intern(o), stage, 1)

@@ -12,21 +12,18 @@ and the selected instructions (`tir_vselect.py`):
   over loops its index does not mention: pooling, `opc.dsp.reduce_lanes` lane reductions), its
   spatial and tap loops, the reducing instruction, avg's divisor and `opc.dsp.separable`.
 
-Unsupported shapes are one-line OpcFailures naming the nest. Nothing here emits an op.
+Each receives the lowering as a `tir_vselect.NestContext` (what it reads of it), so nothing here
+imports `tir_vector`. Unsupported shapes are one-line OpcFailures naming the nest. Nothing here
+emits an op.
 """
 from __future__ import annotations
-
-from typing import TYPE_CHECKING
 
 import numpy as np
 
 from opcompiler.errors import OpcFailure
 
 from .tir_eval import _bkey, _key, _vars as _expr_vars
-from .tir_vselect import _isload, _RowSelect, _Select
-
-if TYPE_CHECKING:
-    from .tir_vector import VecLowerer
+from .tir_vselect import NestContext, _isload, _RowSelect, _Select
 
 class _Rows:
     """What a row nest lowers to: its four loops, the rows' predicate, the element-wise store's
@@ -37,7 +34,7 @@ class _Rows:
         self.__dict__.update(kw)
 
 
-def _rowstatic(low: VecLowerer, st) -> _Rows:
+def _rowstatic(low: NestContext, st) -> _Rows:
     k = ("rows", _key(st))
     if k in low._cache:
         return low._cache[k]
@@ -110,7 +107,7 @@ class _Nest:
         self.name, self.loops, self.pred, self.accesses, self.code = name, loops, pred, accesses, code
 
 
-def _static(low: VecLowerer, st) -> _Nest:
+def _static(low: NestContext, st) -> _Nest:
     k = ("vec", _key(st))
     if k in low._cache:
         return low._cache[k]
@@ -166,7 +163,7 @@ class _Win:
         self.hp = 0
 
 
-def _window(low: VecLowerer, st) -> _Win | None:
+def _window(low: NestContext, st) -> _Win | None:
     """The window reduction under a vector nest (a store reducing a load of its own buffer with
     max / + over loops its index does not mention), or None for an element-wise nest."""
     if int(st.annotations.get("opc.dsp.rows", 0)):

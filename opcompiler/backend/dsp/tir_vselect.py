@@ -13,20 +13,33 @@ division by a buffer holding its reciprocal is a multiplication). `_reduce` and 
 the reduction sequences the window and row nests append (taps through rotating registers; a
 tree over accumulators).
 
-It knows the lowering only through `low` (its buffers' spaces, shapes and index functions), so
-it imports nothing above it: `tir_vector.py` and `tir_vscan.py` import it.
+It knows the lowering only through what it is given (`NestContext`: the buffers' spaces, shapes,
+names and index functions, the per-nest cache, the reciprocal buffers), so it imports nothing above
+it: `tir_vector.py` (whose VecLowerer is such a context), `tir_vscan.py` and `tir_vwindow.py`
+import it, and the imports run one way.
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any, Protocol
 
 from opcompiler.errors import OpcFailure
 
 from . import vector as vx
 from .tir_eval import _bkey
 
-if TYPE_CHECKING:
-    from .tir_vector import VecLowerer
+
+class NestContext(Protocol):
+    """What instruction selection and the nest analysis (`tir_vscan`) read of the lowering that
+    calls them: buffer shapes and names, the index compiler, the per-nest cache, a buffer's
+    place (`_sp`: (level, ...)), the buffers holding a reciprocal (`_recip`)."""
+
+    shapes: dict
+    names: dict
+    comp: Any
+    _cache: dict
+    _recip: Any
+
+    def _sp(self, bk: int) -> tuple: ...
 
 POOL = "pool"  # an operand register taken from the temporaries (an FMA's per-channel operands)
 _ARITH = {"Add": "vadd", "Sub": "vsub", "Mul": "vmul", "Max": "vmax", "Min": "vmin"}
@@ -36,7 +49,7 @@ _COMMUTES = {"Add", "Mul", "Max", "Min"}
 class _Select:
     """Instruction selection for one stored expression (see the module docstring)."""
 
-    def __init__(self, low: VecLowerer, name: str, store):
+    def __init__(self, low: NestContext, name: str, store):
         self.low, self.name, self.store = low, name, store
         self.out_shape = low.shapes.get(_bkey(store))
         self.accesses: list[tuple] = []

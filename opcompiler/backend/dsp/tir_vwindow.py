@@ -27,7 +27,7 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 
 from . import vector as vx
-from .program import Allocator, Op, View, dma_op
+from .program import Allocator, View, dma_op
 from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero, _valid
 from .tir_vscan import _Nest, _vars, _Win
 from .tir_vselect import _combine, _reduce, _Select
@@ -181,10 +181,7 @@ class WindowNests:
             L = self.m.lanes
             for off, fs in fills:
                 kern = vx.VKernel(tuple(vx.fill_nests(other, corner + off, fs, (pp, w), L)), "padding fill")
-                cost = vx.kernel_cost(self.m, kern)
-                fn = (lambda mem, kk=kern: vx.execute(mem, kk, L)) if self.fn else None
-                op = Op("vpu", "vpu", cycles=cost.cycles, reads=(), writes=(f"pad{slot}",), cost=cost,
-                        nruns=len(kern.nests), fn=fn, label="padding fill")
+                op = self._vpu_op(kern, (), (f"pad{slot}",), "padding fill")
                 self._emit(self._intern(op), stage, 0)
         boxes = _boxes(copy)
         if len(boxes) > 1:
@@ -193,10 +190,8 @@ class WindowNests:
         for b in boxes:
             sv = self._view(k, sspace, sbase, fsrc, E, ext, b)
             dv = self._view(k, dspace, dbase, fdst, E, ext, b)
-            if self.tamper is not None:
-                dv = self.tamper(f"{self.names[bsrc]}->{self.names[bdst]}", dv)
-            op = dma_op(self.m, sv, dv, (stag,) if stag else (), (dtag,), self.fn,
-                        f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
+            op = self._copy_op(bsrc, bdst, sv, dv, (stag,) if stag else (), (dtag,),
+                               f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             self._emit(self._intern(op), stage, 0)
 
     def _vec_window(self, w: _Win, E: dict, stage: list | None) -> None:
@@ -265,14 +260,9 @@ class WindowNests:
         body.append(vx.VI("vst", mem(w.store), ("acc",)))
         nests.append(vx.Nest(outer=tuple(box[:-1]) + (nv,), post=tuple(body)))
         kern = vx.VKernel(tuple(nests), "pool2d")
-        if self.vtamper is not None:
-            kern = self.vtamper(kern)
-        cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem_, k=kern: vx.execute(mem_, k, L)) if self.fn else None
         tile = self._tag(w.tap[0], slot)
         rd = (tile, f"pad{slot}") + (("const",) if w.divk is not None and w.divk[0] == "tab" else ())
-        op_ = Op("vpu", "vpu", cycles=cost.cycles, reads=rd, writes=(self._tag(w.store[0], slot),), cost=cost,
-                 nruns=len(kern.nests), fn=fn, label=f"{w.name}: {int(np.prod(box))} outputs")
+        op_ = self._vpu_op(kern, rd, (self._tag(w.store[0], slot),), f"{w.name}: {int(np.prod(box))} outputs")
         self._emit(self._intern(op_), stage, 1)
 
     def _vec_rows(self, w: _Win, E: dict, stage: list | None) -> None:
@@ -306,10 +296,7 @@ class WindowNests:
                 base = self._base(tb, slot)[1]
                 kern = vx.VKernel(tuple(vx.fill_nests(w.ident, base + shape[1], (1, shape[0], strides[0] - shape[1]),
                                                       (0, strides[0]), L)), "identity fill")
-                cost = vx.kernel_cost(self.m, kern)
-                fn = (lambda mem, kk=kern: vx.execute(mem, kk, L)) if self.fn else None
-                op = Op("vpu", "vpu", cycles=cost.cycles, reads=(), writes=(f"pad{slot}",), cost=cost,
-                        nruns=len(kern.nests), fn=fn, label="identity fill")
+                op = self._vpu_op(kern, (), (f"pad{slot}",), "identity fill")
                 self._emit(self._intern(op), stage, 0)
         self._flush_deferred(E, stage, {})
 
@@ -333,13 +320,7 @@ class WindowNests:
         kern = vx.VKernel((vx.Nest(outer=(nr,), inner=(J,), pre=tuple(vx.VI("vmov", f"s{a}", (w.ident,))
                                                                       for a in range(A)),
                                    body=body, post=tuple(post)),), "reduce")
-        if self.vtamper is not None:
-            kern = self.vtamper(kern)
-        cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem_, k=kern: vx.execute(mem_, k, L)) if self.fn else None
-        o = Op("vpu", "vpu", cycles=cost.cycles, reads=(self._tag(tb, slot), f"pad{slot}"),
-               writes=(self._tag(w.store[0], slot),), cost=cost, nruns=len(kern.nests), fn=fn,
-               label=f"{w.name}: {nr} rows")
+        o = self._vpu_op(kern, (self._tag(tb, slot), f"pad{slot}"), (self._tag(w.store[0], slot),), f"{w.name}: {nr} rows")
         self._emit(self._intern(o), stage, 1)
 
 
