@@ -62,7 +62,9 @@ class Backend(ABC):
         return capabilities(self.family)
 
     def template(self, wl: Workload) -> Template:
-        """The template that schedules `wl` on this backend's family."""
+        """The template that schedules `wl` on this backend's family, from the core's registry (filled
+        by the entry point that builds: `opcompiler.api`, the CLI, the tuner's workers...; the backend
+        sits below the templates and never imports them)."""
         from ..ops import get_op
         from ..template import get_template
         return get_template(get_op(wl.op).family, self.family)
