@@ -13,7 +13,8 @@ only where the expression loads). The semantics are TIR's:
   choose elementwise (both sides are evaluated), `Cast` keeps the value, `Let` binds.
 
 `integer=True` compiles integer / boolean expressions only (a float immediate or a cast to a
-non-integer type has no rule), for evaluators that fall back to running the code otherwise.
+non-integer type, where floats come from, has no rule), for evaluators that fall back to running
+the code otherwise.
 An expression with no rule raises `NoRule` (an `OpcFailure`).
 
 ascend-sim evaluates a schedule's event arguments with it (`backend/ascend/tir_trace.py`),
@@ -95,11 +96,9 @@ class Compiler:
 
     def src(self, e) -> str:
         name = type(e).__name__
-        if self.integer and _is_float(e):
-            raise NoRule(f"tir lowering: no integer rule for {name} ({e})")
         if name == "IntImm":
             return str(int(e.value))
-        if name == "FloatImm":
+        if name == "FloatImm" and not self.integer:  # integers only: where floats come from
             return repr(float(e.value))
         if name == "StringImm":
             return repr(e.value)

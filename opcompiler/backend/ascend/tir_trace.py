@@ -58,23 +58,16 @@ def _is_event(stmt) -> bool:
 _INT = Compiler(integer=True)  # the simulator core's one TIR expression evaluator, integers only
 
 
-class _Env(dict):
-    """Loop and let variables by handle; one not bound (a handle, or a let whose value could
-    not be evaluated) makes the expression opaque."""
-
-    def __missing__(self, k):
-        raise _Opaque(f"variable {k}")
-
-
 def _value(e, env: dict[int, Any]):
     """An integer / boolean PrimExpr over the rows of `env` (loop and let variables by handle:
     a numpy array per row, or a Python int where every row agrees), by `opcompiler.sim.tir_expr`
     (TIR's semantics: `Div` / `Mod` truncate, `FloorDiv` / `FloorMod` floor)."""
     try:
-        f = _INT.fn(e)
+        return _INT.fn(e)(env, None)
     except NoRule as x:
         raise _Opaque(str(x)) from None
-    return f(_Env(env), None)
+    except KeyError as x:  # an unbound variable: a handle, or a let whose value could not be evaluated
+        raise _Opaque(f"variable {x}") from None
 
 
 def _bind(env: dict[int, Any], var, v) -> None:
