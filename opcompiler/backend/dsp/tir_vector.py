@@ -52,10 +52,10 @@ an AM tile gets one vector of slack, a vector nest's result takes the AM tile of
 dies there (computed in place, as the chip's kernels do), copies from DDR into AM are a stage's
 DMA-in. Anything it cannot map is a one-line OpcFailure naming the nest.
 
-The code is in four modules: this one (`VecLowerer`: buffers, stages, element-wise and row
-nests), `tir_vwindow.py` (window reductions and stage tiles, a mixin of `VecLowerer`),
-`tir_vscan.py` (what each nest is, read once from the TIR) and `tir_vselect.py` (instruction
-selection of a stored expression).
+The code is in four modules: this one (`VecLowerer`: buffers, stages and their tiles, element-wise
+and row nests) and three collaborators it calls with what they need, none of which imports it:
+`tir_vwindow.py` (window reductions), `tir_vscan.py` (what each nest is, read once from the TIR)
+and `tir_vselect.py` (instruction selection of a stored expression).
 """
 from __future__ import annotations
 
@@ -69,12 +69,12 @@ from opcompiler.errors import OpcFailure
 from . import vector as vx
 from .core import sum_costs as _sum_costs
 from .machine import DspMachine
-from .program import Allocator, Op
+from .program import Allocator, Op, View, dma_op
 from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero, _valid
 from .tir_lower import Lowerer
 from .tir_vscan import _Nest, _rowstatic, _static, _vars, _window
-from .tir_vselect import _combine, _isload
-from .tir_vwindow import WindowNests
+from .tir_vselect import _combine, _isload, _Select
+from .tir_vwindow import _runs, vec_rows, vec_window, window_space
 
 from .intrin import VEC  # noqa: E402  (the opc.dsp.op value of a vector nest)
 
@@ -89,7 +89,7 @@ def repacked(shape: tuple, strides: tuple, ext: list) -> tuple:
     return tuple(new_st)
 
 
-class VecLowerer(WindowNests, Lowerer):
+class VecLowerer(Lowerer):
     """The Lowerer of kernels whose VPU passes are vector nests (element-wise chains)."""
 
     def __init__(self, m: DspMachine, func, ddr_names: Mapping[str, str], ddr_shapes: Mapping[str, tuple],
@@ -243,7 +243,7 @@ class VecLowerer(WindowNests, Lowerer):
         for st in vec_loops:
             w = _window(self, st)
             if w is not None:
-                self._window_space(w, am, sm)
+                window_space(self, w, am, sm)
 
     def _tight(self, bk: int, shape: tuple, strides: tuple, dma_loops: list) -> tuple[tuple, tuple]:
         """A stage tile filled by a copy nest is as large as that nest writes along each axis
@@ -300,12 +300,124 @@ class VecLowerer(WindowNests, Lowerer):
         return self._intern(op)
 
     # ---- vector nests -----------------------------------------------------------------------
+    # ---- stage tiles (tile_tags) and the window nests' tables ------------------------------------
+    def core_ops(self, core: int, cores: int, per_image: int) -> list:
+        ops = super().core_ops(core, cores, per_image)
+        if ops and self._table_ops:
+            pre = [dma_op(self.m, View(("DDR", nm), 0, (n,), (1,)), View((lv,), off, (n,), (1,)), (), ("const",),
+                          self.fn, f"{nm} DDR->{lv}") for nm, lv, off, n in self._table_ops]
+            ops = pre + ops
+        return ops
+
+    def _tag(self, bk: int, slot: int) -> str:
+        sp = self._sp(bk)
+        if self.tile_tags and sp[0] == "AM" and len(sp) > 2 and sp[2]:
+            return f"out{slot}" if bk in self._vec_outs else f"in{slot}"
+        return super()._tag(bk, slot)
+
+    def _dma(self, st, E: dict, stage: list | None, part: tuple[int, int] | None = None) -> None:
+        """With tile_tags, a copy into a stage tile waits for the stage's window nest (it copies
+        what the nest reads)."""
+        if self.tile_tags and stage is not None and part is None:
+            _, _, store = self._nest(st)
+            sp = self._sp(_bkey(store))
+            if sp[0] == "AM" and len(sp) > 2 and sp[2]:
+                self._deferred.append((st, E, stage))
+                return None
+        return super()._dma(st, E, stage, part)
+
+    def _flush_deferred(self, E: dict, stage: list | None, clip: dict) -> None:
+        todo, self._deferred = self._deferred, []
+        for st, E2, stg in todo:
+            if not clip:
+                super()._dma(st, E2, stg)
+            else:
+                self._dma_tile(st, E2, stg, clip)
+
+    def _dma_tile(self, st, E: dict, stage: list, clip: dict) -> None:
+        """A copy into a stage tile, clipped to the box the window nest reads; the padding (the
+        if_then_else's other value) written by vector stores: whole rows each stage, the side
+        columns once per buffer (the copies never write them)."""
+        k = ("tile", _key(st))
+        if k not in self._cache:
+            loops, pred, store = self._nest(st)
+            val = store.value
+            cond, load, other = None, val, None
+            if type(val).__name__ == "Call" and val.op.name.endswith("if_then_else"):
+                cond, load, other = val.args
+                other = _Select.const(other)
+                if other is None:
+                    raise OpcFailure("tir lowering: the padding of a stage tile must be a constant")
+            c = self.comp
+            self._cache[k] = (loops, None if pred is None else c.fn(pred), None if cond is None else c.fn(cond),
+                              c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(load), load.indices),
+                              _bkey(store), _bkey(load), [c.fn(i) for i in store.indices], other)
+        loops, fpred, fcond, fdst, fsrc, bdst, bsrc, fidx, other = self._cache[k]
+        ext, shape, g = self._nest_grid(loops, E)
+        valid = _valid(fpred, g, shape)
+        for f, (lo, hi) in zip(fidx, clip.get(bdst, ())):
+            v = _full(f(g, None), shape)
+            valid &= (v >= lo) & (v <= hi)
+        copy = valid & _full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
+        zero = valid & ~copy
+        slot = E.get("slot", 0)
+        dspace, dbase = self._base(bdst, slot)
+        sspace, sbase = self._base(bsrc, slot)
+        dtag, stag = self._tag(bdst, slot), self._tag(bsrc, slot)
+        if zero.any():
+            if len(shape) != 3:
+                raise OpcFailure("tir lowering: padding of a stage tile: (planes, rows, columns) copies only")
+            strides = self._strides(bdst)
+            pp, w = strides[-3], strides[-2]
+            planes = np.flatnonzero(valid.any(axis=(1, 2)))
+            p0, np_ = int(planes[0]), len(planes)
+            if planes[-1] - p0 + 1 != np_:
+                raise OpcFailure("tir lowering: the planes copied into a stage tile are not one range")
+            at = {**E, **{_key(v): 0 for v, _ in ext}}
+            at[_key(ext[0][0])] = p0
+            corner = dbase + int(fdst(at, None))
+            rows = valid[p0:p0 + np_].any(axis=(0, 2))
+            fullz = rows & ~copy[p0:p0 + np_].any(axis=(0, 2))
+            part = rows & ~fullz
+            fills = []
+            if part.any():
+                cz = zero[p0:p0 + np_][:, part]
+                colz = cz[0, 0]
+                if not (cz == colz).all():
+                    raise OpcFailure("tir lowering: padding columns differ between the rows of a stage tile")
+                # once per buffer (nothing else writes these columns) over the planes the copy nest
+                # spans; when TVM placed the planes at their absolute index (the region analysis
+                # over-approximated: a copy loop whose extent moves), once per plane range
+                key = ("pad", k, slot) if p0 == 0 and ext[0][1] == shape[0] else ("pad", k, slot, p0)
+                if key not in self.zeroed:
+                    self.zeroed[key] = np.ones(1, bool)
+                    npl = shape[0] if len(key) == 3 else np_
+                    for a, b in _runs(colz):
+                        fills.append((a, (npl, shape[1], b - a)))
+            for a, b in _runs(fullz):
+                fills.append((a * w, (np_, b - a, w)))
+            L = self.m.lanes
+            for off, fs in fills:
+                kern = vx.VKernel(tuple(vx.fill_nests(other, corner + off, fs, (pp, w), L)), "padding fill")
+                op = self._vpu_op(kern, (), (f"pad{slot}",), "padding fill")
+                self._emit(self._intern(op), stage, 0)
+        boxes = _boxes(copy)
+        if len(boxes) > 1:
+            raise OpcFailure(f"tir lowering: the copied region of {self.names[bsrc]} -> {self.names[bdst]} "
+                             "is not one box")
+        for b in boxes:
+            sv = self._view(k, sspace, sbase, fsrc, E, ext, b)
+            dv = self._view(k, dspace, dbase, fdst, E, ext, b)
+            op = self._copy_op(bsrc, bdst, sv, dv, (stag,) if stag else (), (dtag,),
+                               f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
+            self._emit(self._intern(op), stage, 0)
+
     def _vec(self, st, E: dict, stage: list | None) -> None:
         if int(st.annotations.get("opc.dsp.rows", 0)):
             return self._vec_rownest(st, E, stage)
         w = _window(self, st)
         if w is not None:
-            return self._vec_rows(w, E, stage) if w.lanes_red else self._vec_window(w, E, stage)
+            return vec_rows(self, w, E, stage) if w.lanes_red else vec_window(self, w, E, stage)
         self._flush_deferred(E, stage, {})
         nest = _static(self, st)
         ext, shape, g = self._nest_grid(nest.loops, E)
