@@ -23,7 +23,9 @@ the program (relayouts, host work, core groups); the backend decides functional 
               (a parameter not named keeps its own name)
   pre, post   ((src, dst, shape, strides, leader_only), ...): DDR -> DDR relayouts by the cores
   cores       the cores that take part (vector / gconv / move: the others idle)
-  group_keys  one key per core: cores with equal keys are timed once, with a multiplicity
+  group_keys  one key per core: cores with equal keys are timed once, with a multiplicity (gemm:
+              its Lowerer's own keys)
+  k           ksplit: the reduction's length, its parts balanced as c*K//P (`REWRITES`)
   cores_used  the cores with work ("split": the ones the lowering's split loop gives some)
   dbuf, kv, tile_tags, gsm_reread, per_image, replicate, tables: the Lowerer's own facts
 """
