@@ -26,11 +26,12 @@ def refuse_invalid(tmpl, wl: Workload, target: Target, config) -> None:
 
 
 def capacity_why(m: DspMachine, fp: dict[str, int]) -> str | None:
-    """Why a footprint (bytes per level, vector registers) does not fit the machine, or None."""
+    """Why a footprint (bytes per level, vector registers; the ones it names) does not fit the
+    machine, or None."""
     for lv in ("AM", "SM", "GSM"):
-        if fp[lv] > m.cap(lv):
+        if lv in fp and fp[lv] > m.cap(lv):
             return f"{lv} needs {fp[lv]} B > {m.cap(lv)} B"
-    if fp["REG"] > m.registers:
+    if "REG" in fp and fp["REG"] > m.registers:
         return f"register block needs {fp['REG']} vector registers > {m.registers}"
     return None
 

@@ -27,7 +27,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
 
-from .common import refuse_invalid, require_fp32
+from .common import capacity_why, refuse_invalid, require_fp32
 from .pool_tir import scheduled
 from .stream import cdiv, cores_knob, share
 
@@ -130,12 +130,7 @@ class DspPool2d(Template):
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         m = machine(target)
         g = _Geo(m, wl, config)
-        am, sm = g.am_elems(m.lanes) * F32, g.sm_elems() * F32
-        if am > m.cap("AM"):
-            return f"AM needs {am} B > {m.cap('AM')} B"
-        if sm > m.cap("SM"):
-            return f"SM needs {sm} B > {m.cap('SM')} B"
-        return None
+        return capacity_why(m, {"AM": g.am_elems(m.lanes) * F32, "SM": g.sm_elems() * F32})
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)

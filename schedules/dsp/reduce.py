@@ -23,7 +23,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
 
-from .common import refuse_invalid, require_fp32
+from .common import capacity_why, refuse_invalid, require_fp32
 from .reduce_tir import scheduled
 from .softmax_tir import scheduled as softmax_scheduled
 from .stream import cdiv, cores_knob, share
@@ -88,10 +88,7 @@ class _RowTemplate(Template):
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         m = machine(target)
         g = _Geo(m, wl, config)
-        am = g.am_elems() * F32
-        if am > m.cap("AM"):
-            return f"AM needs {am} B > {m.cap('AM')} B"
-        return None
+        return capacity_why(m, {"AM": g.am_elems() * F32})
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
