@@ -312,9 +312,7 @@ INTRINSICS = {
 
 
 @pytest.mark.parametrize("family", [
-    "ascend", "cpu", "cuda",
-    pytest.param("dsp", marks=pytest.mark.xfail(strict=False, reason=(
-        "issue 24 item 1 in progress: dsp schedules still import backend/dsp/core.py cost helpers"))),
+    "ascend", "cpu", "cuda", "dsp",
 ])
 def test_schedules_import_only_their_family_intrinsics(family):
     g = _graph()

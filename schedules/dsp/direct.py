@@ -24,9 +24,8 @@ from dataclasses import dataclass
 from typing import Any, Mapping
 
 
-from opcompiler.backend.dsp.core import MkCost, mk_ew, mk_out, mk_ws
-from opcompiler.backend.dsp.core import sum_costs as _sum
-from opcompiler.backend.dsp.intrin import EPI_REGS, F32, DspMachine
+from opcompiler.backend.dsp.intrin import EPI_REGS, F32, DspMachine, MkCost, mk_ew, mk_out, mk_ws
+from opcompiler.backend.dsp.intrin import sum_costs as _sum
 
 from .common import capacity_why
 

@@ -121,7 +121,7 @@ def _run(m: DspMachine, prologue: list[Instr], body: Callable[[int], list[Instr]
     return MkCost(cycles=cycles, fmas=c["fmac"], vldst=c["ldst"], slds=c["sld"], valu=c["valu"])
 
 
-from .intrin import EPI_REGS  # noqa: E402  (per-channel parameter vectors held in registers)
+EPI_REGS = {"bias": 1, "bn": 2, "res": 0, "relu": 0}  # per-channel parameter vectors an epilogue holds in registers
 
 
 def _epi_instrs(m: DspMachine, acc: object, epi: tuple[str, ...], kv_index: int) -> list[Instr]:

@@ -6,11 +6,18 @@ buffer scopes (where a tile lives), the `opc.dsp.*` loop annotations and the int
 their `opc.dsp.op` takes (what a nest is on the chip), and reads the machine's published figures
 (`machine(target)`: lanes, capacities, registers, cores) to state its knob ranges and checks. It
 returns an `opcompiler.template_base.Scheduled`; the backend (`lower.lower`) picks the lowering,
-walks the module and assembles the program. Nothing here lowers, assembles or costs anything.
+walks the module and assembles the program. Nothing here lowers or assembles anything.
+
+The register-blocked micro-kernels (`mk_out`: a pw x kv block of accumulators fed by the FMACs;
+`mk_ws`: weight-stationary taps; `mk_ew`: the epilogue pass) are the DSP's tensor intrinsics, as
+`mma.sync` is a GPU's: a template chooses their shape, and what one call issues per slot
+(`MkCost`, list-scheduled from the machine's slots and latencies) is the intrinsic's description
+that the direct convolution's `check` and features read. Their execution stays in the lowering.
 """
 from __future__ import annotations
 
 from .machine import DspMachine, machine
+from .core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws, sum_costs  # the micro-kernel intrinsics (see above)
 
 F32 = 4  # bytes of the one element type the VPEs compute in (float32)
 F32_NAME = "float32"
@@ -43,9 +50,7 @@ INTRINSICS = (DMA, DMA_SHARED, VEC, GCONV, MK, MK_WS, MK_EW, MK_GEMM)
 # epilogue blocks of the conv / matmul computes, in order, by the lowerings' names for them
 # ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM)
 EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vadd": "res", "vrelu": "relu"}
-# per-channel parameter vectors an epilogue step holds in registers (a register-budget figure)
-EPI_REGS = {"bias": 1, "bn": 2, "res": 0, "relu": 0}
 
-__all__ = ["ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine", "EPI_BLOCKS", "EPI_REGS", "F32", "F32_NAME", "GCONV",
+__all__ = ["MkCost", "mk_ew", "mk_out", "mk_ws", "sum_costs", "ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine", "EPI_BLOCKS", "EPI_REGS", "F32", "F32_NAME", "GCONV",
            "INTRINSICS", "ITEMS", "MK", "MK_EW", "MK_GEMM", "MK_WS", "OP", "SCOPES", "SCOPE_AM", "SCOPE_GSM",
            "SCOPE_REG", "SCOPE_SM", "STAGE", "VEC", "machine"]
