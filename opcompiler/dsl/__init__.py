@@ -4,20 +4,12 @@ Every function takes and returns `te.Tensor`s, so a compute written with them is
 that any schedule template can lower. Names follow TBE so a TBE user feels at home::
 
     from opcompiler import dsl
-    from opcompiler.dsl import util
-    from opcompiler.ops.fusion import fusion_manager
 
-    @fusion_manager.register("fuse_add_relu")
-    def fuse_add_relu_compute(input_x, input_y, output_z, kernel_name="fuse_add_relu"):
-        shape_x = util.shape_to_list(input_x.shape)
-        shape_y = util.shape_to_list(input_y.shape)
-        shape_x, shape_y, shape_max = util.produce_shapes(shape_x, shape_y)
-        util.check_shape_size(shape_max, util.SHAPE_SIZE_LIMIT)
-        input_x = dsl.broadcast(input_x, shape_max)
-        input_y = dsl.broadcast(input_y, shape_max)
-        addres = dsl.vadd(input_x, input_y)
-        res = dsl.vrelu(addres)
-        return res
+    def scale_shift_relu(x, scale, shift):  # relu(x * scale + shift): one TE graph
+        return dsl.vrelu(dsl.vadds(dsl.vmuls(x, scale), shift))
+
+The seed's `fuse_add_relu` (`opcompiler/ops/fused.py`) shows the TBE pattern whole: registered
+with `fusion_manager.register`, shapes inferred and broadcast with `dsl.util`.
 """
 from __future__ import annotations
 

@@ -42,7 +42,7 @@ from ..device import forbid_cuda
 from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
-from .process import BackendSpec, Child, MeasureResult, _KEEP_METRICS, _clean_sys_path, _context, _one_line
+from .process import BackendSpec, Child, MeasureResult, _KEEP_METRICS, _clean_sys_path, _context, _one_line, tasks
 
 # imported once by the forkserver, so each build process starts with them (TVM's CUDA tensor
 # intrinsics, through schedules/cuda/intrin.py, still take seconds to register)
@@ -92,13 +92,7 @@ def _builder_main(conn: Connection, spec: BackendSpec) -> None:
     except BaseException as e:
         backend, err = None, f"cannot create the backend: {type(e).__name__}: {_one_line(e)}"
     from dataclasses import replace
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, KeyboardInterrupt):
-            return
-        if task is None:
-            return
+    for task in tasks(conn):
         wl, config, path = task
         if backend is None:
             res = BuildResult(status="crash", error=err)
@@ -184,13 +178,7 @@ def _runner_main(conn: Connection, spec: RunnerSpec) -> None:
         conn.send(("failed", f"the GPU runner could not start: {type(e).__name__}: {_one_line(e)}"))
         return
     conn.send(("ready", hello))
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, KeyboardInterrupt):
-            return
-        if task is None:
-            return
+    for task in tasks(conn):
         try:
             res, fatal = runner.run(task)
         except BaseException as e:

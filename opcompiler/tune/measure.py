@@ -29,7 +29,7 @@ from ..backend import Backend, capabilities
 from ..errors import OpcError
 from ..target import Target
 from ..workload import Workload
-from .process import _KEEP_METRICS, BackendSpec, Child, MeasureResult, _clean_sys_path, _context, _one_line
+from .process import _KEEP_METRICS, BackendSpec, Child, MeasureResult, _clean_sys_path, _context, _one_line, tasks
 
 
 def measure_one(backend: Backend, wl: Workload, config: Mapping[str, Any], verify: bool = False,
@@ -109,13 +109,7 @@ def _worker_main(conn: Connection, spec: BackendSpec) -> None:
         backend = spec.make()
     except BaseException as e:  # tell the parent once, then every task fails the same way
         backend, err = None, f"cannot create the backend: {type(e).__name__}: {_one_line(e)}"
-    while True:
-        try:
-            task = conn.recv()
-        except (EOFError, KeyboardInterrupt):
-            return
-        if task is None:
-            return
+    for task in tasks(conn):
         wl, config, verify, seed = task
         if backend is None:
             conn.send(MeasureResult(status="crash", error=err))

@@ -75,6 +75,18 @@ def _one_line(e: BaseException) -> str:
     return " ".join(str(e).split())[:300]
 
 
+def tasks(conn: Any):
+    """A worker's tasks as its parent sends them, until the parent sends None or hangs up."""
+    while True:
+        try:
+            task = conn.recv()
+        except (EOFError, KeyboardInterrupt):
+            return
+        if task is None:
+            return
+        yield task
+
+
 def _clean_sys_path() -> None:
     """Drop the current directory from `sys.path` (multiprocessing copies the parent's, which has
     it under `python -m`), unless that is where this opcompiler itself was imported from."""

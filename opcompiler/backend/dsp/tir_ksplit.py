@@ -28,7 +28,7 @@ from opcompiler.errors import OpcFailure
 from .core import EPI_REGS, mk_ew, mk_out
 from .program import Op
 from .tir_eval import _Exec, _Zero, _bkey, _full, _key, _vars
-from .tir_lower import EPI_BLOCKS, REDUCTIONS, Lowerer, _sum
+from .tir_lower import EPI_BLOCKS, REDUCTIONS, Lowerer, _sum, blocks_in
 
 
 def balance_parts(func, k: int, cores: int):
@@ -238,46 +238,19 @@ class KsplitLowerer(Lowerer):
         """The reduction loop of the update block (the innermost loop around it)."""
         k = ("kloop", _key(st))
         if k not in self._cache:
-            found = []
-
-            def scan(x, loops):
-                name = type(x).__name__
-                if name == "For":
-                    scan(x.body, loops + [x])
-                elif name == "SBlockRealize":
-                    if x.block.name_hint in REDUCTIONS and not found:
-                        found.append(loops[-1])
-                    scan(x.block.body, loops)
-                elif name == "SeqStmt":
-                    for y in x.seq:
-                        scan(y, loops)
-            scan(st, [])
-            self._cache[k] = found[0]
+            self._cache[k] = [loops[-1] for x, loops in blocks_in(st) if x.block.name_hint in REDUCTIONS][0]
         return self._cache[k]
 
     def _init_pixels(self, st, E: dict) -> int:
         """Register-block pixels (over the whole nest) the init block's predicate keeps."""
         k = ("init", _key(st))
         if k not in self._cache:
-            found = []
-
-            def scan(x, loops):
-                name = type(x).__name__
-                if name == "For":
-                    scan(x.body, loops + [x])
-                elif name == "SBlockRealize":
-                    if x.block.name_hint.endswith("_init") and not found:
-                        found.append((loops, self.comp.fn(x.predicate)))
-                    scan(x.block.body, loops)
-                elif name == "SeqStmt":
-                    for y in x.seq:
-                        scan(y, loops)
-            scan(st, [])
+            found = [(loops, x) for x, loops in blocks_in(st) if x.block.name_hint.endswith("_init")]
             if not found:
                 self._cache[k] = None
             else:
-                loops, fp = found[0]
-                self._cache[k] = (loops[:2], fp)
+                loops, x = found[0]
+                self._cache[k] = (loops[:2], self.comp.fn(x.predicate))
         got = self._cache[k]
         if got is None:
             return 0
@@ -304,22 +277,8 @@ class KsplitLowerer(Lowerer):
         """One element-wise pass: P partial vectors added per output vector, the epilogue applied."""
         k = ("red", _key(st))
         if k not in self._cache:
-            names: list[str] = []
-            preds: list = []
-
-            def scan(x) -> None:
-                name = type(x).__name__
-                if name == "For":
-                    scan(x.body)
-                elif name == "SBlockRealize":
-                    names.append(x.block.name_hint)
-                    if x.block.name_hint == "matmul":  # the reduction over the K parts
-                        preds.append(x.predicate)
-                    scan(x.block.body)
-                elif name == "SeqStmt":
-                    for y in x.seq:
-                        scan(y)
-            scan(st)
+            names = [x.block.name_hint for x, _ in blocks_in(st)]
+            preds = [x.predicate for x, _ in blocks_in(st) if x.block.name_hint == "matmul"]  # the K parts' sum
             self._cache[k] = (tuple(EPI_BLOCKS[n] for n in names if n in EPI_BLOCKS),
                               int(st.annotations["opc.dsp.parts"]), self.comp.fn(preds[0]))
         epi, nparts, fpred = self._cache[k]

@@ -39,6 +39,21 @@ from .core import sum_costs as _sum
 from .program import stage_order
 from .tir_eval import _bkey, _boxes, _Compiler, _Exec, _full, _grid, _key, _vars, _Zero
 
+def blocks_in(st, loops: tuple = ()):
+    """Every block realize under `st` in program order, each with the For loops around it (`st`
+    itself included when it is one): the walk the nest lowerings share (For bodies, block bodies
+    and SeqStmt items are entered; nothing else)."""
+    name = type(st).__name__
+    if name == "For":
+        yield from blocks_in(st.body, loops + (st,))
+    elif name == "SBlockRealize":
+        yield st, loops
+        yield from blocks_in(st.block.body, loops)
+    elif name == "SeqStmt":
+        for x in st.seq:
+            yield from blocks_in(x, loops)
+
+
 def lowered(sch):
     """A scheduled module (an `s_tir.Schedule` or its IRModule) as this lowering walks it: init
     blocks lowered, allocations placed where they are used, blocks opaque, buffers compacted to
@@ -604,19 +619,7 @@ class Lowerer:
         """The whole nest is one element-wise call over the tile's pixels (the epilogue)."""
         k = ("ew", _key(st))
         if k not in self._cache:
-            names: list[str] = []
-
-            def scan(x) -> None:
-                name = type(x).__name__
-                if name == "For":
-                    scan(x.body)
-                elif name == "SBlockRealize":
-                    names.append(x.block.name_hint)
-                    scan(x.block.body)
-                elif name == "SeqStmt":
-                    for y in x.seq:
-                        scan(y)
-            scan(st)
+            names = [x.block.name_hint for x, _ in blocks_in(st)]
             self._cache[k] = tuple(EPI_BLOCKS[n] for n in names if n in EPI_BLOCKS)
         epi = self._cache[k]
         npix = int(np.count_nonzero(self._valid_pixels(st, E)))
