@@ -44,7 +44,7 @@ _KEY_FIELDS = ("op", "params", "dtype", "layout", "target", "target_digest", "te
 
 def record_key(wl: Workload, target: Target, template_name: str, template_version: int) -> dict[str, Any]:
     """The key of every record measured for `wl` on `target` with that template."""
-    from . import __version__
+    from .settings import __version__
     return {"op": wl.op, "params": dict(wl.params), "dtype": wl.dtype, "layout": wl.layout,
             "target": target.name, "target_digest": target.digest, "template": template_name,
             "template_version": int(template_version), "opc_version": __version__}
@@ -388,5 +388,5 @@ def summarize(root: str | os.PathLike, target: str | None = None, source: str = 
 
 
 def _version() -> str:
-    from . import __version__
+    from .settings import __version__
     return __version__

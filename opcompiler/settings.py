@@ -6,6 +6,12 @@ from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
 
+__version__ = "0.1.0"  # the package's version (pyproject.toml says the same); `opcompiler.__version__` re-exports it
+
+# Set by the package (`opcompiler/__init__.py`, which stands above every layer): what loads the shipped
+# templates when a lookup finds the registry empty. The core calls it and imports no template.
+template_loader = None
+
 
 @dataclass(frozen=True, kw_only=True)
 class Settings:

@@ -5,9 +5,11 @@ The interface a template implements (`Template`, `Knob`, `register_template`) li
 is filled from above: the shipped templates register themselves when `opcompiler.schedules`
 (every family's template modules, by name) is imported, and the entry points that build or
 tune import it first: `opcompiler.api`, every CLI command that builds, the tuner and its worker
-processes, graphs and export. A user of those sees every template whatever they imported before
-(no import side effect to know about); a lookup made before any of them loaded the templates
-says so (`TemplatesNotLoaded`) instead of answering that a template does not exist.
+processes, graphs and export. A lookup that finds the registry not yet loaded (a script that calls
+`get_backend(...).build(...)` directly) loads it through `settings.template_loader`, which the
+package (`opcompiler/__init__.py`, above every layer) installs: so every user sees every template
+whatever they imported before, and the core still imports no template. Only without that loader
+(the core used on its own) does a lookup say `TemplatesNotLoaded` instead of "no template".
 
     @register_template
     class CpuConv2d(Template):
@@ -19,6 +21,7 @@ from __future__ import annotations
 
 import sys
 
+from . import settings
 from .errors import OpcError
 from .template_base import (Config, Knob, Template, all_registered, fits, register_template, registered,
                             registered_pairs)
@@ -36,9 +39,17 @@ def loaded() -> bool:
     return SHIPPED in sys.modules
 
 
+def _ensure_loaded() -> None:
+    """Load the shipped templates through the loader the package installed (`settings.template_loader`,
+    set by `opcompiler/__init__.py`, which stands above every layer): the core imports no template."""
+    if not loaded() and settings.template_loader is not None:
+        settings.template_loader()
+
+
 def get_template(op_family: str, target_family: str) -> Template:
     """An instance of the template registered for (op family, target family); OpcError naming the
     op families the target does have when there is none."""
+    _ensure_loaded()
     cls = registered(op_family, target_family)
     if cls is None:
         if not loaded():
@@ -52,6 +63,7 @@ def get_template(op_family: str, target_family: str) -> Template:
 
 def templates() -> list[type[Template]]:
     """Every registered template class (the shipped ones once loaded, and the user's), by name."""
+    _ensure_loaded()
     if not loaded():
         raise TemplatesNotLoaded(f"the shipped templates are not loaded (import {SHIPPED}, as opcompiler.api "
                                  "and the CLI do)")

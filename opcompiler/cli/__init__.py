@@ -24,7 +24,7 @@ class _Parser(argparse.ArgumentParser):
 
 def make_parser() -> argparse.ArgumentParser:
     parser = _Parser(prog="opcompiler", description="Operator compiler and autotuner on Apache TVM.")
-    from .. import __version__
+    from ..settings import __version__
     parser.add_argument("--version", action="version", version=f"opcompiler {__version__}")
     sub = parser.add_subparsers(dest="command", metavar="COMMAND", parser_class=_Parser)
     sub.required = True

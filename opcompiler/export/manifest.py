@@ -58,7 +58,7 @@ def default_name(wl: Workload) -> str:
 def versions() -> dict[str, str]:
     import tvm
 
-    from .. import __version__
+    from ..settings import __version__
     return {"opcompiler": __version__, "tvm": str(tvm.__version__), "numpy": np.__version__,
             "python": platform.python_version()}
 

@@ -90,8 +90,7 @@ def tasks(conn: Any):
 def _clean_sys_path() -> None:
     """Drop the current directory from `sys.path` (multiprocessing copies the parent's, which has
     it under `python -m`), unless that is where this opcompiler itself was imported from."""
-    import opcompiler
-    home = Path(opcompiler.__file__).resolve().parents[1]
+    home = Path(__file__).resolve().parents[2]  # the folder this opcompiler package sits in
     cwd = Path.cwd().resolve()
 
     def is_cwd(p: str) -> bool:

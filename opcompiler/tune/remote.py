@@ -254,7 +254,8 @@ class RemoteMeasurer:
     # -- measuring ----------------------------------------------------------------------------
 
     def _request(self, wl: Workload, verify: bool, seed: int) -> dict[str, Any]:
-        from .. import __version__, schedules  # noqa: F401  (schedules: registers every shipped template)
+        from .. import schedules  # noqa: F401  (registers every shipped template)
+        from ..settings import __version__
         from ..ops import get_op
         from ..template import get_template
         tmpl = get_template(get_op(wl.op).family, self.target.family)

@@ -101,7 +101,7 @@ def _figure_diff(mine: str, theirs: str, limit: int = 4) -> str:
 def refusal(req: Mapping[str, Any], target: Target, content: str = "") -> str:
     """Why this server will not measure `req` ('' when it will): another protocol, another target
     (its digest), an op it does not know, or another template (name or version)."""
-    from .. import __version__
+    from ..settings import __version__
     where = f"the server on {socket.gethostname()} (opcompiler {__version__}, target {target.name} {target.digest})"
     if req.get("protocol") != PROTOCOL:
         return f"{where} speaks measurement protocol {PROTOCOL}, the client {req.get('protocol')!r}"
