@@ -63,7 +63,7 @@ def _seed004(row: dict, target: Target | None = None) -> Callable[[], float]:
 
 
 def candidate_target() -> tuple[Target, float]:
-    """The CONV1 candidate fix (README, Fidelity), not shipped: the host's per-core copies of W
+    """The CONV1 candidate fix (docs/fidelity.md), not shipped: the host's per-core copies of W
     cost their bytes at a rate of their own and no fixed per-call cost (host_copy_overhead_us = 0
     too); the rate is fitted, like the shipped figures, to CONV3_RES at batch 96 (4.02 ms, a
     `fit` row), so CONV3_RES stays where it is. Returns (target, fitted GB/s)."""
@@ -327,8 +327,8 @@ def mae_with_best_cases(results: list[Result], bounds: list[BoundResult], chip: 
     return sum(errs) / len(errs) if errs else float("nan")
 
 
-# Written causes for cases off by more than 2x (and for the known large misses); the README's
-# Fidelity section carries the same text.
+# Written causes for cases off by more than 2x (and for the known large misses); docs/fidelity.md
+# carries the same text.
 CAUSES = {
     "seed004-t3-conv3_init-shared": (
         "the paper's CONV3_INIT (C = 13) takes 6.52 ms for 0.52 GFLOP, 1.6x the time of CONV3_RES (2.56 GFLOP): "
@@ -353,7 +353,7 @@ CAUSES = {
         "host_copy_overhead_us); without them the call is 1.05 ms, as published. The same per-call cost is what "
         "makes CONV3_RES's batch-independent 2.3 ms (Table 2), so the two tables are consistent only if the host cost "
         "of replicating W grows with W's bytes (147 KB for CONV3_RES, 512 B here), about 0.7 GB/s, half the copy-mode "
-        "rate; seed 004 does not publish it. README, Fidelity"),
+        "rate; seed 004 does not publish it. docs/fidelity.md"),
     "seed004-t3-conv1_value-shared": "as CONV1_POLICY shared mode",
 }
 
@@ -362,7 +362,7 @@ NOT_SIMULATED = {
 }
 
 # Written causes for the best-case rows (a figure off by more than 2x needs one; the others say what
-# the gap means). The README's Fidelity section carries the same text.
+# the gap means). docs/fidelity.md carries the same text.
 BEST_CASE_CAUSES = {
     "xu2024-direct-1core-max": (
         "1.41x, optimistic: the simulator's best layer (conv1, 7x7, C=3 -> 64, vectorized over the 64 output channels) "
@@ -435,9 +435,9 @@ def main(argv: list[str] | None = None) -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--conv1-candidate", action="store_true",
-                    help="also run the DSP cases with the CONV1 candidate fix (not shipped; README, Fidelity)")
+                    help="also run the DSP cases with the CONV1 candidate fix (not shipped; docs/fidelity.md)")
     ap.add_argument("--aibench-readings", action="store_true",
-                    help="the AIBench figures under each reading their abstract leaves open (README, Fidelity)")
+                    help="the AIBench figures under each reading their abstract leaves open (docs/fidelity.md)")
     args = ap.parse_args(argv)
     if args.aibench_readings:
         for name, v, err in aibench_readings():

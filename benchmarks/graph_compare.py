@@ -1,4 +1,4 @@
-"""Fused vs unfused whole graphs: the figures of the README's graph section.
+"""Fused vs unfused whole graphs: the figures of docs/graph.md (Figures).
 
     python benchmarks/graph_compare.py [--quick] [--json out.json] [--plots DIR]
 
@@ -60,7 +60,7 @@ def _row(name: str, target: str, batch: int, c, check: bool) -> dict:
 
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--quick", action="store_true", help="smaller models (a smoke run, not the README figures)")
+    ap.add_argument("--quick", action="store_true", help="smaller models (a smoke run, not the docs/graph.md figures)")
     ap.add_argument("--json", help="also write the rows as JSON here")
     ap.add_argument("--plots", help="write a fused-vs-unfused plot per row into this folder")
     ap.add_argument("--no-check", action="store_true", help="timing mode only (skip values and onnxruntime)")

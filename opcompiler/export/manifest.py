@@ -66,7 +66,7 @@ def versions() -> dict[str, str]:
 def build_manifest(*, name: str, wl: Workload, target: Target, kernel: Kernel, config_source: str,
                    record: dict[str, Any] | None, record_key: dict[str, Any], artifact: dict[str, Any],
                    bindings: list[str], verification: dict[str, Any]) -> dict[str, Any]:
-    """The manifest as a JSON-able dict (README, section "Exporting kernels", lists every field)."""
+    """The manifest as a JSON-able dict (docs/export.md, "What the folder holds", lists every field)."""
     op = get_op(wl.op)
     ins, out = io_specs(wl)
     return {

@@ -1,5 +1,5 @@
 """The simulators against the held-out published figures (benchmarks/fidelity.py), loosely, so
-CI notices when a change moves them further from the chips. The README's Fidelity section has
+CI notices when a change moves them further from the chips. docs/fidelity.md has
 the table; the bounds here sit a few points above today's errors, not at the goal (15 %)."""
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ import pytest
 
 BENCH = Path(__file__).resolve().parents[2] / "benchmarks" / "fidelity.py"
 
-# mean absolute error today (README, Fidelity): ascend-sim 15.6 %, dsp-sim 57.2 %
+# mean absolute error today (docs/fidelity.md): ascend-sim 15.6 %, dsp-sim 57.2 %
 MAE_BOUND = {"ascend910": 20.0, "ft_m7032": 62.0}
 
 
@@ -58,7 +58,7 @@ def test_cases_off_by_more_than_2x_have_a_written_cause(fidelity, results):
 
 
 def test_conv1_gap_is_the_per_call_host_copies(fidelity):
-    """README, Fidelity: CONV1_POLICY's 0.8 ms gap is the 8 per-core W copy calls; the candidate
+    """docs/fidelity.md: CONV1_POLICY's 0.8 ms gap is the 8 per-core W copy calls; the candidate
     replication model, fitted to CONV3_RES alone, lands on the published 1.05 ms and keeps the
     fit figures."""
     from opcompiler.backend import get_backend
@@ -77,7 +77,7 @@ def test_conv1_gap_is_the_per_call_host_copies(fidelity):
 def test_best_case_rows_have_causes_and_loose_bounds(fidelity, bounds):
     """The best-case rows (maxima or ranges from abstracts, set against the simulator's best over
     ResNet-50's convolutions): each has a written cause, none is off by 5x, the one-sided check
-    holds, and today's figures stay near (README, Fidelity: +41 %; -55 % / -1 %; 68 >= 42.9 %)."""
+    holds, and today's figures stay near (docs/fidelity.md: +41 %; -55 % / -1 %; 68 >= 42.9 %)."""
     assert set(bounds) == {"xu2024-direct-1core-max", "xu2024-direct-8core-scaling", "wang2023-ftmeconv-max"}
     for b in bounds.values():
         assert b.id in fidelity.BEST_CASE_CAUSES, b.id
@@ -91,7 +91,7 @@ def test_best_case_rows_have_causes_and_loose_bounds(fidelity, bounds):
 
 
 def test_aibench_readings_bracket_the_published_figures(fidelity):
-    """README, Fidelity: only the per-busy-cycle reading fits both AIBench figures; per whole loop
+    """docs/fidelity.md: only the per-busy-cycle reading fits both AIBench figures; per whole loop
     the vector figure is 5x off (the loop is GM-bound), so the shipped reading stays."""
     got = {name: err for name, _, err in fidelity.aibench_readings()}
     assert abs(got["cube TFLOPS, 32 cores, per busy cube cycle"]) < 20

@@ -32,7 +32,7 @@ EXPECTED: dict[str, dict[str, pytest.MarkDecorator | None]] = {
     # fp16 storage between 39 kernels puts the output 4.3 % of its range off fp32 (tolerance 2 %);
     # torch's own float16 run of this model, on the same input, is 3.2 % off. Every kernel is within
     # float16 rounding of fp32 on its own inputs, so the run is correct for float16 and reports the
-    # drift (README).
+    # drift (docs/graph.md, Numerics that explain themselves).
     "mobilenet_v2": {"ascend-sim": None},
     "shufflenet_v2": dict.fromkeys(TARGETS),  # Slice, Transpose (channel shuffle), ReduceMean
     "densenet121": {"ascend-sim": None},  # Concat on channels, BN after Concat, AveragePool

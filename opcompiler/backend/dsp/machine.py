@@ -49,7 +49,7 @@ class DspMachine(Clocked):
     host_copy_overhead_cycles: int
     # host-side replication of W per core (w_path=host_copies): by default it costs what any
     # host copy costs; a target may give it its own rate and per-call cost (extra.host_replicate_gbps,
-    # extra.host_replicate_overhead_us; the CONV1 analysis in README, Fidelity)
+    # extra.host_replicate_overhead_us; the CONV1 analysis in docs/fidelity.md)
     host_replicate_bytes_per_cycle: float = 0.0  # 0: as host_copy_bytes_per_cycle
     host_replicate_overhead_cycles: int = 0
     levels: tuple[Level, ...] = ()  # DDR, GSM, AM, SM with the target's capacity and alignment
