@@ -32,7 +32,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-from opcompiler.backend.ascend.intrin import PRAGMA, UB_SCOPE
+from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE, VECTOR_AUTO
 from opcompiler.ops.steps import CHAN, FULL, apply_te, operand_kinds, parse_chain
 from opcompiler.workload import Workload
 
@@ -117,16 +117,16 @@ def _tiled(key: str, chain: str, rows: int):
     p, r, _ = sch.get_loops(copy_out)
     ro, ri = sch.split(r, [None, rows])
     tiles = sch.fuse(p, ro)
-    sch.annotate(ri, PRAGMA, "dma_copy")
+    sch.annotate(ri, PRAGMA, DMA_COPY)
     for nm in reversed(names):
         b = sch.get_sblock(nm)
         sch.compute_at(b, tiles)
-        sch.annotate(sch.get_loops(b)[1], PRAGMA, "vector_auto")
+        sch.annotate(sch.get_loops(b)[1], PRAGMA, VECTOR_AUTO)
     for nm in sorted(acts, reverse=True):  # x0 first
         sch.compute_at(acts[nm], tiles, index=0)
-        sch.annotate(sch.get_loops(acts[nm])[1], PRAGMA, "dma_copy")
+        sch.annotate(sch.get_loops(acts[nm])[1], PRAGMA, DMA_COPY)
     for nm in sorted(params):
-        sch.annotate(sch.get_loops(params[nm])[0], PRAGMA, "dma_copy")
+        sch.annotate(sch.get_loops(params[nm])[0], PRAGMA, DMA_COPY)
     return sch.mod, sch.get(copy_out).name_hint
 
 

@@ -295,22 +295,22 @@ def schedule(wl: Workload, mt: int, kt: int, nt: int, kc: int, nc: int, resident
     else:  # pixel tiles outermost: the feature map stays in L1 across n tiles
         sch.reorder(*lead, i0, j0, k0, k1, j1, i1, j2, k2)
     tile = i0 if resident else j0  # the output tile's loop
-    l0c = sch.cache_write(conv, 0, "local.L0C")  # the copy block is the L0C -> UB move
-    sch.set_scope(l0c, 0, "local.UB")
+    l0c = sch.cache_write(conv, 0, intrin.L0C)  # the copy block is the L0C -> UB move
+    sch.set_scope(l0c, 0, intrin.UB_SCOPE)
     tir_epilogue_at(sch, l0c, [blk for _, blk in epi], tile, nt, g16)
     for _, blk in epi[:-1]:  # the last epilogue block writes GM
-        sch.set_scope(blk, 0, "local.UB")
-    b0 = sch.cache_read(conv, 1, "local.L0B")
-    sch.set_scope(im2col, 0, "local.L0A")
-    sch.set_scope(wpad, 0, "local.L1")
+        sch.set_scope(blk, 0, intrin.UB_SCOPE)
+    b0 = sch.cache_read(conv, 1, intrin.L0B)
+    sch.set_scope(im2col, 0, intrin.L0A)
+    sch.set_scope(wpad, 0, intrin.L1)
     sch.compute_at(im2col, k1)  # consumers first
     sch.compute_at(b0, j1)
     # a resident slice: loaded once per n tile, per group (each group has its own weights)
     sch.compute_at(wpad, (lead[-1] if nlead > 1 else j0) if resident else k0)
     # with padding the `pad` block is the GM -> L1 copy; without, a cache_read of the data
-    padb = sch.get_sblock("pad") if wl["pad"] else sch.cache_read(im2col, 0, "local.L1")
+    padb = sch.get_sblock("pad") if wl["pad"] else sch.cache_read(im2col, 0, intrin.L1)
     sch.compute_at(padb, i0)
-    sch.set_scope(padb, 0, "local.L1")
+    sch.set_scope(padb, 0, intrin.L1)
     c0 = DTYPES[wl.dtype][0]
     sch.transform_layout(padb, ("write", 0), lambda n, c, h, w: (n, c // c0, h, w, c % c0))
     init = sch.decompose_reduction(conv, k0)

@@ -26,7 +26,7 @@ from typing import Mapping
 
 import numpy as np
 
-from opcompiler.backend.ascend.intrin import PRAGMA, UB_SCOPE
+from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE, VECTOR_AUTO
 from opcompiler.errors import OpcError
 from opcompiler.ops import op_prim_func
 from opcompiler.workload import Workload
@@ -111,14 +111,14 @@ def _tiled(key: str, ub_tile: int, inline: bool):
     loop, = sch.get_loops(copy_out)
     tile = min(ub_tile, total)
     tiles, inner = sch.split(loop, [None, tile])
-    sch.annotate(inner, PRAGMA, "dma_copy")
+    sch.annotate(inner, PRAGMA, DMA_COPY)
     for nm in reversed(names):
         b = sch.get_sblock(nm)
         sch.compute_at(b, tiles, preserve_unit_loops=True)
-        sch.annotate(sch.get_loops(b)[-1], PRAGMA, "vector_auto")
+        sch.annotate(sch.get_loops(b)[-1], PRAGMA, VECTOR_AUTO)
     for _, b in reversed(reads):
         sch.compute_at(b, tiles, preserve_unit_loops=True, index=0)
-        sch.annotate(sch.get_loops(b)[-1], PRAGMA, "dma_copy")
+        sch.annotate(sch.get_loops(b)[-1], PRAGMA, DMA_COPY)
     return sch.mod, sch.get(copy_out).name_hint
 
 

@@ -33,7 +33,7 @@ from typing import Mapping
 import numpy as np
 
 from opcompiler.ops.concat_blocks import concat_per_input
-from opcompiler.backend.ascend.intrin import ITEM_TILES, PRAGMA, UB_SCOPE
+from opcompiler.backend.ascend.intrin import DMA_COPY, ITEM_TILES, PRAGMA, UB_SCOPE
 from opcompiler.errors import OpcError
 from opcompiler.ops import op_prim_func
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
@@ -179,16 +179,16 @@ def _tiled(key: str, tile: int):
         tiles, first = sch.split(loops[0], [None, min(blocks, tile)])
     else:
         tiles, first = _rows_or_chunks(sch, loops, rows, run, tile)
-    sch.annotate(first, PRAGMA, "dma_copy")
+    sch.annotate(first, PRAGMA, DMA_COPY)
     sch.compute_at(blk, tiles, preserve_unit_loops=True)
     inner = sch.get_loops(blk)[1:]
     if op == "transpose" and len(inner) == 2 and run <= tile:
-        sch.annotate(inner[1], PRAGMA, "dma_copy")  # one move per block: the block loop is an instruction loop
+        sch.annotate(inner[1], PRAGMA, DMA_COPY)  # one move per block: the block loop is an instruction loop
     elif op == "transpose" and len(inner) == 1 and blocks > 1 and run == 1:
         _, unit = sch.split(inner[0], [None, 1])  # runs of one element: one move each
-        sch.annotate(unit, PRAGMA, "dma_copy")
+        sch.annotate(unit, PRAGMA, DMA_COPY)
     else:
-        sch.annotate(inner[0], PRAGMA, "dma_copy")
+        sch.annotate(inner[0], PRAGMA, DMA_COPY)
     return sch.mod, sch.get(copy_out).name_hint
 
 
@@ -212,10 +212,10 @@ def _concat_tiled(key: str, tile: int):
         blk = sch.get_sblock(nm)
         tiles, inner = sch.split(sch.get_loops(blk)[1], [None, min(tile, c * H * W)])
         sch.annotate(tiles, ITEM_TILES, 1)
-        sch.annotate(inner, PRAGMA, "dma_copy")
+        sch.annotate(inner, PRAGMA, DMA_COPY)
         rb = sch.cache_read(blk, 0, UB_SCOPE)
         sch.compute_at(rb, tiles, preserve_unit_loops=True)
-        sch.annotate(sch.get_loops(rb)[2], PRAGMA, "dma_copy")
+        sch.annotate(sch.get_loops(rb)[2], PRAGMA, DMA_COPY)
     return sch.mod
 
 

@@ -30,7 +30,7 @@ from functools import lru_cache
 
 import numpy as np
 
-from opcompiler.backend.ascend.intrin import PRAGMA, UB_SCOPE
+from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE, VECTOR_AUTO
 from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.workload import Workload
 
@@ -84,28 +84,28 @@ def _tiled(key: str, oh_tile: int):
     b, y, _, _ = sch.get_loops(copy_out)
     yo, yi = sch.split(y, [None, oh_tile])
     tiles = sch.fuse(b, yo)
-    sch.annotate(yi, PRAGMA, "dma_copy")
+    sch.annotate(yi, PRAGMA, DMA_COPY)
     if avg:
         sch.compute_at(last, tiles, preserve_unit_loops=True)
-        sch.annotate(sch.get_loops(last)[1], PRAGMA, "vector_auto")
+        sch.annotate(sch.get_loops(last)[1], PRAGMA, VECTOR_AUTO)
         sch.set_scope(pool, 0, UB_SCOPE)
     sch.compute_at(pool, tiles, preserve_unit_loops=True)
     px, ch, ky, kx = sch.get_loops(pool)[-4:]
     sch.reorder(ky, kx, px, ch)
     init = sch.decompose_reduction(pool, ky)
-    sch.annotate(sch.get_loops(init)[-2], PRAGMA, "vector_auto")
-    sch.annotate(px, PRAGMA, "vector_auto")
+    sch.annotate(sch.get_loops(init)[-2], PRAGMA, VECTOR_AUTO)
+    sch.annotate(px, PRAGMA, VECTOR_AUTO)
     if avg:
         cnt = sch.cache_read(last, 1, UB_SCOPE)
         sch.compute_at(cnt, tiles, preserve_unit_loops=True)
-        sch.annotate(sch.get_loops(cnt)[1], PRAGMA, "dma_copy")
+        sch.annotate(sch.get_loops(cnt)[1], PRAGMA, DMA_COPY)
     if wl["pad"] > 0:
         src = sch.get_sblock("pool_pad")
         sch.set_scope(src, 0, UB_SCOPE)
     else:
         src = sch.cache_read(pool, 1, UB_SCOPE)
     sch.compute_at(src, tiles, preserve_unit_loops=True, index=0)
-    sch.annotate(sch.get_loops(src)[1], PRAGMA, "dma_copy")
+    sch.annotate(sch.get_loops(src)[1], PRAGMA, DMA_COPY)
     return sch.mod, sch.get(copy_out).name_hint
 
 

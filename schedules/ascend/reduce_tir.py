@@ -20,7 +20,7 @@ from __future__ import annotations
 from functools import lru_cache
 from typing import Mapping
 
-from opcompiler.backend.ascend.intrin import PRAGMA, REDUCE, UB_SCOPE
+from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, REDUCE, UB_SCOPE, VECTOR_AUTO
 from opcompiler.ops import op_prim_func
 from opcompiler.workload import Workload
 
@@ -46,7 +46,7 @@ def _tiled(key: str, rows_tile: int):
     copy_out = sch.cache_write(sch.get_sblock(last), 0, UB_SCOPE)
     loops = sch.get_loops(copy_out)
     tiles, inner = sch.split(loops[0], [None, min(rows_tile, wl["m"])])
-    sch.annotate(inner, PRAGMA, "dma_copy")
+    sch.annotate(inner, PRAGMA, DMA_COPY)
     softmax = wl.op == "softmax"
     for nm in reversed(names):
         b = sch.get_sblock(nm)
@@ -62,18 +62,18 @@ def _tiled(key: str, rows_tile: int):
             if not softmax:
                 sch.annotate(sch.get_loops(b)[-2], ROWS, 1)
         elif nm in _CASTS and two_d:  # one nest over the tile's rows
-            sch.annotate(sch.get_loops(b)[-2], PRAGMA, "vector_auto")
+            sch.annotate(sch.get_loops(b)[-2], PRAGMA, VECTOR_AUTO)
             if wl["n"] == 1:  # keep the unit column loop: the nest still walks whole aligned rows
                 sch.annotate(sch.get_loops(b)[-1], KEEP, 1)
         else:  # one row (softmax), or the tile's elements (a 1-D cast)
-            sch.annotate(sch.get_loops(b)[-1], PRAGMA, "vector_auto")
+            sch.annotate(sch.get_loops(b)[-1], PRAGMA, VECTOR_AUTO)
         if nm == "vdiv":
             sch.annotate(sch.get_loops(b)[-2], ROWS, 1)
         if two_d and (nm in _CASTS or nm == "vdiv"):
             sch.storage_align(b, 0, 0, ROW_ALIGN, 0)
     rd = sch.cache_read(sch.get_sblock(names[0]), 0, UB_SCOPE)
     sch.compute_at(rd, tiles, preserve_unit_loops=True, index=0)
-    sch.annotate(sch.get_loops(rd)[1], PRAGMA, "dma_copy")
+    sch.annotate(sch.get_loops(rd)[1], PRAGMA, DMA_COPY)
     sch.storage_align(rd, 0, 0, ROW_ALIGN, 0)
     return sch.mod, sch.get(copy_out).name_hint
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.intrin import VEC, machine
+from opcompiler.backend.dsp.intrin import CORES, DMA, OP, SCOPE_AM, SCOPE_SM, STAGE, VEC, machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import op_prim_func
 from opcompiler.target import Target
@@ -104,11 +104,11 @@ def chain_schedule(wl: Workload, mode: str, batch: bool, per: int, chunk: int, l
         else:
             p, c = loops
         stage, inner = sch.split(p, [None, per])
-    sch.annotate(stage, "opc.dsp.stage", 1)
-    sch.annotate(cores_loop if cores_loop is not None else stage, "opc.dsp.cores", 1)
+    sch.annotate(stage, STAGE, 1)
+    sch.annotate(cores_loop if cores_loop is not None else stage, CORES, 1)
     depth = 2 if cores_loop is not None else 1  # loops down to the stage's own nests
     aligned = mode != "flat" and not chunk  # rows (planes, pixels) start at a vector
-    o = sch.cache_write(blk, 0, "local.AM")
+    o = sch.cache_write(blk, 0, SCOPE_AM)
     sch.reverse_compute_at(o, stage)
     reads = list(sch.get(blk).reads)
     staged, params = [], []
@@ -120,18 +120,18 @@ def chain_schedule(wl: Workload, mode: str, batch: bool, per: int, chunk: int, l
             params.append(i)
     # cache_read inserts before the consumer: the last one read comes first, so go backwards
     for i in reversed(staged):
-        rd = sch.cache_read(blk, i, "local.AM")
+        rd = sch.cache_read(blk, i, SCOPE_AM)
         sch.compute_at(rd, stage)
         if aligned:
             sch.storage_align(rd, 0, len(sch.get(rd).writes[0].source.shape) - 2, lanes, 0)
-        sch.annotate(copy_loop(sch, rd, depth), "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, rd, depth), OP, DMA)
     for i in reversed(params):
-        rd = sch.cache_read(blk, i, "local.SM" if mode == "plane" else "local.AM")
-        sch.annotate(copy_loop(sch, rd, 0), "opc.dsp.op", "dma")
+        rd = sch.cache_read(blk, i, SCOPE_SM if mode == "plane" else SCOPE_AM)
+        sch.annotate(copy_loop(sch, rd, 0), OP, DMA)
     if aligned:
         sch.storage_align(blk, 0, len(sch.get(blk).writes[0].source.shape) - 2, lanes, 0)
-    sch.annotate(copy_loop(sch, blk, depth), "opc.dsp.op", VEC)  # (a one-element stage: a unit loop)
-    sch.annotate(copy_loop(sch, o, depth), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, blk, depth), OP, VEC)  # (a one-element stage: a unit loop)
+    sch.annotate(copy_loop(sch, o, depth), OP, DMA)
     return sch
 
 

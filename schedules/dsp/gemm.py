@@ -36,7 +36,7 @@ import dataclasses
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from opcompiler.backend.dsp.intrin import F32, DspMachine
+from opcompiler.backend.dsp.intrin import DMA, F32, MK_GEMM, OP, SCOPE_AM, SCOPE_GSM, SCOPE_SM, STAGE, DspMachine
 from opcompiler.ops import get_op
 from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
@@ -159,35 +159,35 @@ def gemm_schedule(wl: Workload, g: GemmGeo):
     sch.annotate(blk, "opc.dsp.blocks", 1)
     sch.annotate(blk, "opc.dsp.tiles", {"acc": [g.mb, g.nbp], "b": [g.kc, g.nbp], "a": [g.ms, g.kc], "bias": [g.nbp]})
     sch.annotate(ko, "opc.dsp.kblock", 1)
-    sch.annotate(st, "opc.dsp.stage", 1)
-    sch.annotate(rb, "opc.dsp.op", "mk_gemm")
+    sch.annotate(st, STAGE, 1)
+    sch.annotate(rb, OP, MK_GEMM)
     for lp, ax in ((vb, "vb"), (ki, "ki"), (pr, "pr"), (vl, "vl")):
         sch.annotate(lp, "opc.dsp.ax", ax)
     if epi:  # the sum and the epilogue's tiles in AM (the lowering keeps them in the C tile)
         for b in ["matmul"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, "local.AM")
+            sch.set_scope(sch.get_sblock(b), 0, SCOPE_AM)
         for b in epi:
             sch.reverse_compute_at(sch.get_sblock(b), blk)
-    out = sch.cache_write(last, 0, "local.AM")
+    out = sch.cache_write(last, 0, SCOPE_AM)
     sch.reverse_compute_at(out, blk)
     copies = [(out, 1)]  # (copy block, depth of its outermost loop)
-    b_am = sch.cache_read(mm, 1, "local.AM")
+    b_am = sch.cache_read(mm, 1, SCOPE_AM)
     sch.compute_at(b_am, ko)
     copies.append((b_am, 2))
     if g.w_path == "gsm":
-        b_gsm = sch.cache_read(b_am, 0, "local.GSM")
+        b_gsm = sch.cache_read(b_am, 0, SCOPE_GSM)
         sch.compute_at(b_gsm, ko)
         copies.append((b_gsm, 2))
-    a_sm = sch.cache_read(mm, 0, "local.SM")
+    a_sm = sch.cache_read(mm, 0, SCOPE_SM)
     sch.compute_at(a_sm, st)
     copies.append((a_sm, 3))
     if "bias" in g.epi:
-        bias = sch.cache_read(sch.get_sblock("matmul_bias"), 1, "local.AM")
+        bias = sch.cache_read(sch.get_sblock("matmul_bias"), 1, SCOPE_AM)
         sch.compute_at(bias, blk)
         copies.append((bias, 1))
     for c, depth in copies:
         lps = sch.get_loops(c)
-        sch.annotate(lps[depth] if len(lps) > depth else sch.add_unit_loop(c), "opc.dsp.op", "dma")
+        sch.annotate(lps[depth] if len(lps) > depth else sch.add_unit_loop(c), OP, DMA)
     return sch
 
 

@@ -31,7 +31,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.intrin import EPI_BLOCKS, GCONV, machine
+from opcompiler.backend.dsp.intrin import (
+    CORES, DMA, EPI_BLOCKS, GCONV, OP, SCOPE_AM, SCOPE_REG, SCOPE_SM, STAGE, machine,
+)
 from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
 from opcompiler.template_base import Scheduled
@@ -66,7 +68,7 @@ def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool
         sch.transform_block_layout(pad, f4)
     else:
         sch.transform_layout(conv, ("read", 0), f4)
-    o = sch.cache_write(last, 0, "local.AM")  # the output tile; `o` is its AM -> DDR copy
+    o = sch.cache_write(last, 0, SCOPE_AM)  # the output tile; `o` is its AM -> DDR copy
     n, k, y, x, rc, ry, rx = sch.get_loops(conv)
     if kg <= planes:  # whole groups per block
         kb, kin = sch.split(k, [None, max(1, planes // kg) * kg])
@@ -84,9 +86,9 @@ def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool
     # TVM's region analysis of the tiles is exact over these loops
     if "pad" in names:
         sch.compute_at(pad, yo, preserve_unit_loops=True)
-        sch.set_scope(pad, 0, "local.AM")
+        sch.set_scope(pad, 0, SCOPE_AM)
     else:
-        pad = sch.cache_read(conv, 0, "local.AM")
+        pad = sch.cache_read(conv, 0, SCOPE_AM)
         sch.compute_at(pad, yo, preserve_unit_loops=True)
     for b in epi:
         sch.reverse_compute_at(sch.get_sblock(b), yo)
@@ -94,31 +96,31 @@ def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool
     yb, yr = sch.split(yi, [None, rb])
     sch.reorder(yb, xv, rc, yr, xl)
     if not epi:  # plain conv: accumulate in registers, then store the block to the AM tile
-        blocks = [sch.cache_write(conv, 0, "local.REG")]
+        blocks = [sch.cache_write(conv, 0, SCOPE_REG)]
     else:
         for b in ["conv2d"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, "local.REG")
+            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)
         blocks = [sch.get_sblock(b) for b in epi]
     for b in blocks:
         sch.reverse_compute_at(b, xv)
     # created last to first: TVM puts each new copy at the root's front, so the weights are
     # fetched first, then the parameters in their order (as the stage copies are)
     reads = [("conv2d", 1)] + [(b, i) for b in epi for i in range(1, len(sch.get(sch.get_sblock(b)).reads))]
-    wt = [sch.cache_read(sch.get_sblock(b), i, "local.SM") for b, i in reversed(reads)][::-1]
+    wt = [sch.cache_read(sch.get_sblock(b), i, SCOPE_SM) for b, i in reversed(reads)][::-1]
     if not resident:
         for c in wt:
             sch.compute_at(c, yo, preserve_unit_loops=True)
     stage = sch.fuse(*items, yo)
-    sch.annotate(stage, "opc.dsp.stage", 1)
-    sch.annotate(stage, "opc.dsp.cores", 1)
+    sch.annotate(stage, STAGE, 1)
+    sch.annotate(stage, CORES, 1)
     sch.storage_align(pad, 0, 1, pitch, 0)
     sch.storage_align(blocks[-1], 0, 2, lanes, 0)  # the block storing the AM tile: rows at a vector pitch
     for c in [pad, o] + ([] if resident else wt):
-        sch.annotate(sch.get_loops(c)[1], "opc.dsp.op", "dma")
+        sch.annotate(sch.get_loops(c)[1], OP, DMA)
     if resident:
         for c in wt:
-            sch.annotate(sch.get_loops(c)[0], "opc.dsp.op", "dma")
-    sch.annotate(gi, "opc.dsp.op", GCONV)
+            sch.annotate(sch.get_loops(c)[0], OP, DMA)
+    sch.annotate(gi, OP, GCONV)
     return sch
 
 

@@ -15,7 +15,9 @@ the parts balanced as c*K//P (`tir_ksplit.balance_parts`).
 """
 from __future__ import annotations
 
-from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
+from opcompiler.backend.dsp.intrin import (
+    CORES, DMA, F32, MK, OP, SCOPE_AM, SCOPE_GSM, SCOPE_REG, SCOPE_SM, DspMachine, machine,
+)
 from opcompiler.ops import get_op
 from opcompiler.template_base import Scheduled
 from opcompiler.workload import Workload
@@ -44,33 +46,33 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
             output tile -> DDR
     """
     sch, epi, mm, last = matmul_schedule(wl)
-    o = sch.cache_write(last, 0, "local.AM")
+    o = sch.cache_write(last, 0, SCOPE_AM)
     _, _, k = sch.get_loops(mm)
     kc, _ = sch.split(k, [cores, None])
     rf = sch.rfactor(kc, 0)
-    sch.set_scope(rf, 0, "local.GSM")
+    sch.set_scope(rf, 0, SCOPE_GSM)
     i, j, kc, kk = sch.get_loops(rf)
     io, ii = sch.split(i, [None, rows])
     jo, ji = sch.split(j, [None, kv * lanes])
     sch.reorder(jo, io, kc, ii, ji, kk)
-    sch.annotate(kc, "opc.dsp.cores", 1)
+    sch.annotate(kc, CORES, 1)
     sch.annotate(io, "opc.dsp.rr", 1)
-    p = sch.cache_write(rf, 0, "local.AM")
-    reg = sch.cache_write(rf, 0, "local.REG")
+    p = sch.cache_write(rf, 0, SCOPE_AM)
+    reg = sch.cache_write(rf, 0, SCOPE_REG)
     sch.reverse_compute_at(reg, ii)
     sch.reverse_compute_at(p, kc)
-    w = sch.cache_read(rf, 1, "local.AM")
-    a = sch.cache_read(rf, 0, "local.SM")
+    w = sch.cache_read(rf, 1, SCOPE_AM)
+    a = sch.cache_read(rf, 0, SCOPE_SM)
     sch.compute_at(w, kc)
     sch.compute_at(a, kc)
     mm = sch.get_sblock("matmul")
     if epi:
         for b in ["matmul"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, "local.REG")  # the sum and epilogue in registers
+            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)  # the sum and epilogue in registers
         tail = [sch.get_sblock(b) for b in epi]
     else:
-        tail = [sch.cache_write(mm, 0, "local.REG")]  # the sum in registers, stored to the tile
-    r = sch.cache_read(mm, 0, "local.AM")
+        tail = [sch.cache_write(mm, 0, SCOPE_REG)]  # the sum in registers, stored to the tile
+    r = sch.cache_read(mm, 0, SCOPE_AM)
     sch.reverse_compute_at(r, io)
     sch.reverse_compute_at(mm, io)
     # under io: the K parts, the rows, the features (TVM leaves out a loop of one iteration)
@@ -84,23 +86,23 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
     for b in tail:
         sch.reverse_compute_at(b, ri)
     sch.reverse_compute_at(o, io)
-    sch.annotate(ri, "opc.dsp.op", "mk_red")
+    sch.annotate(ri, OP, "mk_red")
     sch.annotate(ri, "opc.dsp.parts", cores)
     for blk_rv, depth in ((o, 2), (r, 2), (p, 3), (a, 3)):
-        sch.annotate(copy_loop(sch, blk_rv, depth), "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, blk_rv, depth), OP, DMA)
     wl_ = copy_loop(sch, w, 3)
-    sch.annotate(wl_, "opc.dsp.op", "dma")
+    sch.annotate(wl_, OP, DMA)
     sch.annotate(wl_, "opc.dsp.resident", 1)
     blk, _ = sch.split(ii, [None, pw])
-    sch.annotate(blk, "opc.dsp.op", "mk")
+    sch.annotate(blk, OP, MK)
     rfb = sch.get_sblock("matmul_rf")
     sch.decompose_reduction(rfb, sch.get_loops(rfb)[5])  # init outside the K-part predicate
     for b in epi:
         blk_rv = sch.get_sblock(b)
         for n in range(1, len(sch.get(blk_rv).reads)):
-            c = sch.cache_read(blk_rv, n, "local.AM")
+            c = sch.cache_read(blk_rv, n, SCOPE_AM)
             sch.compute_at(c, jo)
-            sch.annotate(copy_loop(sch, c, 1), "opc.dsp.op", "dma")
+            sch.annotate(copy_loop(sch, c, 1), OP, DMA)
     return sch
 
 

@@ -30,7 +30,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.intrin import DMA, ITEMS, machine
+from opcompiler.backend.dsp.intrin import CORES, DMA, ITEMS, OP, SCOPE_AM, STAGE, machine
 from opcompiler.ops import op_prim_func
 from opcompiler.ops.catalogue import slice_geometry, transpose_dims
 from opcompiler.ops.concat_blocks import concat_per_input
@@ -70,13 +70,13 @@ def _stage_nests(sch, blk, stage, staged: bool, depth: int):
     """The stage loop annotated; with `staged` the block computed into an AM tile at the stage
     (cache_write: the block is the DMA-in, the tile's write-back the DMA-out); every copy nest
     under the stage annotated dma (`depth`: loops down to the stage)."""
-    sch.annotate(stage, "opc.dsp.stage", 1)
-    sch.annotate(stage, "opc.dsp.cores", 1)
+    sch.annotate(stage, STAGE, 1)
+    sch.annotate(stage, CORES, 1)
     if staged:
-        wb = sch.cache_write(blk, 0, "local.AM")
+        wb = sch.cache_write(blk, 0, SCOPE_AM)
         sch.reverse_compute_at(wb, stage, preserve_unit_loops=True)
-        sch.annotate(sch.get_loops(wb)[depth], "opc.dsp.op", DMA)
-    sch.annotate(sch.get_loops(blk)[depth], "opc.dsp.op", DMA)
+        sch.annotate(sch.get_loops(wb)[depth], OP, DMA)
+    sch.annotate(sch.get_loops(blk)[depth], OP, DMA)
     return sch
 
 
@@ -120,13 +120,13 @@ def pad_schedule(wl: Workload, planes: int, rows: int):
     sch.reorder(po, yo, pi, yi)
     # the tile placed under the row-block loop before it is fused with the plane-block loop: TVM's
     # region analysis of the tile is exact over the two loops, not over the fused one's // and %
-    wb = sch.cache_write(blk, 0, "local.AM")
+    wb = sch.cache_write(blk, 0, SCOPE_AM)
     sch.reverse_compute_at(wb, yo, preserve_unit_loops=True)
     stage = sch.fuse(po, yo)
-    sch.annotate(stage, "opc.dsp.stage", 1)
-    sch.annotate(stage, "opc.dsp.cores", 1)
-    sch.annotate(sch.get_loops(blk)[1], "opc.dsp.op", DMA)
-    sch.annotate(sch.get_loops(wb)[1], "opc.dsp.op", DMA)
+    sch.annotate(stage, STAGE, 1)
+    sch.annotate(stage, CORES, 1)
+    sch.annotate(sch.get_loops(blk)[1], OP, DMA)
+    sch.annotate(sch.get_loops(wb)[1], OP, DMA)
     return sch
 
 
@@ -190,12 +190,12 @@ def concat_schedule(wl: Workload, tile: int, staged: bool):
         blk = sch.get_sblock(nm)
         loops = sch.get_loops(blk)
         stage, _ = sch.split(loops[1], [None, min(tile, c * hw)])
-        sch.annotate(stage, "opc.dsp.stage", 1)
+        sch.annotate(stage, STAGE, 1)
         if staged:
-            rb = sch.cache_read(blk, 0, "local.AM")
+            rb = sch.cache_read(blk, 0, SCOPE_AM)
             sch.compute_at(rb, stage, preserve_unit_loops=True)
-            sch.annotate(sch.get_loops(rb)[2], "opc.dsp.op", DMA)
-        sch.annotate(sch.get_loops(blk)[2], "opc.dsp.op", DMA)
+            sch.annotate(sch.get_loops(rb)[2], OP, DMA)
+        sch.annotate(sch.get_loops(blk)[2], OP, DMA)
     sch.annotate(sch.get_loops(sch.get_sblock("x"))[0], ITEMS, 1)
     return sch
 

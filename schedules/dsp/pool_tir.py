@@ -27,7 +27,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.intrin import VEC, machine
+from opcompiler.backend.dsp.intrin import CORES, DMA, OP, SCOPE_AM, SCOPE_REG, STAGE, VEC, machine
 from opcompiler.ops import op_prim_func
 from opcompiler.target import Target
 from opcompiler.template_base import Scheduled
@@ -70,28 +70,28 @@ def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, l
     sch.reorder(po, yo, pi, yi)
     if avg:
         sch.compute_at(red, x)
-        sch.set_scope(red, 0, "local.REG")
+        sch.set_scope(red, 0, SCOPE_REG)
     # tiles placed under the row-block loop before it is fused with the plane-block loop: TVM's
     # region analysis of the tiles is exact over the two loops, not over the fused one's // and %
-    o = sch.cache_write(last, 0, "local.AM")
+    o = sch.cache_write(last, 0, SCOPE_AM)
     sch.reverse_compute_at(o, yo, preserve_unit_loops=True)
     if pad is not None:
         sch.compute_at(pad, yo, preserve_unit_loops=True)
-        sch.set_scope(pad, 0, "local.AM")
+        sch.set_scope(pad, 0, SCOPE_AM)
     else:
-        pad = sch.cache_read(red, 0, "local.AM")
+        pad = sch.cache_read(red, 0, SCOPE_AM)
         sch.compute_at(pad, yo, preserve_unit_loops=True)
     stage = sch.fuse(po, yo)
-    sch.annotate(stage, "opc.dsp.stage", 1)
-    sch.annotate(stage, "opc.dsp.cores", 1)
+    sch.annotate(stage, STAGE, 1)
+    sch.annotate(stage, CORES, 1)
     sch.storage_align(pad, 0, 1, pitch, 0)
     sch.storage_align(last, 0, 1, lanes, 0)
-    sch.annotate(sch.get_loops(pad)[1], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(pad)[1], OP, DMA)
     vec = sch.get_loops(last)[1]
-    sch.annotate(vec, "opc.dsp.op", VEC)
+    sch.annotate(vec, OP, VEC)
     if sep:
         sch.annotate(vec, "opc.dsp.separable", 1)
-    sch.annotate(sch.get_loops(o)[1], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(o)[1], OP, DMA)
     return sch
 
 

@@ -17,7 +17,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.intrin import VEC, machine
+from opcompiler.backend.dsp.intrin import CORES, DMA, OP, SCOPE_AM, STAGE, VEC, machine
 from opcompiler.ops import get_op, op_prim_func
 from opcompiler.target import Target
 from opcompiler.template_base import Scheduled
@@ -39,17 +39,17 @@ def reduce_schedule(wl: Workload, rows: int, acc: int, lanes: int):
     i, k = sch.get_loops(blk)
     io, ii = sch.split(i, [None, rows])
     sch.split(k, [None, acc, lanes])  # (vectors / acc, acc, lanes)
-    sch.annotate(io, "opc.dsp.stage", 1)
-    sch.annotate(io, "opc.dsp.cores", 1)
-    o = sch.cache_write(blk, 0, "local.AM")
+    sch.annotate(io, STAGE, 1)
+    sch.annotate(io, CORES, 1)
+    o = sch.cache_write(blk, 0, SCOPE_AM)
     sch.reverse_compute_at(o, io, preserve_unit_loops=True)
-    rd = sch.cache_read(blk, 0, "local.AM")
+    rd = sch.cache_read(blk, 0, SCOPE_AM)
     sch.compute_at(rd, io, preserve_unit_loops=True)
     sch.storage_align(rd, 0, 0, lanes * acc, 0)
-    sch.annotate(sch.get_loops(rd)[1], "opc.dsp.op", "dma")
-    sch.annotate(ii, "opc.dsp.op", VEC)
+    sch.annotate(sch.get_loops(rd)[1], OP, DMA)
+    sch.annotate(ii, OP, VEC)
     sch.annotate(ii, "opc.dsp.reduce_lanes", 1)
-    sch.annotate(sch.get_loops(o)[1], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(o)[1], OP, DMA)
     return sch
 
 

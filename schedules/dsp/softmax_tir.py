@@ -23,7 +23,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.intrin import VEC
+from opcompiler.backend.dsp.intrin import CORES, DMA, OP, SCOPE_AM, STAGE, VEC
 from opcompiler.ops import op_prim_func
 from opcompiler.target import Target
 from opcompiler.template_base import Scheduled
@@ -44,33 +44,33 @@ def softmax_schedule(wl: Workload, rows: int, acc: int, lanes: int):
     i, j = sch.get_loops(b["vdiv"])
     io, ii = sch.split(i, [None, rows])
     sch.split(j, [None, acc, lanes])
-    sch.annotate(io, "opc.dsp.stage", 1)
-    sch.annotate(io, "opc.dsp.cores", 1)
-    o = sch.cache_write(b["vdiv"], 0, "local.AM")
+    sch.annotate(io, STAGE, 1)
+    sch.annotate(io, CORES, 1)
+    o = sch.cache_write(b["vdiv"], 0, SCOPE_AM)
     sch.reverse_compute_at(o, io, preserve_unit_loops=True)
     for n in ("sum", "vexp", "reduce_max"):
         sch.compute_at(b[n], io, preserve_unit_loops=True)
-        sch.set_scope(b[n], 0, "local.AM")
+        sch.set_scope(b[n], 0, SCOPE_AM)
     ei, ej = sch.get_loops(b["vexp"])[1:]
     sch.split(ej, [None, acc, lanes])
     sch.split(sch.get_loops(b["sum"])[-1], [None, acc, lanes])
     _, ri, r1, rk = sch.get_loops(b["reduce_max"])
     sch.fuse(ri, r1)  # the kept unit axis
     sch.split(rk, [None, acc, lanes])
-    rd = sch.cache_read(b["reduce_max"], 0, "local.AM")
+    rd = sch.cache_read(b["reduce_max"], 0, SCOPE_AM)
     sch.compute_at(rd, io, preserve_unit_loops=True)
     for blk in (rd, b["vexp"], b["vdiv"]):
         sch.storage_align(blk, 0, 0, lanes * acc, 0)
     sch.reverse_compute_at(b["sum"], sch.get_loops(b["vexp"])[-1], preserve_unit_loops=True)
-    sch.annotate(sch.get_loops(rd)[1], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(rd)[1], OP, DMA)
     mx = sch.get_loops(b["reduce_max"])[1]
-    sch.annotate(mx, "opc.dsp.op", VEC)
+    sch.annotate(mx, OP, VEC)
     sch.annotate(mx, "opc.dsp.reduce_lanes", 1)
     for n in ("vexp", "vdiv"):
         lp = sch.get_loops(b[n])[1]
-        sch.annotate(lp, "opc.dsp.op", VEC)
+        sch.annotate(lp, OP, VEC)
         sch.annotate(lp, "opc.dsp.rows", 1)
-    sch.annotate(sch.get_loops(o)[1], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(o)[1], OP, DMA)
     return sch
 
 

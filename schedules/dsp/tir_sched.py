@@ -24,7 +24,9 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
-from opcompiler.backend.dsp.intrin import EPI_BLOCKS, machine
+from opcompiler.backend.dsp.intrin import (
+    CORES, DMA, DMA_SHARED, EPI_BLOCKS, MK, MK_EW, MK_WS, OP, SCOPE_AM, SCOPE_GSM, SCOPE_REG, SCOPE_SM, STAGE, machine,
+)
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, op_prim_func, workload
 from opcompiler.target import Target
@@ -62,7 +64,7 @@ def conv_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     sch = base.copy()  # the copy keeps the random variables (blocks, loops) valid
     if pixels is not None:
         blk, _ = sch.split(pixels, [None, config["pw"]])  # register blocks of pw pixels of the flattened tile
-        sch.annotate(blk, "opc.dsp.op", "mk")
+        sch.annotate(blk, OP, MK)
     _weights(sch, conv, ko, config, epi)
     return sch
 
@@ -84,11 +86,11 @@ def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     cols = min(config["cols"], wo)
     ko, _, yi, xi, item, pad, o = _tiles(sch, conv, last, names, config, cols, lanes, ws=False)
     if not epi:  # plain conv: accumulate in registers, then store the block to the AM tile
-        st = sch.cache_write(conv, 0, "local.REG")
+        st = sch.cache_write(conv, 0, SCOPE_REG)
         epi_blocks = [st]
     else:
         for b in ["conv2d"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, "local.REG")  # accumulators live in registers
+            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)  # accumulators live in registers
         epi_blocks = [sch.get_sblock(b) for b in epi]
     pixels = sch.fuse(yi, xi)  # the tile's pixels, row-major: register blocks may span rows
     for b in epi_blocks:  # per output pixel, right after its reduction (exact regions)
@@ -97,11 +99,11 @@ def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     depth = 2 if config["split"] == "items" else 3
     _residual(sch, epi, item, depth)
     if config["out_path"] == "gsm":  # the tile AM -> GSM (this core's staging tile) -> DDR, as the paper
-        g = sch.cache_write(o, 0, "local.GSM")
+        g = sch.cache_write(o, 0, SCOPE_GSM)
         sch.reverse_compute_at(g, item)
-        sch.annotate(copy_loop(sch, g, depth), "opc.dsp.op", "dma")
-    sch.annotate(copy_loop(sch, o, depth), "opc.dsp.op", "dma")
-    sch.annotate(copy_loop(sch, pad, depth), "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, g, depth), OP, DMA)
+    sch.annotate(copy_loop(sch, o, depth), OP, DMA)
+    sch.annotate(copy_loop(sch, pad, depth), OP, DMA)
     return sch, conv, ko, pixels, epi
 
 
@@ -114,10 +116,10 @@ def _residual(sch, epi: list[str], item, depth: int) -> None:
     blk = sch.get_sblock("vadd")
     # the residual is the read that is not the previous epilogue step's result (in registers)
     idx = next(i for i, r in enumerate(sch.get(blk).reads)
-               if (r.source if hasattr(r, "source") else r.buffer).scope() != "local.REG")
-    r = sch.cache_read(blk, idx, "local.AM")
+               if (r.source if hasattr(r, "source") else r.buffer).scope() != SCOPE_REG)
+    r = sch.cache_read(blk, idx, SCOPE_AM)
     sch.compute_at(r, item)
-    sch.annotate(copy_loop(sch, r, depth), "opc.dsp.op", "dma")
+    sch.annotate(copy_loop(sch, r, depth), OP, DMA)
 
 
 def _tiles(sch, conv, last, names: list[str], config: Mapping[str, Any], cols: int, lanes: int, ws: bool):
@@ -136,21 +138,21 @@ def _tiles(sch, conv, last, names: list[str], config: Mapping[str, Any], cols: i
         sch.reorder(ko, n, yo, xo, yi, xi, ki, ry, rx, rc)
     if config["split"] == "batch":
         item = sch.fuse(yo, xo)
-        sch.annotate(n, "opc.dsp.cores", 1)
+        sch.annotate(n, CORES, 1)
     else:
         item = sch.fuse(n, yo, xo)
-        sch.annotate(item, "opc.dsp.cores", 1)
-    sch.annotate(item, "opc.dsp.stage", 1)
+        sch.annotate(item, CORES, 1)
+    sch.annotate(item, STAGE, 1)
     # the padded input tile of this item: zero fill + DMA into SM (region fixed before the
     # register-block split so it is exactly the tile's rows and columns)
     if "pad" in names:
         pad = sch.get_sblock("pad")
         sch.compute_at(pad, item)
-        sch.set_scope(pad, 0, "local.SM")
+        sch.set_scope(pad, 0, SCOPE_SM)
     else:
-        pad = sch.cache_read(conv, 0, "local.SM")
+        pad = sch.cache_read(conv, 0, SCOPE_SM)
         sch.compute_at(pad, item)
-    o = sch.cache_write(last, 0, "local.AM")  # the output tile; `o` is its AM -> DDR copy
+    o = sch.cache_write(last, 0, SCOPE_AM)  # the output tile; `o` is its AM -> DDR copy
     return ko, rc, yi, xi, item, pad, o
 
 
@@ -174,11 +176,11 @@ def _ws_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     cols = min(config["cols"], wo)
     ko, rc, yi, xi, item, pad, o = _tiles(sch, conv, last, names, config, cols, machine(target).lanes, ws=True)
     if epi:
-        sch.set_scope(conv, 0, "local.AM")  # partial sums across the channel passes
+        sch.set_scope(conv, 0, SCOPE_AM)  # partial sums across the channel passes
         for b in epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, "local.REG")
+            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)
     sch.fuse(yi, xi)  # the tile's pixels, row-major
-    sch.annotate(rc, "opc.dsp.op", "mk_ws")
+    sch.annotate(rc, OP, MK_WS)
     sch.annotate(rc, "opc.dsp.ws_cols", cols)
     sch.annotate(rc, "opc.dsp.ws_r", p["r"])
     sch.annotate(rc, "opc.dsp.ws_s", p["s"])
@@ -191,26 +193,26 @@ def _ws_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
         pix = sch.fuse(*inner) if len(inner) > 1 else inner[0] if inner else sch.add_unit_loop(lp[-1])
         for b in epi[1:]:
             sch.reverse_compute_at(sch.get_sblock(b), pix)
-        sch.annotate(pix, "opc.dsp.op", "mk_ew")
+        sch.annotate(pix, OP, MK_EW)
     sch.reverse_compute_at(o, item)
     depth = 2 if config["split"] == "items" else 3
     _residual(sch, epi, item, depth)
     if config["out_path"] == "gsm":
-        g = sch.cache_write(o, 0, "local.GSM")
+        g = sch.cache_write(o, 0, SCOPE_GSM)
         sch.reverse_compute_at(g, item)
-        sch.annotate(copy_loop(sch, g, depth), "opc.dsp.op", "dma")
-    sch.annotate(copy_loop(sch, o, depth), "opc.dsp.op", "dma")
-    sch.annotate(copy_loop(sch, pad, depth), "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, g, depth), OP, DMA)
+    sch.annotate(copy_loop(sch, o, depth), OP, DMA)
+    sch.annotate(copy_loop(sch, pad, depth), OP, DMA)
     return sch, conv, ko, None, epi
 
 
 def _weights(sch, red, ko, config, epi: list[str]) -> None:
     """Weights into local.AM at the channel-block loop (through local.GSM with w_path=gsm), and
     the epilogue's per-channel vectors (bias; BN scale and shift)."""
-    wg = sch.cache_read(red, 1, "local.GSM") if config["w_path"] == "gsm" else None
-    w = sch.cache_read(red, 1, "local.AM")
+    wg = sch.cache_read(red, 1, SCOPE_GSM) if config["w_path"] == "gsm" else None
+    w = sch.cache_read(red, 1, SCOPE_AM)
     sch.compute_at(w, ko)
-    sch.annotate(sch.get_loops(w)[1], "opc.dsp.op", "dma")
+    sch.annotate(sch.get_loops(w)[1], OP, DMA)
     if wg is not None:  # W_g: each core brings a slice of the rows, then all read it whole
         sch.compute_at(wg, ko)
         inner = sch.get_loops(wg)[1:]
@@ -220,17 +222,17 @@ def _weights(sch, red, ko, config, epi: list[str]) -> None:
         one_lane = int((reg.source if hasattr(reg, "source") else reg.buffer).shape[-1]) == 1
         lps = inner if one_lane or len(inner) == 1 else inner[:-1]
         rows = sch.fuse(*lps) if len(lps) > 1 else lps[0]
-        sch.annotate(rows, "opc.dsp.op", "dma_shared")
+        sch.annotate(rows, OP, DMA_SHARED)
     for b in epi:
         if b == "vadd":  # the residual is a tile per stage (`_residual`), not a per-channel vector
             continue
         blk_rv = sch.get_sblock(b)
         for i in range(1, len(sch.get(blk_rv).reads)):
-            c = sch.cache_read(blk_rv, i, "local.AM")
+            c = sch.cache_read(blk_rv, i, SCOPE_AM)
             sch.compute_at(c, ko)
             lps = sch.get_loops(c)
             # one output feature (K = 1): TVM leaves no loop of the vector's copy; give it a unit one
-            sch.annotate(lps[1] if len(lps) > 1 else sch.add_unit_loop(c), "opc.dsp.op", "dma")
+            sch.annotate(lps[1] if len(lps) > 1 else sch.add_unit_loop(c), OP, DMA)
 
 
 def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
@@ -245,29 +247,29 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     io, ii = sch.split(i, [None, config["rows"]])
     jo, ji = sch.split(j, [None, config["kv"] * machine(target).lanes])
     sch.reorder(jo, io, ii, ji, k)
-    sch.annotate(io, "opc.dsp.cores", 1)
-    sch.annotate(io, "opc.dsp.stage", 1)
-    a = sch.cache_read(mm, 0, "local.SM")
+    sch.annotate(io, CORES, 1)
+    sch.annotate(io, STAGE, 1)
+    a = sch.cache_read(mm, 0, SCOPE_SM)
     sch.compute_at(a, io)
-    o = sch.cache_write(last, 0, "local.AM")
+    o = sch.cache_write(last, 0, SCOPE_AM)
     if not epi:
-        st = sch.cache_write(mm, 0, "local.REG")
+        st = sch.cache_write(mm, 0, SCOPE_REG)
         epi_blocks = [st]
     else:
         for b in ["matmul"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, "local.REG")
+            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)
         epi_blocks = [sch.get_sblock(b) for b in epi]
     for b in epi_blocks:
         sch.reverse_compute_at(b, ii)
     sch.reverse_compute_at(o, io)
     if config["out_path"] == "gsm":  # the output tile AM -> GSM (this core's staging tile) -> DDR
-        g = sch.cache_write(o, 0, "local.GSM")
+        g = sch.cache_write(o, 0, SCOPE_GSM)
         sch.reverse_compute_at(g, io)
-        sch.annotate(copy_loop(sch, g, 2), "opc.dsp.op", "dma")
-    sch.annotate(copy_loop(sch, o, 2), "opc.dsp.op", "dma")
-    sch.annotate(copy_loop(sch, a, 2), "opc.dsp.op", "dma")
+        sch.annotate(copy_loop(sch, g, 2), OP, DMA)
+    sch.annotate(copy_loop(sch, o, 2), OP, DMA)
+    sch.annotate(copy_loop(sch, a, 2), OP, DMA)
     blk, _ = sch.split(ii, [None, config["pw"]])
-    sch.annotate(blk, "opc.dsp.op", "mk")
+    sch.annotate(blk, OP, MK)
     _weights(sch, mm, jo, config, epi)
     return sch
 
