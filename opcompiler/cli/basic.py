@@ -25,7 +25,14 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--timing-only", action="store_true",
                    help="time the kernel without checking its values (on the simulators it is not executed: "
                         "timing mode only; a 4096^3 GEMM's functional run on dsp-sim takes minutes)")
+    p.add_argument("--listing", nargs="?", type=int, const=LISTING_LINES, default=None, metavar="N",
+                   help="simulator targets: also print the first N lines (default "
+                        f"{LISTING_LINES}) of core 0's program: one instruction a line with its pipe, "
+                        "operands, bytes and declared cycles")
     p.set_defaults(func=cmd_run)
+
+
+LISTING_LINES = 40
 
 
 def cmd_ops(args: argparse.Namespace) -> int:
@@ -73,13 +80,23 @@ def cmd_run(args: argparse.Namespace) -> int:
             from ..errors import OpcError
             raise OpcError("only applies to dsp targets", arg="--dsp-mode", value=args.dsp_mode)
         target = replace(target, extra=MappingProxyType({**target.extra, "data_mode": args.dsp_mode}))
+    if args.listing is not None and (not target.is_simulator or args.listing < 1):
+        from ..errors import OpcError
+        raise OpcError("lists a simulator program: a simulator target and N >= 1", arg="--listing",
+                       value=args.listing if target.is_simulator else target.name)
     from ..api import run_op  # (with it every template, and TVM: after the arguments are checked)
     from ..rpc import backend_for_run
     workload(args.op, args.shape, preset=args.preset, batch=args.batch,  # a bad shape fails before the note
              dtype=args.dtype or default_dtype(args.op, target))
     shape_note(args)
+    backend = backend_for_run(target, args.rpc)
+    if args.listing is not None:
+        from ..api import get_backend
+        backend = _KeepKernel(backend or get_backend(target))
     rep = run_op(args.op, target, shape=args.shape, preset=args.preset, batch=args.batch, dtype=args.dtype,
-                 config=args.config, backend=backend_for_run(target, args.rpc), verify=not args.timing_only)
+                 config=args.config, backend=backend, verify=not args.timing_only)
+    if args.listing is not None:
+        rep["listing"] = program_listing(backend.kernel, args.listing)
     rep["shape"] = ordered_params(rep["op"], rep["shape"])
     if preset_name(args):
         rep["preset"] = preset_name(args)
@@ -87,10 +104,36 @@ def cmd_run(args: argparse.Namespace) -> int:
         emit_json(rep)
     else:
         print_report(rep, shape_label(rep["op"], rep["shape"], args))
+        if "listing" in rep:
+            print("\n" + rep["listing"], end="")
     if rep["correct"] is False:
         raise OpcFailure(f"{rep['op']} on {rep['target']} computed a wrong result (max abs error "
                          f"{rep['max_abs_err']:.3g})")
     return 0
+
+
+class _KeepKernel:
+    """A backend that keeps the kernel it builds (for `--listing`); everything else is the backend's."""
+
+    def __init__(self, backend):
+        self._backend, self.kernel = backend, None
+
+    def __getattr__(self, name: str):
+        return getattr(self._backend, name)
+
+    def build(self, *args, **kwargs):
+        self.kernel = self._backend.build(*args, **kwargs)
+        return self.kernel
+
+
+def program_listing(kernel, lines: int) -> str:
+    """The first `lines` lines of core 0's program of a simulator kernel (`SimProgram.listing`)."""
+    from ..sim.program import SimProgram
+    art = kernel.artifact
+    prog = art.get("program") if isinstance(art, dict) else getattr(art, "program", None)
+    if not isinstance(prog, SimProgram):
+        raise OpcFailure(f"{kernel.target.name} keeps no simulator program to list")
+    return prog.listing(limit=lines)
 
 
 def print_report(rep: dict, shape: str | None = None) -> None:

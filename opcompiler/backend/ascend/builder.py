@@ -14,14 +14,16 @@ import numpy as np
 
 from ...errors import OpcFailure
 from ...sim.buffers import Arena
+from ...sim.program import SimProgram
 from .isa import (VEC_OPS, Barrier, Buf, ConvGeom, DataMove, Instr, Load3D, Mmad, Scalar, Vec, VOp,
                   region_bursts)
 from .machine import Machine
 
 
 @dataclass(eq=False)
-class Program:
-    """One core's instruction stream plus what the backend needs to run and report it."""
+class Program(SimProgram):
+    """One core's instruction stream plus what the backend needs to run and report it (the
+    simulator core's program container: `listing()` prints it)."""
 
     machine: Machine
     core: int
@@ -31,6 +33,16 @@ class Program:
     gm: dict[str, Buf]
     high_water: dict[str, int]
     info: dict[str, Any] = field(default_factory=dict)
+
+    def streams(self) -> list[tuple[str, list]]:
+        return [(f"core {self.core} of {self.active_cores}", self.instrs)]
+
+    def declared_cycles(self, ins: Instr) -> int | None:
+        """The machine's cost of `ins` on its pipe; None for a GM transfer (its rate is the
+        contended GM bandwidth the scheduler finds) and a barrier (it waits, costs nothing)."""
+        if isinstance(ins, Barrier) or (isinstance(ins, DataMove) and "GM" in ins.path):
+            return None
+        return ins.cost_cycles(self.machine)
 
 
 class KernelBuilder:

@@ -18,6 +18,7 @@ import numpy as np
 from ...errors import OpcError
 from ...sim.buffers import Arena
 from ...sim.instr import Instruction
+from ...sim.program import Repeat, SimProgram, expand
 from .core import MkCost
 from .machine import DspMachine
 
@@ -94,24 +95,6 @@ def dma_cycles(m: DspMachine, op: Op) -> tuple[int, int, int]:
     return int(eng), int(np.ceil(ddr)), int(np.ceil(gsm))
 
 
-@dataclass(frozen=True)
-class Repeat:
-    """`body` issued `count` times in a row (timing programs only: identical stages)."""
-
-    body: tuple
-    count: int
-
-
-def expand(ops: list) -> list[Op]:
-    out: list[Op] = []
-    for op in ops:
-        if isinstance(op, Repeat):
-            out.extend(list(op.body) * op.count)
-        else:
-            out.append(op)
-    return out
-
-
 def compress(blocks: list[tuple], periods: tuple[int, ...] = (2, 1)) -> list:
     """Run-length encode a sequence of op blocks (tuples of Op objects): at each position the
     first period (in blocks) that repeats at least 3 times becomes one Repeat."""
@@ -136,8 +119,9 @@ def compress(blocks: list[tuple], periods: tuple[int, ...] = (2, 1)) -> list:
 
 
 @dataclass(kw_only=True)
-class Program:
-    """A lowered kernel for the whole cluster."""
+class Program(SimProgram):
+    """A lowered kernel for the whole cluster (the simulator core's program container:
+    `listing()` prints a core's ops, repeat blocks once with their count)."""
 
     cores: list[list[Op]]  # per core (or per core group in timing mode)
     multiplicity: list[int]  # cores each entry stands for (1 each in functional mode)
@@ -151,6 +135,17 @@ class Program:
     flops: int = 0
     cores_used: int = 1
     info: dict[str, Any] = field(default_factory=dict)
+
+    def streams(self) -> list[tuple[str, list]]:
+        if all(m == 1 for m in self.multiplicity):
+            return [(f"core {c}", ops) for c, ops in enumerate(self.cores)]
+        return [(f"core group {c} (x{m} cores)", ops)
+                for c, (ops, m) in enumerate(zip(self.cores, self.multiplicity))]
+
+    def declared_cycles(self, op: Op) -> int | None:
+        """A VPU pass's scheduled micro-kernel cycles; None for a transfer (its time depends on
+        the shared DDR / GSM channels) and a barrier."""
+        return op.cycles if op.pipe == "vpu" else None
 
 
 class Allocator(Arena):
