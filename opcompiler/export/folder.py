@@ -101,46 +101,16 @@ def _lowered_script(wl: Workload, target: Target, kernel: Kernel) -> str:
     return mod.script() if hasattr(mod, "script") else repr(mod)
 
 
-def _operand(b: Any) -> str:
-    if isinstance(b, str):
-        return b
-    name, level = getattr(b, "name", None), getattr(b, "level", None)
-    if name is None:
-        return type(b).__name__
-    return f"{name}@{level}{list(getattr(b, 'shape', ()))}" if level else str(name)
-
-
-def _ins_line(i: int, ins: Any) -> str:
-    parts = [f"{i:6d} {getattr(ins, 'kind', None) or type(ins).__name__}"]
-    for attr in ("pipe", "path", "nbytes", "cycles", "label"):
-        if v := getattr(ins, attr, None):
-            parts.append(f"{attr}={v}")
-    for attr in ("reads", "writes"):
-        if (bufs := getattr(ins, attr, None)) is not None:
-            parts.append(f"{attr}=[{', '.join(_operand(b) for b in bufs)}]")
-    if len(parts) == 1:
-        parts.append(repr(ins)[:200])
-    return " ".join(parts)
-
-
 def program_listing(kernel: Kernel, limit: int = 20000) -> str:
-    """One line per instruction of the simulator program the backend built, for reading."""
+    """The simulator program the backend built, for reading: each core's (or core group's)
+    listing, at most `limit` lines each (`opcompiler.sim.program.SimProgram.listing`)."""
+    from ..sim.program import SimProgram
     art = kernel.artifact
     prog = art.get("program") if isinstance(art, dict) else getattr(art, "program", art)
-    if (instrs := getattr(prog, "instrs", None)) is not None:
-        streams = [("core 0", instrs)]
-    elif (cores := getattr(prog, "cores", None)) is not None:
-        mult = getattr(prog, "multiplicity", [1] * len(cores))
-        streams = [(f"core group {c} (x{m})", ops) for c, (ops, m) in enumerate(zip(cores, mult))]
-    else:
+    if not isinstance(prog, SimProgram):
         return repr(prog)[:limit] + "\n"
-    lines = [f"# {kernel.template} v{kernel.template_version} on {kernel.target.name}, config {kernel.config}"]
-    for title, ops in streams:
-        lines.append(f"# {title}: {len(ops)} instructions")
-        lines += [_ins_line(i, ins) for i, ins in enumerate(ops[:limit])]
-        if len(ops) > limit:
-            lines.append(f"# ... {len(ops) - limit} more")
-    return "\n".join(lines) + "\n"
+    head = f"# {kernel.template} v{kernel.template_version} on {kernel.target.name}, config {kernel.config}\n"
+    return head + "".join(prog.listing(limit, core=c) for c in range(len(prog.streams())))
 
 
 def _write_artifact(out: Path, wl: Workload, target: Target, kernel: Kernel) -> dict[str, Any]:

@@ -40,6 +40,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import OpcFailure
+from ...sim.tir_expr import Compiler, NoRule
 from .builder import KernelBuilder, Program, split_even
 from .isa import VOp
 from .machine import Machine
@@ -265,6 +266,49 @@ def _seq(stmt) -> list:
     return [stmt]
 
 
+class _IndexExpr(Compiler):
+    """The simulator core's TIR evaluator on the nodes a vector nest's indices and predicates use
+    (integer arithmetic, TIR's floor division, comparisons, logic, `Cast` keeps the value,
+    `likely(x)` is x); any other node (a float, `Div`, a load, `Select`, ...) is not an index
+    here and fails as before. `names` records each variable's name by handle (for the error)."""
+
+    NODES = frozenset(("Var", "IntImm", "Cast", "Add", "Sub", "Mul", "FloorDiv", "FloorMod", "Min", "Max", "LT",
+                       "LE", "GT", "GE", "EQ", "NE", "And", "Or", "Not"))
+
+    def __init__(self):
+        super().__init__()
+        self.names: dict[int, str] = {}
+
+    def src(self, e) -> str:
+        kind = type(e).__name__
+        if kind == "Call" and e.op.name == "tirx.likely":
+            return self.src(e.args[0])
+        if kind not in self.NODES:
+            raise NoRule(kind)
+        if kind == "Var":
+            self.names[e.__chandle__()] = e.name
+        return super().src(e)
+
+
+_INDEX_FNS: dict[tuple[int, str], tuple[Any, Any, dict[int, str]]] = {}  # (expr handle, nest) -> (expr, fn, names)
+
+
+def _index_fn(e, name: str):
+    """`e` compiled once per nest (the expression is kept, so its handle stays its own)."""
+    key = (e.__chandle__(), name)
+    hit = _INDEX_FNS.get(key)
+    if hit is None or not hit[0].same_as(e):
+        c = _IndexExpr()
+        try:
+            fn = c.fn(e)
+        except NoRule as x:
+            raise OpcFailure(f"emit_insn: {name}: cannot evaluate index expression {x.args[0]}") from None
+        if len(_INDEX_FNS) >= 4096:
+            _INDEX_FNS.clear()
+        hit = _INDEX_FNS[key] = (e, fn, c.names)
+    return hit[1], hit[2]
+
+
 class _Lowering:
     def __init__(self, mod):
         from tvm import tirx
@@ -383,27 +427,16 @@ class _Lowering:
     # -- expressions -------------------------------------------------------------------------
 
     def _eval(self, e, env, name) -> np.ndarray:
-        T = self.T
-        if isinstance(e, T.Var):
-            if hash(e) not in env:
-                raise OpcFailure(f"emit_insn: {name}: index uses {e.name}, not a loop of the nest")
-            return env[hash(e)]
-        if isinstance(e, T.IntImm):
-            return np.int64(e.value)
-        if isinstance(e, T.Cast):
-            return self._eval(e.value, env, name)
-        bins = {T.Add: np.add, T.Sub: np.subtract, T.Mul: np.multiply, T.FloorDiv: np.floor_divide,
-                T.FloorMod: np.mod, T.Min: np.minimum, T.Max: np.maximum, T.LT: np.less, T.LE: np.less_equal,
-                T.GT: np.greater, T.GE: np.greater_equal, T.EQ: np.equal, T.NE: np.not_equal,
-                T.And: np.logical_and, T.Or: np.logical_or}
-        f = bins.get(type(e))
-        if f is not None:
-            return f(self._eval(e.a, env, name), self._eval(e.b, env, name))
-        if isinstance(e, T.Not):
-            return np.logical_not(self._eval(e.a, env, name))
-        if isinstance(e, Call) and e.op.name == "tirx.likely":
-            return self._eval(e.args[0], env, name)
-        raise OpcFailure(f"emit_insn: {name}: cannot evaluate index expression {type(e).__name__}")
+        """`e` over the loop grid `env` (a loop variable's hash -> its values), by the simulator
+        core's one TIR evaluator (`sim/tir_expr`) restricted to index expressions (`_IndexExpr`)."""
+        fn, names = _index_fn(e, name)
+        try:
+            return fn(env, None)
+        except KeyError as k:
+            var = names.get(k.args[0]) if k.args else None
+            if var is None:
+                raise
+            raise OpcFailure(f"emit_insn: {name}: index uses {var}, not a loop of the nest") from None
 
     def _const(self, e) -> float | None:
         T = self.T

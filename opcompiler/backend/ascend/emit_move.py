@@ -30,6 +30,21 @@ _CACHE: dict[int, VectorKernel] = {}
 _CACHE_MAX = 256
 
 
+class _ItemEnv(dict):
+    """A loop grid where the item loops (outer and tile loops) are functions of the tile axis,
+    looked up when the evaluator reads them (before any value the grid itself holds)."""
+
+    def __init__(self, env: dict, items: dict, tile: int):
+        super().__init__(env)
+        self.items, self.tile = items, tile
+
+    def __getitem__(self, k):
+        f = self.items.get(k)
+        if f is not None:
+            return f(dict.__getitem__(self, self.tile))
+        return dict.__getitem__(self, k)
+
+
 class _ItemsLowering(_ShapedLowering):
     """The shaped lowering, with tile loops in sequence under the cores loop as one item list."""
 
@@ -37,9 +52,8 @@ class _ItemsLowering(_ShapedLowering):
 
     def _eval(self, e, env, name) -> np.ndarray:
         """The outer loop and the tile loops as functions of the item index (the tile axis)."""
-        f = self._items.get(hash(e)) if isinstance(e, self.T.Var) else None
-        if f is not None:
-            return f(env[hash(self.tile_var)])
+        if self._items:
+            env = _ItemEnv(env, self._items, hash(self.tile_var))
         return super()._eval(e, env, name)
 
     def run(self) -> VectorKernel:
