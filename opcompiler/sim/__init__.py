@@ -6,6 +6,9 @@ every simulated machine needs lives here:
 * `buffers`    memory levels with capacity and alignment, bump allocation, the one
                `CapacityError` (an `OpcError`: the CLI prints it as one clean line);
 * `instr`      the instruction protocol: unit (pipe), buffers read and written, cost, execute;
+* `program`    the one program container both machines' programs are (`SimProgram`: per-core
+               instruction lists, info, high-water marks, declared cycles), its `listing()`
+               (`opcompiler run --listing`), and `Repeat` blocks of timing programs;
 * `scoreboard` in-order pipes per core, a buffer scoreboard (RAW / WAR / WAW, optional
                set_flag/wait_flag cost), shared-bandwidth channels, barriers, and the exact
                steady-state skip of repeated blocks;
@@ -25,9 +28,10 @@ Nothing here imports `opcompiler.backend` or the schedules: the simulator core s
 from .buffers import Arena, CapacityError, Level
 from .clock import Clocked
 from .instr import Instruction
+from .program import Repeat, SimProgram
 from .profile import Profile, Timing
 from .scoreboard import Channels, Scoreboard, barrier, run_repeated
 from .trace import Event, Trace
 
-__all__ = ["Arena", "CapacityError", "Level", "Clocked", "Instruction", "Profile", "Timing", "Channels",
-           "Scoreboard", "barrier", "run_repeated", "Event", "Trace"]
+__all__ = ["Arena", "CapacityError", "Level", "Clocked", "Instruction", "Repeat", "SimProgram", "Profile", "Timing",
+           "Channels", "Scoreboard", "barrier", "run_repeated", "Event", "Trace"]
