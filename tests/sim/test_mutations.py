@@ -10,9 +10,11 @@ dsp-sim: DMA engine rate, DDR and GSM bandwidth, per-run cost, the FMAC and vect
 issue slots, the FMAC latency, the cluster barrier; the register-blocked micro-kernels of the
 direct convolution (output- and weight-stationary), the k-split and their epilogue passes
 (slots, latencies, loop exit, register window); the host's share (launch, CPU <-> DSP copies,
-host-side replication)."""
+host-side replication); the zero fills (padding halos, an empty k-split part's zero tile: the
+store width, lanes and slots of the functional clock, the cycles the lowering declares)."""
 from __future__ import annotations
 
+import copy
 import dataclasses
 import functools
 from types import MappingProxyType
@@ -450,3 +452,73 @@ def test_dsp_functional_host_mutation_is_caught(change, kern, m):
     fprog, x = _dsp(*kern)
     fun, tim = _whole_clocks(fprog, x, dataclasses.replace(DFC, **change), m=m)
     assert fun != tim == _whole_clocks(fprog, x, m=m)[1]
+
+
+# ---------------------------------------------------------------- dsp: zero fills
+
+PADDED = CONVD  # padding halos zeroed in SM: scalar stores
+KS_EMPTY = ("matmul", "m=3,k=5,n=70", _KS + (("kv", 1), ("pw", 1), ("rows", 1)))  # K < cores: empty parts' zero tiles
+
+
+def _fills(fprog):
+    fills = [op for ops in fprog.cores for op in ops if op.kind == "fill"]
+    assert fills
+    return fills
+
+
+def _fill_clocks(fprog, fc=DFC):
+    """(functional clock, timing side's declaration) of every zero fill of the program, summed."""
+    fills = _fills(fprog)
+    return sum(fc.fill(*op.zeros) for op in fills), sum(op.cycles for op in fills)
+
+
+@pytest.mark.parametrize("kern,stores", [(PADDED, "scalar"), (MK_OUT, "scalar"), (KS_EMPTY, "vector")])
+def test_dsp_fill_clocks_agree_before_any_mutation(kern, stores):
+    """Each fill's cycles from what it writes (`fclock.fill`) are the cycles the lowering declared."""
+    fprog, x = _dsp(*kern)
+    fills = _fills(fprog)
+    assert {op.zeros[2] for op in fills} == {stores}
+    assert all(DFC.fill(*op.zeros) == op.cycles > 0 for op in fills)
+    fun, tim = _dsp_clocks(fprog, x)
+    assert fun == tim > 0
+
+
+@pytest.mark.parametrize("change,kern", [({"word": DFC.word // 2}, PADDED), ({"word": DFC.word // 2}, MK_OUT),
+                                         ({"lanes": DFC.lanes // 2}, KS_EMPTY)])
+def test_dsp_functional_fill_mutation_is_caught(change, kern):
+    """The scalar store's width, the lanes of a vector store (figures only the fills use): broken
+    in the functional clock only, the fills no longer cost what the lowering declared. The fills
+    mostly overlap the transfers, so the whole call shows it where a fill is on the critical path
+    (the bias conv's first tile)."""
+    fprog, x = _dsp(*kern)
+    fc = dataclasses.replace(DFC, **change)
+    f, t = _fill_clocks(fprog, fc)
+    assert f != t == _fill_clocks(fprog)[1]
+    fun, tim = _dsp_clocks(fprog, x, fc=fc)
+    assert tim == _dsp_clocks(fprog, x)[1] and (fun != tim or kern is not MK_OUT)
+
+
+def _declared(fprog, change):
+    """The program with every zero fill's declared cycles (what the timing side takes) changed."""
+    def one(op):
+        if op.kind != "fill":
+            return op
+        new = copy.copy(op)
+        new.cycles = change(op.cycles)
+        return new
+    return dataclasses.replace(fprog, cores=[[one(op) for op in ops] for ops in fprog.cores])
+
+
+@pytest.mark.parametrize("kern,change,whole", [(PADDED, lambda c: c + 1, False), (MK_OUT, lambda c: c + 1, False),
+                                               (MK_OUT, lambda c: 2 * c, True), (KS_EMPTY, lambda c: c + 1, False)])
+def test_dsp_timing_fill_mutation_is_caught(kern, change, whole):
+    """The zero fills' declared cycles one more (or twice: the lowering's store width halved):
+    the timing clock moves, the functional clock (from what the fills write) does not; the
+    whole call shows it where a fill is on the critical path."""
+    fprog, x = _dsp(*kern)
+    fun0, tim0 = _dsp_clocks(fprog, x)
+    wrong = _declared(fprog, change)
+    f, t = _fill_clocks(wrong)
+    assert f == _fill_clocks(fprog)[0] and t != f
+    fun, tim = _dsp_clocks(wrong, x)
+    assert fun0 == tim0 and fun == fun0 and (tim != fun or not whole)

@@ -23,6 +23,12 @@ functional replay here times what it *executes*, with nothing of that path:
   call: pixels x vectors of the register block, the K loop's trip count, the epilogue): the
   weight-vector loads, scalar broadcasts, FMACs, epilogue and stores of every iteration, on
   the same slots and latencies, with the register window of what the block holds;
+* a zero fill (padding halos, an empty k-split part's zero tile) costs what it writes, as the
+  lowering recorded it (`Op.zeros`: level, elements, the stores that write them): scalar stores
+  of one register word each (the REG level's bytes per VPE register) on the scalar memory
+  port's slots, or vector stores of `lanes` elements each, every one of a register zeroed by
+  a vector-ALU move, on the vector load/store and ALU slots (the slower binds); at its issue
+  rate, no store latency or loop exit (as the lowering declares it);
 * the host's share (launch, CPU <-> DSP copies, host-side replication) costs the target's host
   figures (`extra.launch_overhead_us`, `host_copy_gbps`, ...) for what each step is and the
   bytes it moves;
@@ -30,9 +36,9 @@ functional replay here times what it *executes*, with nothing of that path:
   lists as executed (one list per core: no repeat blocks, no core groups), never the
   scoreboard.
 
-Still shared, taken as the program declares them: the cycles of a zero fill (padding halos,
-an empty k-split part's zero tile), the shapes of the micro-kernel calls (what the lowering
-found each call to be), and the buffer tags a dependency is on.
+Still shared, taken as the program declares them: the shapes of the micro-kernel calls and
+what a zero fill writes (what the lowering found each to be), and the buffer tags a dependency
+is on.
 
 The clocks agree exactly on the same per-core program (`engine.timing` of the functional
 program); the timing program's core groups make the reported timing cycles differ from this
@@ -75,6 +81,8 @@ class DspClock:
     latency: dict  # unit -> cycles until its result is ready
     registers: int
     branch: int
+    lanes: int  # fp32 elements per vector store (VPEs x lanes per VPE)
+    word: int  # bytes per scalar store (a 64-bit register), 0: the target does not say
     # the host's share (cycles of the cluster clock): a call's launch, a CPU <-> DSP copy (start-up
     # + bytes at the host copy rate), a host-side replication (its own rate, else a copy's)
     launch: int
@@ -101,6 +109,21 @@ class DspClock:
         ddr = int(np.ceil(nbytes / self.ddr_bpc * ends.count("DDR")))
         gsm = int(np.ceil(nbytes / self.gsm_bpc * ends.count("GSM")))
         return engine, ddr, gsm
+
+    def fill(self, level: str, elements: int, stores: str) -> int:
+        """Cycles of a zero fill, at the rate its stores issue: scalar stores of one register word
+        each on the scalar memory port's slots; or vector stores of `lanes` elements each, every
+        one of a register zeroed by a vector-ALU move, on the vector load/store and ALU slots
+        (the slower binds). Their latency is not charged (nor is it in the timing model)."""
+        if stores == "scalar":
+            if not self.word:
+                raise ValueError("the functional clock has no scalar store width (the target's REG level)")
+            words = -(-elements * F32 // self.word)
+            return -(-words // self.slots["sld"])
+        if stores == "vector":
+            n = -(-elements // self.lanes)
+            return max(-(-n // self.slots["ldst"]), -(-n // self.slots["valu"]))
+        raise ValueError(f"the functional clock has no cost for {stores!r} stores of a fill into {level}")
 
     # -- VPU passes ----------------------------------------------------------------------------
 
@@ -385,6 +408,8 @@ def _read(target: Target) -> DspClock:
         latency={"fmac": int(vpe["fmac_latency"]), "valu": int(vpe.get("valu_latency", 2)),
                  "vld": max(1, mem["AM"].latency_cycles), "sld": max(1, mem["SM"].latency_cycles)},
         registers=int(vpe["registers"]), branch=int(vpe.get("branch_latency", 7)),
+        lanes=int(vpe["count"]) * int(vpe["lanes_fp32"]),
+        word=int(mem["REG"].capacity_bytes // (int(vpe["count"]) * int(vpe["registers"]))) if "REG" in mem else 0,
         launch=cyc(ex.get("launch_overhead_us", 0.0)),
         host_bpc=bpc(ex.get("host_copy_gbps", 1.0)), host_overhead=cyc(ex.get("host_copy_overhead_us", 0.0)),
         replicate_bpc=bpc(ex["host_replicate_gbps"]) if "host_replicate_gbps" in ex else 0.0,
@@ -471,6 +496,8 @@ def _event(fc: DspClock, op, kernels: list) -> Event:
         cyc = sum(fc.kernel(k) for k in kernels)
     elif op.cost is not None and op.cost.calls:  # register-blocked micro-kernel calls
         cyc = sum(fc.call(c) for c in op.cost.calls)
-    else:  # zero fills: see the module docstring
-        cyc = op.cycles
+    elif op.kind == "fill":  # zero fills: what they write, how (`Op.zeros`)
+        cyc = fc.fill(*op.zeros)
+    else:
+        raise ValueError(f"the functional clock has no cost for a {op.kind} op ({op.label})")
     return Event(WORK, op.pipe, reads, writes, cyc)

@@ -64,15 +64,19 @@ def runs(src: View, dst: View) -> int:
 class Op(Instruction):
     """One step of a core's program (the simulator core's instruction protocol). `pipe` is "dma",
     "vpu" or "sync"; `reads`/`writes` are buffer tags (for the scoreboard's dependencies); `fn`
-    does the functional work (None in timing mode) and `execute` runs it."""
+    does the functional work (None in timing mode) and `execute` runs it. A zero fill's `zeros`
+    says what it writes and how, (level, elements, "scalar" or "vector" stores): the functional
+    clock (`fclock`) costs that; the timing model ignores it (it takes `cycles`)."""
 
-    __slots__ = ("kind", "pipe", "cycles", "reads", "writes", "nbytes", "path", "nruns", "cost", "fn", "label", "views")
+    __slots__ = ("kind", "pipe", "cycles", "reads", "writes", "nbytes", "path", "nruns", "cost", "fn", "label", "views",
+                 "zeros")
 
     def __init__(self, kind: str, pipe: str, *, cycles: int = 0, reads: tuple = (), writes: tuple = (),
                  nbytes: int = 0, path: str = "", nruns: int = 0, cost: MkCost | None = None,
-                 fn: Callable[[Any], None] | None = None, label: str = ""):
+                 fn: Callable[[Any], None] | None = None, label: str = "", zeros: tuple = ()):
         self.kind, self.pipe, self.cycles, self.reads, self.writes = kind, pipe, cycles, reads, writes
         self.nbytes, self.path, self.nruns, self.cost, self.fn, self.label = nbytes, path, nruns, cost, fn, label
+        self.zeros = zeros
         self.views: tuple = ()  # a transfer's (source, destination) Views
 
     def execute(self, mem: Any) -> Any:

@@ -232,7 +232,8 @@ class KsplitLowerer(Lowerer):
             cyc = npix * self.kv  # one vector store per register of the tile
             f = self._exec_fn(st, E, 1)
             self.ops.append(self._intern(Op("fill", "vpu", cycles=cyc, writes=("p",), fn=f,
-                                            label="zero partial")))
+                                            label="zero partial",
+                                            zeros=("AM", npix * self.kv * self.m.lanes, "vector"))))
 
     def _k_loop(self, st):
         """The reduction loop of the update block (the innermost loop around it)."""

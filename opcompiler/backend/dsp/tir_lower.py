@@ -452,7 +452,8 @@ class Lowerer:
             nz = sum(v.size for v in zviews)
             cyc = -(-nz * F32 // (self.m.sld_per_cycle * 8))  # zeroing is scalar stores at the SM port width
             f = (lambda mem, vs=tuple(zviews): [mem.view(v).fill(0.0) for v in vs]) if self.fn else None
-            self._emit(self._intern(Op("fill", "vpu", cycles=cyc, writes=(dtag,), fn=f, label="zero padding")),
+            self._emit(self._intern(Op("fill", "vpu", cycles=cyc, writes=(dtag,), fn=f, label="zero padding",
+                                        zeros=(dspace[0], nz, "scalar"))),
                        stage, where)
         boxes = _boxes(copy)
         if len(boxes) > 1:
