@@ -25,17 +25,9 @@ from opcompiler.template import get_template
 from opcompiler.verify import compare
 
 
-def _compiler_missing() -> str | None:
-    try:
-        from opcompiler.backend.cuda_compile import cuda_compiler
-        cuda_compiler()
-    except Exception as e:  # noqa: BLE001 - OpcError(NO_COMPILER)
-        return str(e)
-    return None
+from .compiler import needs_compiler
 
-
-_WHY = _compiler_missing()
-pytestmark = pytest.mark.skipif(_WHY is not None, reason=f"no CUDA compiler (NVRTC or nvcc): {_WHY}")
+pytestmark = needs_compiler
 
 SM80, SM90 = load_target("cuda-sm80"), load_target("cuda-sm90")
 T2x2 = {"block_row_warps": 2, "block_col_warps": 2, "warp_row_tiles": 2, "warp_col_tiles": 2, "chunk": 2}

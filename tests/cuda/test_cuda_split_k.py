@@ -28,17 +28,7 @@ from opcompiler.target import load_target
 from opcompiler.template import get_template
 
 
-def _compiler_missing() -> str | None:
-    try:
-        from opcompiler.backend.cuda_compile import cuda_compiler
-        cuda_compiler()
-    except Exception as e:  # noqa: BLE001 - OpcError(NO_COMPILER)
-        return str(e)
-    return None
-
-
-_WHY = _compiler_missing()
-needs_compiler = pytest.mark.skipif(_WHY is not None, reason=f"no CUDA compiler (NVRTC or nvcc): {_WHY}")
+from .compiler import WHY as _WHY, needs_compiler
 
 SM80, SM90 = load_target("cuda-sm80"), load_target("cuda-sm90")
 MMA = {"mma": "mma_sync"}
