@@ -19,7 +19,6 @@ from opcompiler.backend import get_backend  # noqa: E402
 from opcompiler.ops import PRESETS, get_op, workload  # noqa: E402
 from opcompiler.target import load_target  # noqa: E402
 from opcompiler.verify import compare  # noqa: E402
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 from _timing import bench  # noqa: E402  (benchmarks/ is on sys.path when a script runs)
 

@@ -34,7 +34,6 @@ from opcompiler.ops import workload
 from opcompiler.prior import measure_top
 from opcompiler.target import load_target
 from opcompiler.tune.records import shipped_dir, verified_bests
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -18,7 +18,6 @@ from opcompiler.calibration import published
 from opcompiler.ops import workload
 from opcompiler.target import load_target
 from opcompiler.template import get_template
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 BEST = {"pw": 10, "kv": 2, "rows": 1, "order": "out", "dbuf": 1, "w_path": "gsm", "out_path": "ddr", "split": "items"}
 

@@ -18,13 +18,8 @@ import time
 
 from opcompiler.backend import get_backend
 from opcompiler.ops import workload
+from opcompiler.records import shipped_dir, verified_bests
 from opcompiler.target import load_target
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
-
-try:  # the record store's home moved below config.py (issue 24); either place works
-    from opcompiler.records import shipped_dir, verified_bests
-except ImportError:  # pragma: no cover - older layout
-    from opcompiler.tune.records import shipped_dir, verified_bests
 
 
 def replay(target_name: str) -> list[dict]:

@@ -30,7 +30,6 @@ from opcompiler.backend import get_backend
 from opcompiler.calibration import fit_rows
 from opcompiler.ops import get_op, workload
 from opcompiler.target import Target, get_figure, load_target, with_figures
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 STEP = 0.20
 

@@ -42,7 +42,6 @@ def _time(fn, repeat: int) -> tuple[float, object]:
 
 
 def ascend_rows(repeat: int, functional_all: bool) -> list[dict]:
-    import opcompiler.schedules  # noqa: F401  (registers every shipped template)
     from opcompiler.backend import get_backend
     from opcompiler.ops import get_op, workload
     from opcompiler.target import load_target
@@ -79,7 +78,6 @@ def random_row(backend, n: int = 24, seed: int = 1) -> dict:
     import opcompiler.backend.ascend.tir_lower as tl
     from opcompiler.ops import workload
     from opcompiler.target import load_target
-    import opcompiler.schedules  # noqa: F401  (registers every shipped template)
     from opcompiler.template import get_template
 
     target = load_target("ascend-sim")

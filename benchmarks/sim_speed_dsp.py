@@ -25,7 +25,6 @@ from opcompiler.backend import get_backend
 from opcompiler.ops import workload
 from opcompiler.target import load_target
 from opcompiler.template import get_template
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 GOAL_MS = 50.0
 GOAL_B96_MS = 10.0  # issue 12: median per candidate on CONV3_RES at batch 96

@@ -60,7 +60,6 @@ def main(argv: list[str] | None = None) -> int:
     if args.timing:
         return timing()
 
-    import opcompiler.schedules  # noqa: F401  (registers every shipped template)
     from opcompiler.backend import get_backend
     from opcompiler.errors import OpcError
     from opcompiler.target import load_target
@@ -110,7 +109,6 @@ def timing() -> int:
     config of the space with double_buffer=1, block_dim=32; TIR cold (its own tiles: schedule,
     compile, trace; intrinsics parsed once per process, the first candidate pays that) and TIR
     with the trace cached (same tiles, other knobs). The retired direct route took 2.0 ms."""
-    import opcompiler.schedules  # noqa: F401  (registers every shipped template)
     from opcompiler.backend import get_backend
     from opcompiler.backend.ascend import tir_lower
     from opcompiler.ops import workload

@@ -22,7 +22,6 @@ from opcompiler.errors import OpcError
 from opcompiler.target import load_target
 from opcompiler.tune.records import Record, shipped_dir
 from opcompiler.workload import Workload
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 
 def best_records(op: str) -> list[Record]:

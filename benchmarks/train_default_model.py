@@ -30,7 +30,6 @@ from opcompiler.target import load_target
 from opcompiler.template import get_template
 from opcompiler import prior
 from opcompiler.tune.records import shipped_dir, verified_bests
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 DATA = Path(__file__).resolve().parent / "default_model_data"
 OPS = {"conv2d": ("conv2d", "conv2d", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn"),

@@ -31,7 +31,6 @@ from opcompiler.tune.measure import BackendSpec, Measurer
 from opcompiler.tune.records import config_id
 from opcompiler.tune.search import make_strategy
 from opcompiler.tune.space import Space
-import opcompiler.schedules  # noqa: F401,E402  (registers every shipped template: this script builds kernels)
 
 WORKLOADS = [  # (name, target, op, preset, dtype)
     ("R50 res2 3x3", "ascend-sim", "conv2d", "resnet50.res2_3x3", "float16"),

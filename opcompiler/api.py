@@ -8,7 +8,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from . import schedules  # noqa: F401  (registers every shipped template in the core's registry)
 from .backend import Kernel, RunResult, get_backend
 from .config import choose, parse_config
 from .errors import OpcFailure

@@ -3,12 +3,11 @@
 The interface a template implements (`Template`, `Knob`, `register_template`) lives in
 `opcompiler.template_base` and is re-exported here; this module adds the lookups. The registry
 is filled from above: the shipped templates register themselves when `opcompiler.schedules`
-(every family's template modules, by name) is imported, and the entry points that build or
-tune import it first: `opcompiler.api`, every CLI command that builds, the tuner and its worker
-processes, graphs and export. A lookup that finds the registry not yet loaded (a script that calls
-`get_backend(...).build(...)` directly) loads it through `settings.template_loader`, which the
-package (`opcompiler/__init__.py`, above every layer) installs: so every user sees every template
-whatever they imported before, and the core still imports no template. Only without that loader
+(every family's template modules, by name) is imported, and the first lookup imports it through
+`settings.template_loader`, which the package (`opcompiler/__init__.py`, above every layer)
+installs: every caller (the CLI, the API, the tuner's workers, a script calling
+`get_backend(...).build(...)`) sees every template whatever it imported before, nobody imports
+TVM before a template is needed, and the core still imports no template. Only without that loader
 (the core used on its own) does a lookup say `TemplatesNotLoaded` instead of "no template".
 
     @register_template

@@ -1,9 +1,9 @@
 """`opcompiler` command line. Each command family lives in its own module with a
 `register(subparsers)` function; exit codes: 0 success, 2 bad input or usage, 1 our failure.
 
-Every command sees every template: once its arguments are checked (without TVM, so bad input is
-answered at once), `main` loads the shipped templates (`opcompiler.schedules`) unless the
-command set `templates=False` (the listings, which build nothing)."""
+Every command sees every template: the core's registry loads the shipped templates on the first
+lookup (the loader `opcompiler/__init__.py` installs), so arguments are checked without TVM and
+the listings, which build nothing, never import it."""
 from __future__ import annotations
 
 import argparse
@@ -51,8 +51,6 @@ def main(argv: list[str] | None = None) -> int:
     sys.stdout, sys.stderr = common.NotesFirst(out), common.NotesFirst(err)
     try:
         common.check_args(args)  # names, keys and the default target, before a command imports TVM
-        if getattr(args, "templates", True):
-            from .. import schedules  # noqa: F401  (registers every shipped template in the core's registry)
         rc = args.func(args)
         common.flush_notes()
         return int(rc or 0)

@@ -13,10 +13,10 @@ from .common import add_workload_args, emit_json, fmt_si, preset_name, shape_lab
 def register(sub: argparse._SubParsersAction) -> None:
     p = sub.add_parser("ops", help="list operators and shape presets")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_ops, templates=False)
+    p.set_defaults(func=cmd_ops)
     p = sub.add_parser("targets", help="list targets")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_targets, templates=False)
+    p.set_defaults(func=cmd_targets)
     p = sub.add_parser("run", help="build, run, verify and report one operator")
     add_workload_args(p)
     p.add_argument("--dsp-mode", choices=("shared", "copy"), default=None,

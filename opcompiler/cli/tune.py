@@ -47,7 +47,7 @@ def register(sub: argparse._SubParsersAction) -> None:
     p.add_argument("--shipped", action="store_true", help="also list the records shipped with opcompiler "
                    "(read-only; `best` and --config best use them when they are faster)")
     p.add_argument("--json", action="store_true")
-    p.set_defaults(func=cmd_logs, templates=False)
+    p.set_defaults(func=cmd_logs)
 
 
 def _default_args(args: argparse.Namespace) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from tqdm import tqdm
 
-from .. import records, schedules  # noqa: F401  (schedules: registers every shipped template)
+from .. import records
 from ..backend import Kernel, capabilities, get_backend
 from ..config import choose
 from ..errors import OpcError, OpcFailure

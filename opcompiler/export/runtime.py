@@ -211,7 +211,6 @@ class _SimulatorProgram:
 
     def __init__(self, folder: Path, m: dict[str, Any]):
         try:
-            import opcompiler.schedules  # noqa: F401  (every shipped template: the program is rebuilt)
             from opcompiler.backend import get_backend
             from opcompiler.target import parse_target
             from opcompiler.workload import Workload

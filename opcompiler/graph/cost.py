@@ -14,7 +14,6 @@ import threading
 from dataclasses import dataclass
 from typing import Any, Mapping
 
-from .. import schedules  # noqa: F401  (registers every shipped template: costs build kernels)
 from ..config import choose
 from ..backend import Backend, Kernel, capabilities, get_backend
 from ..ops import workload

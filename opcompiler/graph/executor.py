@@ -16,7 +16,6 @@ from typing import Any, Mapping
 
 import numpy as np
 
-from .. import schedules  # noqa: F401  (registers every shipped template: a graph builds kernels)
 from ..backend import Backend, Kernel, get_backend
 from ..errors import OpcError, OpcFailure
 from ..ops import get_op, workload

@@ -16,7 +16,6 @@ import time
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from .. import schedules  # noqa: F401  (registers every shipped template in the core's registry)
 from ..errors import OpcError
 from ..ops import get_op
 from ..target import Target, load_target

@@ -39,7 +39,6 @@ class BackendSpec:
     threads: int = 0  # TVM / OpenMP threads per worker (0 = leave the environment alone)
 
     def make(self) -> Backend:
-        from .. import schedules  # noqa: F401  (a worker builds: every shipped template, registered first)
         if self.factory:
             mod, fn = self.factory.split(":")
             return getattr(import_module(mod), fn)(self.target)

@@ -254,7 +254,6 @@ class RemoteMeasurer:
     # -- measuring ----------------------------------------------------------------------------
 
     def _request(self, wl: Workload, verify: bool, seed: int) -> dict[str, Any]:
-        from .. import schedules  # noqa: F401  (registers every shipped template)
         from ..settings import __version__
         from ..ops import get_op
         from ..template import get_template

@@ -30,7 +30,7 @@ def server_init(target_path: str) -> None:
     starts warm) and registers `opcompiler.sim.measure` (inherited by every session)."""
     import tvm_ffi
 
-    from .. import schedules  # noqa: F401  (every shipped template, registered before any session forks)
+    from .. import schedules  # noqa: F401  (every shipped template imported once, before any session forks: warm)
     from ..backend import get_backend
     from ..ops import catalogue  # noqa: F401  (the op registry)
     target = load_target(target_path)
@@ -114,7 +114,6 @@ def refusal(req: Mapping[str, Any], target: Target, content: str = "") -> str:
     wl = req.get("workload") or {}
     tmpl = req.get("template") or {}
     try:
-        from .. import schedules  # noqa: F401  (registers every shipped template)
         from ..ops import get_op
         from ..template import get_template
         mine = get_template(get_op(wl.get("op")).family, target.family)

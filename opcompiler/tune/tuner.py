@@ -19,7 +19,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Mapping
 
-from .. import schedules  # noqa: F401  (registers every shipped template in the core's registry)
 from ..errors import OpcError
 from ..ops import get_op, workload as make_workload
 from ..target import Target, load_target

@@ -48,7 +48,7 @@ by a few % where identical cores' transfers hold a shared channel as one block
 from __future__ import annotations
 
 from dataclasses import dataclass
-from math import ceil, prod
+from math import prod
 from typing import Any, Sequence
 
 import numpy as np
