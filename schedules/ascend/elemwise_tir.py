@@ -61,9 +61,12 @@ def _tiled(key: str, ub_tile: int, inline: bool):
 
     sch = Schedule(op_prim_func(_WL[key]))
     wl_op = _WL[key].op
-    fn = sch.mod["main"]
-    params = list(fn.params)
-    gm_names = {b.name for b in params}
+    params = list(sch.mod["main"].params)
+
+    def in_gm(buf) -> bool:
+        # by identity, not name: a repeated step (`add;add`) gives an intermediate buffer the
+        # output's name. The function's buffers are re-read: transform_layout replaces them.
+        return any(buf.same_as(g) for g in sch.mod["main"].params)
     root = sch.get_sblock("root")
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
     for nm in names:
@@ -84,14 +87,12 @@ def _tiled(key: str, ub_tile: int, inline: bool):
             if tuple(int(s) for s in r.source.shape) != tuple(shape):
                 raise OpcError(f"stage {nm} reads {r.source.name} of shape {list(r.source.shape)} (a broadcast): "
                                f"not a flat chain", arg="op", value=wl_op)
-    done: set[str] = set()
     for nm in names:
         b = sch.get_sblock(nm)
         blk = sch.get(b)
         for i, r in enumerate(blk.reads):  # parameters here; a stage's buffer goes with its producer
-            if r.source.name in gm_names and r.source.name not in done:
+            if in_gm(r.source) and len(r.source.shape) == len(shape):  # not yet flat
                 sch.transform_layout(b, ("read", i), flat_map)
-                done.add(r.source.name)
         sch.transform_layout(b, ("write", 0), flat_map)
         sch.transform_block_layout(b, flat_map)
     if inline:
@@ -100,11 +101,12 @@ def _tiled(key: str, ub_tile: int, inline: bool):
         names = names[-1:]
     last = sch.get_sblock(names[-1])
     copy_out = sch.cache_write(last, 0, UB_SCOPE)
-    reads = []
+    reads, seen = [], []
     for nm in names:
         b = sch.get_sblock(nm)
         for i, r in enumerate(sch.get(b).reads):
-            if r.source.name in gm_names and r.source.name not in [x[0] for x in reads]:
+            if in_gm(r.source) and not any(r.source.same_as(x) for x in seen):
+                seen.append(r.source)
                 reads.append((r.source.name, sch.cache_read(b, i, UB_SCOPE)))
     for nm in names[:-1]:
         sch.set_scope(sch.get_sblock(nm), 0, UB_SCOPE)
