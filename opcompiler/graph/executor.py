@@ -177,9 +177,16 @@ def _build_or_refuse(plan: Plan, g: Group, backend: Backend, config: str, cache:
     try:
         return [(g, _build(plan, g, backend, config, cache))]
     except Exception as e:  # a template that rejects an op it lacks
-        if len(g.prims) == 1:
-            return [(g, _on_host(plan, g, e, config, cache, host))]
-        err = e
+        return _without(plan, g, e, backend, config, cache, host, exclude, f"cannot be built for {plan.target.name}")
+
+
+def _without(plan: Plan, g: Group, err: Exception, backend: Backend, config: str, cache: dict[str, _Built],
+             host: list[Backend], exclude: frozenset[str], failed: str) -> list[tuple[Group, _Built]]:
+    """`g`, whose kernel `failed` with `err`, partitioned again without its fused op (each part
+    built on the target where it can be), or on the host (`--fallback cpu`) when it is a single
+    primitive."""
+    if len(g.prims) == 1:
+        return [(g, _on_host(plan, g, err, config, cache, host))]
     built: dict[str, _Built] = {}
 
     def judge(s: Group) -> tuple[bool, str]:
@@ -189,7 +196,7 @@ def _build_or_refuse(plan: Plan, g: Group, backend: Backend, config: str, cache:
         except Exception as e2:
             return False, f"split: {s.op} cannot be built for {plan.target.name} ({_why(e2)})"
 
-    first = f"split: {g.op} cannot be built for {plan.target.name} ({_why(err)})"
+    first = f"split: {g.op} {failed} ({_why(err)})"
     out = []
     for s in settle(replace(g, why=first), judge, exclude):
         b = built.get(s.name) if len(s.prims) > 1 else None
@@ -218,10 +225,10 @@ def _why(e: Exception) -> str:
 def _on_host(plan: Plan, g: Group, err: Exception, config: str, cache: dict[str, _Built], host: list[Backend]
              ) -> _Built:
     if plan.fallback != "cpu":
-        if not isinstance(err, OpcError):
-            raise err  # a crash inside a template is a bug, not bad input
+        # a crash inside a template is our bug, not bad input: named as such, with the way around it
+        what = err if isinstance(err, OpcError) else f"internal error (a bug in opcompiler): {_why(err)}"
         raise OpcError(f"node {g.nodes[0]!r} ({'+'.join(g.onnx_ops)} as {g.op}) cannot be built for "
-                       f"{plan.target.name}: {err}", arg="MODEL", value=plan.graph.path,
+                       f"{plan.target.name}: {what}", arg="MODEL", value=plan.graph.path,
                        expected="--fallback cpu to run it on the host") from None
     if not host:
         host.append(get_backend(load_target("cpu")))
@@ -265,11 +272,9 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
         elif g.op == "host":
             reports.append(_run_host(plan, g, values, check))
         else:
-            with np.errstate(over="ignore", invalid="ignore"):  # overflow is diagnosed below, not warned about
-                rep = _run_kernel(plan, g, b, values, check, level, repeat)
-            if check and plan.dtype != "float32":
-                rep = _watch_precision(plan, g, b, values, rep, watch, fp32_nodes, config)
-            reports.append(rep)
+            for g1, b1 in _ran(plan, g, b, values, check, level, repeat, config, reports):
+                if check and plan.dtype != "float32":
+                    reports[-1] = _watch_precision(plan, g1, b1, values, reports[-1], watch, fp32_nodes, config)
     run = GraphRun(plan=plan, kernels=reports, compile_seconds=compile_s, overflow=watch.get("overflow"),
                    fp32_kernels=watch.get("fp32", []))
     if check:
@@ -295,6 +300,34 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
                 run.drift["twin_rel"] = _storage_twin(plan, feeds, ref)
                 run.correct = run.drift["kernels_ok"]
     return run
+
+
+def _ran(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], check: bool, level: str | None,
+         repeat: int, config: str, reports: list[KernelReport]):
+    """Run `g`'s kernel, appending its report (a generator: yields (group, built) after each report).
+    A kernel that fails inside the simulator or the runtime (an internal error: our bug, never the
+    user's input) is split into its parts as a build failure is, each part run in its place, and the
+    report's note says so; a single primitive goes to the host with `--fallback cpu`, else the run
+    stops with one line naming the node."""
+    try:
+        with np.errstate(over="ignore", invalid="ignore"):  # overflow is diagnosed below, not warned about
+            reports.append(_run_kernel(plan, g, b, values, check, level, repeat))
+        yield g, b
+        return
+    except (OpcError, OpcFailure):
+        raise
+    except Exception as e:
+        if b.where == "host":
+            raise
+        err = e
+    from .cost import backend_for
+    subs = _without(plan, g, err, backend_for(plan.target), config, {}, [], frozenset(),
+                    f"failed on {plan.target.name} at run time")
+    for s, sb in subs:
+        if len(subs) > 1 or s.name != g.name or sb.where == "host":
+            sb = _Built(sb.kernel, sb.backend, sb.where, sb.config_source,
+                        sb.note or f"split: {g.op} failed on {plan.target.name} at run time ({_why(err)})")
+        yield from _ran(plan, s, sb, values, check, level, repeat, config, reports)
 
 
 # Per-kernel tolerance of a low-precision kernel against the same kernel in fp32 on the same

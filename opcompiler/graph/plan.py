@@ -104,11 +104,11 @@ def _judge(g: Group, cost: Callable[[str, Mapping], float], target: Target, marg
     parts = split(g)
     try:
         fused = cost(g.op, g.params)
-    except OpcError as e:  # no template / does not fit: a smaller fusion or the parts may still build
+    except Exception as e:  # no template / does not fit / a bug in the template: the parts may still build
         return False, f"split: the fused {g.op} cannot be built for {target.name} ({_short(e)})"
     try:
         apart = sum(cost(p.op, p.params) for p in parts)
-    except OpcError as e:
+    except Exception as e:
         return True, f"fused: its parts cannot all be built alone ({_short(e)})"
     if fused <= apart * (1 + margin):
         return True, f"fused: {_us(fused)} <= {_us(apart)} for its {len(parts)} parts"
@@ -120,7 +120,9 @@ def _us(seconds: float) -> str:
 
 
 def _short(e: Exception) -> str:
-    return " ".join(str(e).split())[:90]
+    """One line of `e`; an error that is not an OpcError is ours and says so."""
+    text = str(e) if isinstance(e, OpcError) else f"internal error: {type(e).__name__}: {e}"
+    return " ".join(text.split())[:90]
 
 
 def describe(g: Group) -> str:
