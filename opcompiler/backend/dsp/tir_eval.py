@@ -114,6 +114,19 @@ class _Exec:
             lin = lin * e + g[_key(v)]
         return lin * self.low.space[b][1] + flat
 
+    def _masked_load(self, bk: int, arr: np.ndarray, i: np.ndarray, mask: np.ndarray, nd: int) -> np.ndarray:
+        """A load whose index leaves its memory somewhere on the grid. A statement is evaluated
+        over the whole grid of its loops and masked when stored, so its loads are evaluated at
+        iterations its predicates exclude too (the tail of a register block: the pixels past the
+        tile, which the micro-kernel does not load); the load is not performed there, and the
+        value, never stored, is NaN. An index outside the memory at an iteration that runs is
+        the program's: an OpcFailure."""
+        bad = (i < 0) | (i >= arr.size)
+        if np.any(_pad_dims(bad, nd) & mask):
+            raise OpcFailure(f"tir lowering: a load of {self.low.names.get(bk, '?')} outside its memory "
+                             f"(index {int(i[bad].flat[0])}, size {arr.size}) at an iteration that runs")
+        return np.where(bad, np.float32(np.nan), arr[np.where(bad, 0, i)])
+
     def run(self, st, E: dict, loops: list | None = None) -> None:
         loops = loops or []
         name = type(st).__name__
@@ -164,7 +177,10 @@ class _Exec:
 
         def load(bk: int, flat):
             arr, base = self._arr(bk)
-            return arr[base + self._index(bk, flat, g, loops)]
+            i = np.asarray(base + self._index(bk, flat, g, loops))
+            if i.size == 0 or (i.min() >= 0 and i.max() < arr.size):
+                return arr[i]
+            return self._masked_load(bk, arr, i, mask, nd)
 
         k = _key(st)
         if k not in low._cache:
