@@ -6,6 +6,7 @@ import argparse
 from ..capabilities import capabilities
 from ..errors import OpcFailure
 from ..ops import PRESETS, default_dtype, op_infos, ordered_params, shape_text, workload
+from ..ops.limits import limits_of
 from ..target import builtin_targets
 from .common import add_workload_args, emit_json, fmt_si, preset_name, shape_label, shape_note
 
@@ -39,13 +40,17 @@ def cmd_ops(args: argparse.Namespace) -> int:
     ops = op_infos()  # the TVM-free index (the catalogue itself when the index is stale)
     if args.json:
         emit_json({"ops": [{"name": n, "family": o.family, "summary": o.summary, "dtypes": list(o.dtypes),
-                            "defaults": dict(o.defaults), "shape_keys": list(o.keys)} for n, o in sorted(ops.items())],
+                            "defaults": dict(o.defaults), "shape_keys": list(o.keys),
+                            "unsupported": [{"family": lim.family, "what": lim.text, "why": lim.why}
+                                            for lim in limits_of(n)]} for n, o in sorted(ops.items())],
                    "presets": {k: dict(v) for k, v in PRESETS.items()}})
         return 0
     width = max(len(n) for n in ops)
     for n, o in sorted(ops.items()):
         print(f"{n:<{width}}  {o.summary}  [{', '.join(o.dtypes)}]")
         print(f"{'':<{width}}    --shape " + ",".join(f"{k}={v}" for k, v in o.defaults.items()))
+        for lim in limits_of(n):
+            print(f"{'':<{width}}    not on {lim.family}: {lim.text} ({lim.why})")
     print("\n--shape keys not given keep the defaults above (or the preset's values with --preset); "
           "a note on stderr names them.")
     print("\npresets (--preset NAME or --shape NAME):")

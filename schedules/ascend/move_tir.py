@@ -85,9 +85,7 @@ def check(wl: Workload, cfg: Mapping) -> None:
     if wl.op == "transpose":
         transpose_geometry(wl)
     elif wl.op == "pad":
-        if wl.layout != "NCHW":
-            raise OpcError("the ascend pad kernel pads NCHW planes", arg="layout", value=wl.layout, expected="NCHW")
-        wp = wl["w"] + wl["pl"] + wl["pr"]
+        wp = (wl["w"] + wl["pl"] + wl["pr"]) * (wl["c"] if wl.layout == "NHWC" else 1)
         if wp > cfg["ub_tile"]:
             raise OpcError(f"one padded row ({wp} elements) does not fit the UB tile", arg="ub_tile",
                            value=cfg["ub_tile"], expected=f">= {wp}")
@@ -105,7 +103,8 @@ def logical_out_shape(wl: Workload) -> tuple[int, ...]:
     n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
     if wl.op == "concat":
         return n, c + wl["c1"], h, w
-    return n, c, h + wl["pt"] + wl["pb"], w + wl["pl"] + wl["pr"]
+    hp, wp = h + wl["pt"] + wl["pb"], w + wl["pl"] + wl["pr"]
+    return (n, hp, wp, c) if wl.layout == "NHWC" else (n, c, hp, wp)
 
 
 def move_schedule(wl: Workload, cfg: Mapping):
@@ -155,9 +154,12 @@ def _tiled(key: str, tile: int):
     elif op == "pad":
         n, c, h, w = wl["n"], wl["c"], wl["h"], wl["w"]
         hp, wp = h + wl["pt"] + wl["pb"], w + wl["pl"] + wl["pr"]
-        groups = [[0, 1], [2], [3]]
-        sch.transform_layout(blk, ("read", 0), _fused((n, c, h, w), groups))
-        omap = _fused((n, c, hp, wp), groups)
+        if wl.layout == "NHWC":  # (n, h, w*c): a padded row is wp pixels of c channels
+            groups, ishape, oshape, wp = [[0], [1], [2, 3]], (n, h, w, c), (n, hp, wp, c), wp * c
+        else:  # (n*c, h, w): planes of rows
+            groups, ishape, oshape = [[0, 1], [2], [3]], (n, c, h, w), (n, c, hp, wp)
+        sch.transform_layout(blk, ("read", 0), _fused(ishape, groups))
+        omap = _fused(oshape, groups)
         sch.transform_layout(blk, ("write", 0), omap)
         sch.transform_block_layout(blk, omap)
     else:

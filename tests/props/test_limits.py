@@ -1,0 +1,48 @@
+"""The declared limits (`opcompiler/ops/limits.py`): each is true (the target refuses a case it
+covers, with one line) and shown by `opcompiler ops`. The property tests check the other way:
+no refusal of a valid input that a limit does not declare."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from opcompiler.errors import OpcError
+from opcompiler.ops.limits import LIMITS, limits_of, unsupported
+
+# one case each limit covers: (op, target, shape, dtype)
+COVERED = {
+    0: ("conv2d", "ascend-sim", "n=1,c=4,h=5,w=5,k=4,r=3,s=3,pad=1", "float32"),
+    1: ("concat", "dsp-sim", "n=1,c=2,c1=3,h=4,w=4,layout=NHWC", "float32"),
+    2: ("pool2d", "dsp-sim", "n=1,c=3,h=6,w=6,kernel=2,stride=2,pad=0,mode=max,layout=NHWC", "float32"),
+    3: ("conv2d", "dsp-sim", "n=1,c=4,h=5,w=5,k=4,r=3,s=3,pad=1,groups=2,layout=NHWC", "float32"),
+    4: ("conv2d_bias_add_relu", "dsp-sim", "n=1,c=4,h=5,w=5,k=4,r=3,s=3,pad=1,groups=2", "float32"),
+    5: ("reduce_mean", "dsp-sim", "m=4,n=8", "float32"),
+}
+
+
+def test_every_limit_has_a_case():
+    assert set(COVERED) == set(range(len(LIMITS)))
+
+
+@pytest.mark.parametrize("i", sorted(COVERED))
+def test_a_declared_limit_is_refused_in_one_line(i):
+    from opcompiler.api import run_op
+    from opcompiler.ops import workload
+    op, target, shape, dtype = COVERED[i]
+    wl = workload(op, shape, dtype=dtype)
+    assert unsupported(op, target.removesuffix("-sim"), dict(wl.params), dtype) is LIMITS[i]
+    with pytest.raises(OpcError) as e:
+        run_op(op, target, shape=shape, dtype=dtype)
+    assert "\n" not in str(e.value)
+
+
+def test_ops_lists_the_limits(capsys):
+    from opcompiler.cli import main
+    assert main(["ops"]) == 0
+    out = capsys.readouterr().out
+    assert "not on ascend: float32 (the cube takes float16 or int8" in out
+    assert main(["ops", "--json"]) == 0
+    ops = {o["name"]: o for o in json.loads(capsys.readouterr().out)["ops"]}
+    assert [u["family"] for u in ops["concat"]["unsupported"]] == ["dsp"]
+    assert ops["relu"]["unsupported"] == [] and limits_of("relu") == []
