@@ -75,14 +75,17 @@ def ksplit_schedule(wl: Workload, lanes: int, cores: int, rows: int, kv: int, pw
     r = sch.cache_read(mm, 0, SCOPE_AM)
     sch.reverse_compute_at(r, io)
     sch.reverse_compute_at(mm, io)
-    # under io: the K parts, the rows, the features (TVM leaves out a loop of one iteration)
+    # under io: the K parts, the rows, the features. TVM leaves out a loop of one iteration: the
+    # K parts' when only one holds data (K = 1: the parts past K are empty, and the read-back
+    # covers the written ones), the rows' with one row per block, the features' with N = 1
     lp = sch.get_loops(mm)[2:]
-    rk = lp[0]
+    rk = lp.pop(0) if min(wl["k"], cores) > 1 else None
     if min(rows, wl["m"]) > 1:
-        ri = lp[1]
-        sch.reorder(ri, rk)
+        ri = lp[0]
+        if rk is not None:
+            sch.reorder(ri, rk)
     else:
-        ri = sch.add_unit_loop(rk)
+        ri = sch.add_unit_loop(rk if rk is not None else lp[0] if lp else mm)
     for b in tail:
         sch.reverse_compute_at(b, ri)
     sch.reverse_compute_at(o, io)

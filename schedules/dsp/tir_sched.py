@@ -189,8 +189,13 @@ def _ws_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
         sch.reverse_compute_at(first, item)
         lp = sch.get_loops(first)
         at = next(i for i, lv in enumerate(lp) if sch.get(lv).same_as(sch.get(item)))
-        inner = lp[at + 1:-1]  # the tile's rows and columns (the lanes stay inside)
-        pix = sch.fuse(*inner) if len(inner) > 1 else inner[0] if inner else sch.add_unit_loop(lp[-1])
+        # the tile's rows and columns (the lanes stay inside); TVM leaves out a loop of one
+        # iteration: the lanes' with one output channel (K = 1), the rows' or columns' of a tile
+        # one pixel high or wide
+        lane = min(p["k"], config["kv"] * machine(target).lanes) > 1
+        inner = lp[at + 1:len(lp) - lane]
+        pix = (sch.fuse(*inner) if len(inner) > 1 else inner[0] if inner
+               else sch.add_unit_loop(lp[-1] if lane else first))
         for b in epi[1:]:
             sch.reverse_compute_at(sch.get_sblock(b), pix)
         sch.annotate(pix, OP, MK_EW)
@@ -212,10 +217,12 @@ def _weights(sch, red, ko, config, epi: list[str]) -> None:
     wg = sch.cache_read(red, 1, SCOPE_GSM) if config["w_path"] == "gsm" else None
     w = sch.cache_read(red, 1, SCOPE_AM)
     sch.compute_at(w, ko)
-    sch.annotate(sch.get_loops(w)[1], OP, DMA)
+    # one weight element (one reduction row of one output channel: K = N = 1 of a matmul, C*R*S =
+    # K = 1 of a conv): TVM leaves no loop of the copy under `ko`; `copy_loop` gives it a unit one
+    sch.annotate(copy_loop(sch, w, 1), OP, DMA)
     if wg is not None:  # W_g: each core brings a slice of the rows, then all read it whole
         sch.compute_at(wg, ko)
-        inner = sch.get_loops(wg)[1:]
+        inner = sch.get_loops(wg)[1:] or [sch.add_unit_loop(wg)]
         # the innermost loop runs over the lanes of a weight row, unless the block has one output
         # channel (K = 1: TVM drops that unit loop and the rows are all that is left)
         reg = sch.get(red).reads[1]
