@@ -33,7 +33,6 @@ LIMITS: tuple[Limit, ...] = (
     Limit(("conv2d_bias_add_relu", "conv2d_bias_add", "conv2d_bn_add_relu"), "dsp",
           lambda p, dt: int(p.get("groups", 1)) > 1, "groups > 1",
           "the grouped convolution has no residual epilogue"),
-    Limit(("reduce_mean",), "dsp", lambda p, dt: True, "any shape", "no dsp.reduce lowering for the mean"),
 )
 
 

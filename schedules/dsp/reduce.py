@@ -1,4 +1,4 @@
-"""dsp-sim templates for row reductions (reduce_sum, reduce_max over the last axis of (m, n))
+"""dsp-sim templates for row reductions (reduce_sum, reduce_max, reduce_mean over the last axis of (m, n))
 and row softmax, both lowered from the TVM schedule of the op's compute (`reduce_tir.py`,
 `softmax_tir.py`) by the backend's vector-nest lowering (`backend/dsp/tir_vector.py`).
 
@@ -7,7 +7,8 @@ padded to a multiple of 32 x `acc` (the pad columns hold the reduction's identit
 vector stores once per buffer: the DMA never writes them); blocks are split over the cores. Per
 row the VPU walks the row's vectors with `acc` independent accumulators (more of them hide the
 FMAC / ALU latency of the accumulation chain), combines them, and reduces the 32 lanes by
-log2(32) rotate-and-combine steps (the VPEs' shuffle network). reduce_* store one lane per row.
+log2(32) rotate-and-combine steps (the VPEs' shuffle network). reduce_* store one lane per row;
+reduce_mean then multiplies the block's row sums by 1/n (one vector pass over them, in place).
 Softmax makes three passes over the block: the row max (to an AM scratch), e = exp(x - max)
 into the e tile with its running sum (exp is the VPU's Cody-Waite + polynomial sequence) and
 1 / sum (reciprocal estimate + Newton steps), and e * (1 / sum) in place; the tile is DMAed
@@ -41,6 +42,7 @@ class _Geo:
         self.rows = max(1, min(int(cfg["rows"]), self.m_))
         self.nbuf = 1 + int(cfg["dbuf"])
         self.softmax = wl.op == "softmax"
+        self.mean = wl.op == "reduce_mean"
 
     def items(self) -> list[tuple[int, int]]:
         return [(r0, min(self.rows, self.m_ - r0)) for r0 in range(0, self.m_, self.rows)]
@@ -53,7 +55,7 @@ class _Geo:
         tile = self.rows * self.npad
         if self.softmax:
             return self.nbuf * 2 * tile + 2 * self.rows * self.L
-        return self.nbuf * (tile + self.rows)
+        return self.nbuf * (tile + (2 if self.mean else 1) * self.rows)  # mean: the sums, then the means
 
 
 class _RowTemplate(Template):
@@ -113,11 +115,11 @@ class _RowTemplate(Template):
 
 @register_template
 class DspReduce(_RowTemplate):
-    """reduce_sum / reduce_max over the last axis on the VPU."""
+    """reduce_sum / reduce_max / reduce_mean over the last axis on the VPU."""
 
     name = "dsp.reduce"
     op_families = ("reduce",)
-    ops = ("reduce_sum", "reduce_max")
+    ops = ("reduce_sum", "reduce_max", "reduce_mean")
 
 
 @register_template

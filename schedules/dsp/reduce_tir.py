@@ -1,5 +1,6 @@
-"""Row reductions (reduce_sum, reduce_max over the last axis of (m, n)) as the TVM schedule the
-DSP simulator executes: the op's own TE compute with the reduce template's knobs as primitives.
+"""Row reductions (reduce_sum, reduce_max, reduce_mean over the last axis of (m, n)) as the TVM
+schedule the DSP simulator executes: the op's own TE compute with the reduce template's knobs as
+primitives.
 
     rows per stage                 split of the row axis; the outer loop opc.dsp.stage and
                                    opc.dsp.cores (contiguous shares of row blocks)
@@ -9,6 +10,9 @@ DSP simulator executes: the op's own TE compute with the reduce template's knobs
                                    the lowering keeps one accumulator per `acc` iteration, walks
                                    the first loop, reduces the lanes (rotate-and-combine)
     the result                     cache_write into local.AM (one element per row), copied back
+    reduce_mean's 1 / n            the sum (the catalogue's compute: the sum, then one multiply by
+                                   1/n) into local.AM at the stage, the multiply a vector nest
+                                   (opc.dsp.op = "vec") over the block's rows into the result tile
 
 The backend's vector lowering (`tir_vector`) lowers the function; nothing here emits an instruction.
 """
@@ -35,14 +39,26 @@ def reduce_schedule(wl: Workload, rows: int, acc: int, lanes: int):
     _WL[key] = wl
     sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
     root = sch.get_sblock("root")
-    blk = sch.get_child_blocks(root)[-1]
-    i, k = sch.get_loops(blk)
-    io, ii = sch.split(i, [None, rows])
-    sch.split(k, [None, acc, lanes])  # (vectors / acc, acc, lanes)
+    blocks = sch.get_child_blocks(root)
+    if wl.op == "reduce_mean":  # the sum, then one multiply by 1/n: a vector nest over the rows' sums
+        blk, scale = blocks
+        io, ii = sch.split(sch.get_loops(scale)[0], [None, rows])
+        o = sch.cache_write(scale, 0, SCOPE_AM)
+        sch.reverse_compute_at(o, io, preserve_unit_loops=True)
+        sch.compute_at(blk, io, preserve_unit_loops=True)
+        sch.set_scope(blk, 0, SCOPE_AM)
+        sch.annotate(ii, OP, VEC)
+        ii, k = sch.get_loops(blk)[1:]
+        sch.split(k, [None, acc, lanes])
+    else:
+        blk = blocks[-1]
+        i, k = sch.get_loops(blk)
+        io, ii = sch.split(i, [None, rows])
+        sch.split(k, [None, acc, lanes])  # (vectors / acc, acc, lanes)
+        o = sch.cache_write(blk, 0, SCOPE_AM)
+        sch.reverse_compute_at(o, io, preserve_unit_loops=True)
     sch.annotate(io, STAGE, 1)
     sch.annotate(io, CORES, 1)
-    o = sch.cache_write(blk, 0, SCOPE_AM)
-    sch.reverse_compute_at(o, io, preserve_unit_loops=True)
     rd = sch.cache_read(blk, 0, SCOPE_AM)
     sch.compute_at(rd, io, preserve_unit_loops=True)
     sch.storage_align(rd, 0, 0, lanes * acc, 0)

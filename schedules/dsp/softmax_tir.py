@@ -38,9 +38,19 @@ def softmax_schedule(wl: Workload, rows: int, acc: int, lanes: int):
     key = wl.key_str()
     _WL[key] = wl
     sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
-    b = {n: sch.get_sblock(n) for n in ("reduce_max", "broadcast", "vsub", "vexp", "sum", "broadcast_1", "vdiv")}
+    # the broadcasts of the row max and the row sum exist only when a row has more than one
+    # element (n = 1: the compute reads the (m, 1) reductions directly)
+    names = {sch.get(x).name_hint for x in sch.get_child_blocks(sch.get_sblock("root"))}
+    b = {n: sch.get_sblock(n) for n in ("reduce_max", "broadcast", "vsub", "vexp", "sum", "broadcast_1", "vdiv")
+         if n in names}
     for n in ("broadcast", "vsub", "broadcast_1"):
-        sch.compute_inline(b[n])
+        if n in b:
+            sch.compute_inline(b[n])
+    if "broadcast" not in b:
+        # n = 1: exp and the division index the (m, 1) max and sum by the column too (the only
+        # column, 0): the reductions as (m,) vectors, read once per row like the broadcasts
+        for n in ("reduce_max", "sum"):
+            sch.transform_layout(b[n], ("write", 0), lambda i, j: [i])
     i, j = sch.get_loops(b["vdiv"])
     io, ii = sch.split(i, [None, rows])
     sch.split(j, [None, acc, lanes])

@@ -17,7 +17,6 @@ COVERED = {
     2: ("pool2d", "dsp-sim", "n=1,c=3,h=6,w=6,kernel=2,stride=2,pad=0,mode=max,layout=NHWC", "float32"),
     3: ("conv2d", "dsp-sim", "n=1,c=4,h=5,w=5,k=4,r=3,s=3,pad=1,groups=2,layout=NHWC", "float32"),
     4: ("conv2d_bias_add_relu", "dsp-sim", "n=1,c=4,h=5,w=5,k=4,r=3,s=3,pad=1,groups=2", "float32"),
-    5: ("reduce_mean", "dsp-sim", "m=4,n=8", "float32"),
 }
 
 

@@ -151,6 +151,10 @@ def _nodes(e, out: list) -> list:
     return out
 
 
+def _unit(lp) -> bool:
+    return type(lp.extent).__name__ == "IntImm" and int(lp.extent) == 1
+
+
 class _Win:
     """A window reduction nest: spatial loops (the last one on the lanes), reduction loops (the
     taps), the predicate, the tap load and the store (buffer, flat index, level), the reducing
@@ -203,6 +207,15 @@ def _window(low: NestContext, st) -> _Win | None:
     for ix in F.indices:
         _vars(ix, fv)
     spatial = [lp for lp in fpath if _key(lp.loop_var) in fv]
+    if F is not R[0]:
+        spatial = list(fpath)  # the store after the window (avg's division) sits outside the taps
+    elif spatial:
+        # the output loops are the path down to the deepest one the store's index mentions: a
+        # unit-extent output loop above it may have no index left (TVM folds a plane / row of
+        # extent 1 to 0)
+        last = max(i for i, lp in enumerate(fpath) if _key(lp.loop_var) in fv)
+        if all(_key(lp.loop_var) in fv or _unit(lp) for lp in fpath[:last + 1]):
+            spatial = fpath[:last + 1]
     if int(st.annotations.get("opc.dsp.reduce_lanes", 0)) and len(fpath) == 4:
         spatial = fpath[:1]  # (rows, vectors / acc, acc, lanes): the rows loop even when unit (no index left)
     label = f"window nest over {', '.join(lp.loop_var.name for lp in R[1])} ({low.names.get(_bkey(F), '?')})"
