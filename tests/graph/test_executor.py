@@ -127,3 +127,24 @@ def test_json_roundtrip(models):
     d = json.loads(json.dumps(c.as_dict()))
     assert d["correct"] == {"fused": None, "unfused": None, "cost": None}
     assert len(d["fused"]["kernels"]) == 2 and d["speedup"] > 0
+
+
+def test_compare_counts_host_nodes_in_the_whole_model(tmp_path):
+    """A node run on the host (--fallback cpu) is in the per-kernel table, and in a whole-model
+    line whose times are the target's kernels plus the host's nodes."""
+    from opcompiler.graph import compare, format_compare
+    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
+             helper.make_node("Tanh", ["r"], ["t"], name="tanh"),
+             helper.make_node("Relu", ["t"], ["y"], name="relu2")]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 5, 5])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 5, 5])])
+    p = tmp_path / "tanh.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    c = compare(load(p), "ascend-sim", fallback="cpu")
+    s = c.summary()
+    f, u = c.fused.totals(), c.unfused.totals()
+    assert s["with_host"]["host_nodes"] == (1, 1)
+    assert s["with_host"]["seconds"] == (f["seconds"] + f["host_seconds"], u["seconds"] + u["host_seconds"])
+    text = format_compare(c)
+    assert "Tanh (host)" in text and "whole model:" in text
+    assert c.as_dict()["with_host"]["host_nodes"] == (1, 1)
