@@ -14,10 +14,11 @@ annotations:
     path=ddr    the copy nest under the stage (opc.dsp.op = "dma"): one DDR -> DDR descriptor
     path=am     the copy computed into a local.AM tile at the stage (cache_write: the DMA-in,
                 gathering for transpose), the tile's write-back the DMA-out; `dbuf`: two slots
-    pad         (planes, rows, columns); planes split by `planes`, output rows by `rows`, the outer
-                loops fused into the stage loop; the pad block (its if_then_else: the input or
-                the fill value) computed into the AM tile of whole output rows (a dma nest: the
-                input box copied, the padding filled by vector stores), written back whole
+    pad         (planes, rows, columns): NCHW (n*c, h, w), NHWC (n, h, w*c); planes split by
+                `planes`, output rows by `rows`, the outer loops fused into the stage loop; the
+                pad block (its if_then_else: the input or the fill value) computed into the AM
+                tile of whole output rows (a dma nest: the input box copied, the padding filled
+                by vector stores), written back whole
     concat      the compute per input (a block copying x, one copying x1 into its channel range,
                 under one image loop), each input's run split by `tile`: two stage loops in
                 sequence per image; the image loop (opc.dsp.items) shared over the cores as
@@ -106,11 +107,16 @@ def slice_schedule(wl: Workload, tile: int, staged: bool):
 def pad_schedule(wl: Workload, planes: int, rows: int):
     """(planes, rows, columns): the output tile of `planes` x `rows` output rows computed in AM (the
     pad block: its copy of the input and its fills), written back whole; planes and rows split,
-    their outer loops fused into the stage loop."""
+    their outer loops fused into the stage loop. NCHW is viewed as (n*c, h, w), NHWC as
+    (n, h, w*c): the compute's axes in their own order, the planes and the columns each one
+    contiguous run of fused axes (`pad._Geo` counts items in the same view)."""
     C = int(wl["c"])
     sch = _schedule(wl)
     blk = sch.get_sblock("pad_out")
-    f4 = lambda b, c, y, x: [b * C + c, y, x]  # noqa: E731
+    if wl.layout == "NCHW":
+        f4 = lambda b, c, y, x: [b * C + c, y, x]  # noqa: E731
+    else:
+        f4 = lambda b, y, x, c: [b, y, x * C + c]  # noqa: E731
     sch.transform_layout(blk, ("read", 0), f4)
     sch.transform_layout(blk, ("write", 0), f4)
     sch.transform_block_layout(blk, f4)

@@ -1,6 +1,9 @@
-"""dsp-sim template for pad (explicit, possibly asymmetric spatial padding of an NCHW tensor, fill
-zero or the fp32 lowest value: what graphs put in front of a conv / pool whose ONNX pads are
-asymmetric).
+"""dsp-sim template for pad (explicit, possibly asymmetric spatial padding of an NCHW or NHWC
+tensor, fill zero or the fp32 lowest value: what graphs put in front of a conv / pool whose ONNX
+pads are asymmetric).
+
+The tensors are viewed as (planes, rows, columns): NCHW as (n*c, h, w), NHWC as (n, h, w*c) (a
+row holds its pixels' channels interleaved, so the left / right padding is pl*c / pr*c columns).
 
 An item is (block of `planes` planes, block of `rows` output rows), split over the cores. The
 output tile is assembled in AM: the fill value by vector stores (the left / right columns once
@@ -34,7 +37,12 @@ class _Geo:
         self.n, self.c, self.h, self.w = p["n"], p["c"], p["h"], p["w"]
         self.pt, self.pl, self.pb, self.pr = p["pt"], p["pl"], p["pb"], p["pr"]
         self.H, self.W = self.h + self.pt + self.pb, self.w + self.pl + self.pr
-        self.P = self.n * self.c
+        # the (planes, rows, columns) view `move_tir.pad_schedule` gives the tensors: NCHW planes
+        # are the n*c channel planes, a row w elements; NHWC planes are the n images, a row the w*c
+        # interleaved elements of one image row
+        self.P = self.n * self.c if wl.layout == "NCHW" else self.n
+        if wl.layout != "NCHW":
+            self.w, self.W = self.w * self.c, self.W * self.c
         self.L = m.lanes
         self.value = 0.0 if p["fill"] == "zero" else float(np.finfo(np.float32).min)
         self.planes = max(1, min(int(cfg["planes"]), self.P))
