@@ -1,8 +1,8 @@
 """What a user gets before any tuning: derived defaults against the shipped bests, and whole models
 compiled with an empty log directory (issue 23).
 
-    python benchmarks/default_quality.py [--targets ascend-sim,dsp-sim] [--models resnet18,light_resnet50]
-                                         [--size full|ci] [--no-models] [--topk 8] [--json out.json]
+    python benchmarks/default_quality.py [--targets ascend-sim,dsp-sim] [--models resnet18,light_resnet50|all]
+                                         [--size full|ci] [--no-models] [--topk 8] [--check] [--json out.json]
 
 Part 1, per simulator: for every workload of the shipped records, the template default's cycles
 (`opcompiler run ... --config default --timing-only`: the derived default, nothing measured), the
@@ -15,7 +15,17 @@ Part 2, per model and simulator: `opcompiler compare MODEL --timing-only --json`
 `OPC_LOG_DIR` set to an empty directory (the shipped records only): kernels, fused / unfused /
 cost-chosen cycles, fused / unfused speedup, and how many fused kernels are slower than the parts
 they replace. Models: the test zoo's torchvision architectures (tests/zoo/export.py, full size by
-default) and onnx's own light_* models (light_resnet50, light_inception_v1, ...).
+default) and onnx's own light_* models (light_resnet50, light_inception_v1, ...). `--models all`
+takes every zoo model and the nine light CNNs.
+
+`--check` runs part 2 with values checked (no `--timing-only`: every kernel executes on the
+simulator and each plan is compared with onnxruntime; dsp-sim takes minutes per model) and adds,
+per model, whether each plan is correct, and the first kernel that failed: a kernel split or
+run on the host after an internal error (its note), or the kernel furthest from its fp32
+recomputation when the values drift (`drift.worst_kernel`). The onnx light models carry random
+weights whose activations overflow float16 (light_squeezenet reaches 5e5), so the check runs with
+`--fp32-nodes auto`: a kernel whose fp16 output overflows runs in fp32 on the host (the row says
+how many), and every other kernel is checked on the simulator.
 """
 from __future__ import annotations
 
@@ -67,11 +77,18 @@ def _geo(xs: list[float]) -> float:
     return math.exp(sum(math.log(x) for x in xs) / len(xs)) if xs else float("nan")
 
 
+LIGHT = ("light_bvlc_alexnet", "light_densenet121", "light_inception_v1", "light_inception_v2", "light_resnet50",
+         "light_shufflenet", "light_squeezenet", "light_vgg19", "light_zfnet512")
+
+
 def model_paths(names: list[str], size: str, out: Path) -> list[tuple[str, Path]]:
     import onnx
 
     light = Path(onnx.__file__).parent / "backend" / "test" / "data" / "light"
     sys.path.insert(0, str(ROOT / "tests"))
+    if names == ["all"]:
+        from zoo.export import NAMES
+        names = list(NAMES) + list(LIGHT)
     paths = []
     for n in names:
         if n.startswith("light_"):
@@ -82,13 +99,14 @@ def model_paths(names: list[str], size: str, out: Path) -> list[tuple[str, Path]
     return paths
 
 
-def model_row(name: str, path: Path, target: str, timeout: int) -> dict:
+def model_row(name: str, path: Path, target: str, timeout: int, check: bool = False) -> dict:
     with tempfile.TemporaryDirectory() as logs:
         env = {**os.environ, "OPC_LOG_DIR": logs}
         t0 = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, "-m", "opcompiler", "compare", str(path), "--target", target,
-                                "--timing-only", "--json"], capture_output=True, text=True, env=env, timeout=timeout)
+                                "--json", "--batch", "1"] + (["--fp32-nodes", "auto"] if check else ["--timing-only"]),
+                               capture_output=True, text=True, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
             return {"model": name, "target": target, "error": f"over {timeout} s"}
     wall = time.perf_counter() - t0
@@ -98,9 +116,30 @@ def model_row(name: str, path: Path, target: str, timeout: int) -> dict:
     d = json.loads(p.stdout)
     tot = {k: d[k]["totals"]["cycles"] for k in ("fused", "unfused", "cost") if k in d}
     slower = slower_fused(d["fused"]["kernels"], d["unfused"]["kernels"])
-    return {"model": name, "target": target, "kernels": d["fused"]["totals"]["kernels"], **tot,
-            "speedup": d["speedup"], "cost_vs_unfused": d.get("cost_plan", {}).get("speedup_vs_unfused"),
-            "slower_fused": slower, "wall": wall}
+    row = {"model": name, "target": target, "kernels": d["fused"]["totals"]["kernels"], **tot,
+           "speedup": d["speedup"], "cost_vs_unfused": d.get("cost_plan", {}).get("speedup_vs_unfused"),
+           "slower_fused": slower, "wall": wall}
+    if check:
+        row["correct"] = {k: d[k]["correct"] for k in ("fused", "unfused", "cost") if k in d}
+        row["first_failure"] = first_failure(d)
+        row["fp32_kernels"] = len(d["fused"].get("fp32_kernels") or [])
+    return row
+
+
+def first_failure(d: dict) -> str | None:
+    """The first kernel that failed in any plan: split or sent to the host after an internal
+    error (its note), or, for wrong values, the kernel furthest from its fp32 recomputation."""
+    for plan in ("fused", "unfused", "cost"):
+        for k in (d.get(plan) or {}).get("kernels", []):
+            note = k.get("note") or ""
+            if "internal error" in note or "at run time" in note or "Error" in note:
+                return f"{plan} {k['name']} ({k['op']}): {note[:160]}"
+    for plan in ("fused", "unfused", "cost"):
+        run = d.get(plan) or {}
+        if run.get("correct") is False:
+            drift = run.get("drift") or {}
+            return f"{plan}: wrong values, worst kernel {drift.get('worst_kernel')} ({drift.get('worst_kernel_rel')})"
+    return None
 
 
 def slower_fused(fused: list[dict], unfused: list[dict]) -> int:
@@ -114,6 +153,14 @@ def slower_fused(fused: list[dict], unfused: list[dict]) -> int:
     return n
 
 
+def _verdict(r: dict) -> str:
+    if "correct" not in r:
+        return ""
+    marks = "/".join({True: "yes", False: "NO", None: "-"}[r["correct"].get(k)] for k in ("fused", "unfused", "cost"))
+    return f"  {marks}" + (f"  ({r['fp32_kernels']} fp16-overflowing kernels in fp32 on the host)"
+                           if r.get("fp32_kernels") else "") + (f"  first failure: {r['first_failure']}" if r.get("first_failure") else "")
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="ascend-sim,dsp-sim")
@@ -123,6 +170,8 @@ def main() -> int:
     ap.add_argument("--no-records", action="store_true", help="part 2 only")
     ap.add_argument("--topk", type=int, default=0, help="also time the K best-predicted candidates (opt-in mode)")
     ap.add_argument("--timeout", type=int, default=1800)
+    ap.add_argument("--check", action="store_true",
+                    help="part 2 with values checked against onnxruntime (every kernel executed; slow on dsp-sim)")
     ap.add_argument("--json")
     args = ap.parse_args()
     targets = args.targets.split(",")
@@ -147,20 +196,21 @@ def main() -> int:
                                                    if top else ""))
             print()
     if not args.no_models:
-        print("## models at full size, empty log directory (cycles, timing mode)\n")
+        print(f"## models at {args.size} size, batch 1, empty log directory (cycles, "
+              f"{'values checked against onnxruntime' if args.check else 'timing mode'})\n")
         print(f"{'model':<20} {'target':<12} {'kernels':>7} {'fused':>12} {'unfused':>12} {'cost':>12} "
-              f"{'fused/unf':>9} {'cost/unf':>8} {'slower':>6} {'wall':>6}")
+              f"{'fused/unf':>9} {'cost/unf':>8} {'slower':>6} {'wall':>6}" + ("  correct (f/u/c)" if args.check else ""))
         with tempfile.TemporaryDirectory() as tmp:
             for name, path in model_paths(args.models.split(","), args.size, Path(tmp)):
                 for t in targets:
-                    r = model_row(name, path, t, args.timeout)
+                    r = model_row(name, path, t, args.timeout, args.check)
                     out["models"].append(r)
                     if "error" in r:
                         print(f"{name:<20} {t:<12} error: {r['error']}", flush=True)
                         continue
                     print(f"{name:<20} {t:<12} {r['kernels']:>7} {r['fused']:>12,} {r['unfused']:>12,} "
                           f"{r.get('cost') or 0:>12,} {r['speedup']:>8.2f}x {r['cost_vs_unfused'] or 0:>7.2f}x "
-                          f"{r['slower_fused']:>6} {r['wall']:>5.0f}s", flush=True)
+                          f"{r['slower_fused']:>6} {r['wall']:>5.0f}s" + _verdict(r), flush=True)
     if args.json:
         Path(args.json).write_text(json.dumps(out, indent=1, default=str))
     return 0

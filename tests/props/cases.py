@@ -183,6 +183,23 @@ def run_case(c: Case, seed: int = 0) -> Verdict:
     return Verdict("ok", "", rep.get("cycles"))
 
 
-def ops() -> list[str]:
-    from opcompiler.ops import list_ops
-    return [d.name for d in list_ops()]
+FAMILY = {"cpu": "cpu", "ascend-sim": "ascend", "dsp-sim": "dsp"}
+
+
+def problem(c: Case, v: Verdict) -> str | None:
+    """What is wrong with verdict `v` of case `c`, or None. A case must run correctly, or be
+    refused in one line where refusing is right: the drawn config does not fit, or the target's
+    limit is declared in `opcompiler/ops/limits.py` (a declared limit the target runs is stale)."""
+    from opcompiler.ops.limits import unsupported
+    declared = unsupported(c.op, FAMILY[c.target], c.params, c.dtype)
+    if v.kind == "refused":
+        if "\n" in v.detail.strip():
+            return f"a refusal is one line: {c.cli()}\n{v.detail}"
+        if declared is None and c.config is None:
+            return f"a valid input refused, and no limit in opcompiler/ops/limits.py declares it:\n  {c.cli()}\n  {v.detail}"
+        return None
+    if v.kind != "ok":
+        return f"{v.kind}: {c.cli()}\n{v.detail}"
+    if declared is not None and c.config is None:
+        return f"opcompiler/ops/limits.py says {c.target} cannot run this ({declared.text}), but it ran:\n  {c.cli()}"
+    return None
