@@ -29,7 +29,7 @@ CHANNELS = (1, 2, 3, 7, 8, 15, 16, 17, 31, 32, 33)
 SPATIAL = (1, 2, 3, 4, 5, 7, 8, 9, 13, 16, 17)
 ROWS = (1, 2, 3, 7, 16, 17, 31, 33)
 COLS = (1, 2, 3, 7, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129)
-BOUNDARY = {1, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129}
+BOUNDARY = {1, 7, 8, 9, 15, 16, 17, 31, 32, 33, 63, 64, 65, 127, 129}
 
 TARGETS = ("cpu", "ascend-sim", "dsp-sim")
 # the dtypes each target runs (the op's own list is intersected with these)
@@ -119,14 +119,20 @@ class Case:
         return (f"opcompiler run {self.op} --target {self.target} --dtype {self.dtype} "
                 f"--shape '{shape_text(self.op, self.params)}'{cfg}")
 
+    def sizes(self) -> list[int]:
+        """The tensor sizes drawn (not strides, pads or axes): the extents of a `dims` too."""
+        out = [int(v) for k, v in self.params.items()
+               if k in ("n", "c", "c1", "h", "w", "k", "m", "r", "s") and isinstance(v, int)]
+        if "dims" in self.params:
+            out += [int(d) for d in str(self.params["dims"]).split("x")]
+        return out
+
     def boundary(self) -> bool:
         """Drawn at a size that is 1 or just around a tile / fractal boundary."""
-        return any(isinstance(v, int) and not isinstance(v, bool) and v in BOUNDARY
-                   for k, v in self.params.items() if k not in ("stride", "pad", "dilation", "groups", "axis"))
+        return any(v in BOUNDARY for v in self.sizes())
 
     def odd(self) -> bool:
-        return any(isinstance(v, int) and v > 1 and v % 2 for k, v in self.params.items()
-                   if k in ("n", "c", "c1", "h", "w", "k", "m"))
+        return any(v > 1 and v % 2 for v in self.sizes())
 
 
 @st.composite
