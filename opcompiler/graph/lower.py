@@ -64,6 +64,11 @@ class _Ctx:
     shapes: dict[str, tuple[int, ...]]
     prims: list[Prim] = field(default_factory=list)
     uses: Counter = field(default_factory=Counter)  # readers of each ONNX value (a graph output counts one)
+    # an N-D value that is a view of a 2-D (rows, last axis) value: the 2-D one. A MatMul over
+    # [..., M, K] runs as one (prod(...)*M, K) GEMM, and the element-wise ops that follow it (a
+    # Linear's bias, an activation, a residual add) run on the 2-D value too, so they fuse into it
+    rows: dict[str, str] = field(default_factory=dict)
+    row_views: set[str] = field(default_factory=set)  # the views back to N-D it made (dropped when unread)
 
     def shape(self, v: str) -> tuple[int, ...]:
         return tuple(self.consts[v].shape) if v in self.consts else self.shapes[v]
@@ -105,7 +110,49 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
                                expected="--fallback cpu to run unsupported nodes on the host") from None
             ctx.prims.append(Prim(kind="host", params={}, inputs=node.inputs, outputs=node.outputs, node=node.name,
                                   onnx_op=node.op_type, reason=e.reason))
-    return ctx.prims, ctx.consts, ctx.shapes
+    return _drop_unread_row_views(ctx, graph), ctx.consts, ctx.shapes
+
+
+def _drop_unread_row_views(ctx: _Ctx, graph: Graph) -> list[Prim]:
+    """The prims without the views back to N-D that nothing reads (every reader took the 2-D value):
+    a kept view would count as a second reader of the 2-D value and stop its fusion."""
+    prims = ctx.prims
+    while True:
+        read = {v for p in prims for v in p.inputs} | set(graph.outputs)
+        keep = [p for p in prims if not (p.kind == "view" and p.output in ctx.row_views and p.output not in read)]
+        if len(keep) == len(prims):
+            return prims
+        prims = keep
+
+
+def _as_rows(ctx: _Ctx, node: Node, v: str, rows: tuple[int, int], name: str) -> str:
+    """Value `v` as the 2-D `rows` = (prod of the leading axes, last axis): the 2-D value it is a
+    view of, or a new view."""
+    have = ctx.rows.get(v)
+    if have is not None and tuple(ctx.shape(have)) == tuple(rows):
+        return have
+    if tuple(ctx.shape(v)) == tuple(rows):
+        return v
+    return ctx.emit("view", {}, (v,), name, node, rows)
+
+
+def _back_to_nd(ctx: _Ctx, node: Node, y2: str, out: str, shape: tuple[int, ...]) -> None:
+    """`out` (N-D `shape`) as a view of the 2-D result `y2`, remembered as such."""
+    ctx.emit("view", {}, (y2,), out, node, shape)
+    ctx.rows[out] = y2
+    ctx.row_views.add(out)
+
+
+def _unary(ctx: _Ctx, node: Node, kind: str, extra: Mapping[str, Any]) -> None:
+    """A one-input element-wise prim; on the 2-D value when its input is a row view."""
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    out = node.outputs[0]
+    x2 = ctx.rows.get(x)
+    if x2 is not None:
+        y2 = ctx.emit(kind, {**ew_params(ctx.shape(x2)), **extra}, (x2,), f"{out}:2d", node, ctx.shape(x2))
+        _back_to_nd(ctx, node, y2, out, ctx.shape(x))
+        return
+    ctx.emit(kind, {**ew_params(ctx.shape(x)), **extra}, (x,), out, node)
 
 
 def ew_params(shape: tuple[int, ...], per_channel: bool = False) -> dict[str, Any]:
@@ -206,14 +253,12 @@ def _batch_norm(ctx: _Ctx, node: Node) -> None:
 
 
 def _relu(ctx: _Ctx, node: Node) -> None:
-    x = _runtime(ctx, node, node.inputs[0], "input")
-    ctx.emit("relu", ew_params(ctx.shape(x)), (x,), node.outputs[0], node)
+    _unary(ctx, node, "relu", {})
 
 
 def _chain(step: str) -> Callable[[_Ctx, Node], None]:
     def fn(ctx: _Ctx, node: Node) -> None:
-        x = _runtime(ctx, node, node.inputs[0], "input")
-        ctx.emit("ew_chain", {**ew_params(ctx.shape(x)), "chain": step}, (x,), node.outputs[0], node)
+        _unary(ctx, node, "ew_chain", {"chain": step})
     return fn
 
 
@@ -225,13 +270,14 @@ def _clip(ctx: _Ctx, node: Node) -> None:
         ins = list(node.inputs) + ["", ""]
         lo = float(_need_const(ctx, node, ins[1], "min")) if ins[1] else -F32_MAX
         hi = float(_need_const(ctx, node, ins[2], "max")) if ins[2] else F32_MAX
-    ctx.emit("ew_chain", {**ew_params(ctx.shape(x)), "chain": f"clip:{float(lo)!r}:{float(hi)!r}"}, (x,),
-             node.outputs[0], node)
+    _unary(ctx, node, "ew_chain", {"chain": f"clip:{float(lo)!r}:{float(hi)!r}"})
 
 
 def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
     """Add or Mul of two values: same shape, a per-channel constant, or a constant broadcast to full."""
     oshape = ctx.shapes.get(out) or tuple(np.broadcast_shapes(ctx.shape(a), ctx.shape(b)))
+    if len(oshape) >= 3 and _binary_rows(ctx, node, a, b, out, kind, oshape):
+        return
     if a in ctx.consts and b not in ctx.consts:
         a, b = b, a
     if a in ctx.consts:
@@ -261,6 +307,34 @@ def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
         return
     full = ctx.const(f"{node.name}:{b}:full", np.broadcast_to(c, oshape))  # materialized: costs its bytes
     ctx.emit(same, same_params, (a, full), out, node, oshape)
+
+
+def _binary_rows(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str, oshape: tuple[int, ...]) -> bool:
+    """Add or Mul on the 2-D value of a row view (a Linear's bias, a residual add): the other operand
+    a full-shape runtime value, or a constant along the last axis only (then per channel: `bias` /
+    `scale`, which fuse into the GEMM). False when neither operand is a row view of the result's
+    shape or the other does not fit: the N-D lowering then runs."""
+    full = [v for v in (a, b) if v not in ctx.consts and tuple(ctx.shape(v)) == tuple(oshape) and v in ctx.rows]
+    if not full:
+        return False
+    x = full[0]
+    y = b if x == a else a
+    x2 = ctx.rows[x]
+    m, n = ctx.shape(x2)
+    if y in ctx.consts:
+        c = ctx.consts[y]
+        lead = (1,) * (len(oshape) - c.ndim) + tuple(c.shape)
+        if any(d != 1 for d in lead[:-1]):
+            return False
+        y2 = ctx.const(f"{node.name}:{y}:row", c.reshape(1, lead[-1]))
+    elif tuple(ctx.shape(y)) == tuple(oshape):
+        y2 = _as_rows(ctx, node, y, (m, n), f"{out}:{y}:2d")
+    else:
+        return False
+    ctx.shapes[f"{out}:2d"] = (m, n)
+    _binary(ctx, node, x2, y2, f"{out}:2d", kind)
+    _back_to_nd(ctx, node, f"{out}:2d", out, oshape)
+    return True
 
 
 def _per_image_channel(bshape: tuple[int, ...], oshape: tuple[int, ...]) -> bool:
@@ -335,15 +409,35 @@ def _gemm(ctx: _Ctx, node: Node) -> None:
 
 
 def _matmul(ctx: _Ctx, node: Node) -> None:
+    """MatMul with numpy's rules. 2-D x 2-D is one GEMM. A [..., M, K] times one matrix B ([K, N],
+    or [1, .., K, N]: a Linear on [B, S, D]) is one GEMM of M = prod(...)*M rows, the result a row
+    view (`_Ctx.rows`). Two batched operands (attention's Q K^T, P V) are not lowered."""
     a, b = node.inputs[0], node.inputs[1]
     _runtime(ctx, node, a, "A")
     sa, sb = ctx.shape(a), ctx.shape(b)
-    if len(sa) != 2 or len(sb) != 2:
-        raise Unsupported(node, f"only 2-D MatMul is supported, got {list(sa)} x {list(sb)}")
+    if len(sa) == 2 and len(sb) == 2:
+        if b in ctx.consts:
+            b = ctx.const(b, ctx.consts[b])
+        ctx.emit("matmul", {"m": sa[0], "k": sa[1], "n": sb[1], "trans_a": 0, "trans_b": 0}, (a, b), node.outputs[0],
+                 node)
+        return
+    if len(sa) < 2 or len(sb) < 2:
+        raise Unsupported(node, f"MatMul of a 1-D operand ({list(sa)} x {list(sb)}) is not lowered")
+    if int(np.prod(sb[:-2], dtype=np.int64)) != 1:
+        raise Unsupported(node, f"batched MatMul {list(sa)} x {list(sb)} (both operands batched, as attention's "
+                                "products are) is not lowered yet")
+    k, n = int(sb[-2]), int(sb[-1])
+    m = int(np.prod(sa[:-1], dtype=np.int64))
+    out = node.outputs[0]
+    oshape = ctx.shapes.get(out) or tuple(np.broadcast_shapes(sa[:-2], sb[:-2])) + (int(sa[-2]), n)
     if b in ctx.consts:
-        b = ctx.const(b, ctx.consts[b])
-    ctx.emit("matmul", {"m": sa[0], "k": sa[1], "n": sb[1], "trans_a": 0, "trans_b": 0}, (a, b), node.outputs[0],
-             node)
+        b2 = ctx.const(f"{node.name}:B", ctx.consts[b].reshape(k, n))
+    else:
+        b2 = _as_rows(ctx, node, b, (k, n), f"{out}:B2d")
+    a2 = _as_rows(ctx, node, a, (m, k), f"{out}:A2d")
+    y2 = ctx.emit("matmul", {"m": m, "k": k, "n": n, "trans_a": 0, "trans_b": 0}, (a2, b2), f"{out}:2d", node,
+                  (m, n))
+    _back_to_nd(ctx, node, y2, out, tuple(oshape))
 
 
 def _pool(mode: str) -> Callable[[_Ctx, Node], None]:
