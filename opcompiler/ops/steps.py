@@ -44,14 +44,16 @@ class ChainStep:
     # tiles the step holds beside x's while it runs: 0 for a step computed in place; hardswish keeps
     # x until its last multiply (ascend-sim sizes its UB tiles with it)
     temps: int = 0
+    # the step computes float16 inputs in float32 (its temporary tiles are float32): erf
+    wide: bool = False
 
 
 STEPS: dict[str, ChainStep] = {}
 
 
 def _step(name: str, operands: tuple[str, ...], nargs: int, args_help: str, flops: int, te, ref,
-          temps: int = 0) -> None:
-    STEPS[name] = ChainStep(name, operands, nargs, args_help, flops, te, ref, temps)
+          temps: int = 0, wide: bool = False) -> None:
+    STEPS[name] = ChainStep(name, operands, nargs, args_help, flops, te, ref, temps, wide)
 
 
 def _clip_te(d, x, args, shape, dt):
@@ -79,6 +81,55 @@ _step("hardswish", (), 0, "", 5,
       lambda d, x, v, a, s, dt: d.vmul(x, d.vmuls(_clip_te(d, d.vadds(x, 3.0), (0.0, 6.0), s, dt), 1.0 / 6.0)),
       lambda x, v, a, dt: x * (np.clip(x + np.asarray(3, dt), np.asarray(0, dt), np.asarray(6, dt))
                                * np.asarray(1.0 / 6.0, dt)), temps=1)
+
+
+# erf by Abramowitz & Stegun 7.1.26 (|error| <= 1.5e-7) from the vector unit's own operations (no erf
+# instruction on either machine): erf(|x|) = 1 - t*P(t)*exp(-x^2), t = 1/(1 + p|x|), P of degree 4;
+# the sign of x as clip(x * 1e30, -1, 1) (below 1e-30, erf(x) ~ 1.13x is itself below any tolerance).
+# float16 inputs are computed in float32 (cast in and out on the vector unit)
+_AS = (0.254829592, -0.284496736, 1.421413741, -1.453152027, 1.061405429)
+_AS_P = 0.3275911
+TEMPS_ERF = 4
+
+
+def _erf_te(d, x, shape, dt):
+    if dt == "float16":  # 1 - t*P(t)*exp(-x^2) cancels near 0: float16's 2^-11 would be 3e-3 of erf
+        return d.cast_to(_erf_te(d, d.cast_to(x, "float32"), shape, "float32"), "float16")
+    a = d.vmax(x, d.vmuls(x, -1.0))  # |x|
+    t = d.vrec(d.vadds(d.vmuls(a, _AS_P), 1.0))
+    u = d.vadds(d.vmuls(t, _AS[4]), _AS[3])
+    for c in (_AS[2], _AS[1], _AS[0]):
+        u = d.vadds(d.vmul(u, t), c)
+    q = d.vmul(d.vmul(u, t), d.vexp(d.vmuls(d.vmul(x, x), -1.0)))  # 1 - erf(|x|)
+    sign = _clip_te(d, d.vmuls(x, 1e30), (-1.0, 1.0), shape, dt)
+    return d.vmul(sign, d.vadds(d.vmuls(q, -1.0), 1.0))
+
+
+def _erf_np(x: np.ndarray) -> np.ndarray:
+    import math
+    return np.vectorize(math.erf, otypes=[np.float64])(x.astype(np.float64))
+
+
+_step("erf", (), 0, "", 20, lambda d, x, v, a, s, dt: _erf_te(d, x, s, dt),
+      lambda x, v, a, dt: _erf_np(x), temps=TEMPS_ERF, wide=True)
+# GELU, x * (1 + erf(x / sqrt 2)) / 2 (BERT's; ONNX Gelu's default, approximate="none")
+_step("gelu", (), 0, "", 24,
+      lambda d, x, v, a, s, dt: d.vmul(x, d.vmuls(d.vadds(_erf_te(d, d.vmuls(x, 0.7071067811865476), s, dt), 1.0), 0.5)),
+      lambda x, v, a, dt: x.astype(np.float64) * (1 + _erf_np(x.astype(np.float64) * 0.7071067811865476)) / 2,
+      temps=TEMPS_ERF + 1, wide=True)
+# tanh(x) = 2 sigmoid(2x) - 1 (the sigmoid's own instructions: no tanh instruction either)
+_step("tanh", (), 0, "", 7,
+      lambda d, x, v, a, s, dt: d.vadds(d.vmuls(d.vrec(d.vadds(d.vexp(d.vmuls(x, -2.0)), 1.0)), 2.0), -1.0),
+      lambda x, v, a, dt: np.tanh(x.astype(np.float64)))
+
+# GELU's tanh form, 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), is exactly x * sigmoid(2 z)
+_step("gelu_tanh", (), 0, "", 10,
+      lambda d, x, v, a, s, dt: d.vmul(x, d.vrec(d.vadds(d.vexp(d.vmuls(
+          d.vadd(x, d.vmuls(d.vmul(d.vmul(x, x), x), 0.044715)), -1.5957691216057308)), 1.0))),
+      lambda x, v, a, dt: 0.5 * x.astype(np.float64) * (1 + np.tanh(0.7978845608028654 * (
+          x.astype(np.float64) + 0.044715 * x.astype(np.float64) ** 3))), temps=2)
+_step("sub", (FULL,), 0, "", 1, lambda d, x, v, a, s, dt: d.vsub(x, v[0]), lambda x, v, a, dt: x - v[0])
+_step("rec", (), 0, "", 1, lambda d, x, v, a, s, dt: d.vrec(x), lambda x, v, a, dt: np.asarray(1, dt) / x)
 
 Chain = list[tuple[str, tuple[float, ...]]]
 
@@ -113,6 +164,12 @@ def operand_kinds(steps: Chain) -> list[str]:
 def chain_temps(steps: Chain) -> int:
     """Tiles the chain holds beside x's at once (the most any one step does)."""
     return max((STEPS[name].temps for name, _ in steps), default=0)
+
+
+def chain_temp_bytes(steps: Chain, dtype: str) -> int:
+    """Bytes per element of the tiles the chain holds beside x's at once (a `wide` step's are float32)."""
+    isz = np.dtype(dtype).itemsize
+    return max((STEPS[n].temps * (max(isz, 4) if STEPS[n].wide else isz) for n, _ in steps), default=0)
 
 
 def chain_flops(steps: Chain) -> int:
@@ -155,4 +212,4 @@ class _Lazy:
 
 
 __all__ = ["STEPS", "ChainStep", "FULL", "CHAN", "Chain", "parse_chain", "chain_text", "operand_kinds",
-           "chain_temps", "chain_flops", "apply_te", "apply_np"]
+           "chain_temps", "chain_temp_bytes", "chain_flops", "apply_te", "apply_np"]

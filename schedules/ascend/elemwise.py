@@ -32,7 +32,7 @@ import numpy as np
 
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
-from opcompiler.ops.steps import STEPS, chain_temps, chain_text
+from opcompiler.ops.steps import STEPS, chain_temp_bytes, chain_temps, chain_text
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -102,7 +102,9 @@ class AscendElemwise(AscendTemplate):
         c1 = ceil_div(wl.p.get("c", 1), C0)
         out = [("UB", f"param{i}", c1 * C0 * isz) for i in range(_n_chan(wl))]
         for s in range(slots):
-            out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(1 + _n_full(wl) + _n_temps(wl))]
+            out += [("UB", f"x{i}_{s}", cfg["ub_tile"] * isz) for i in range(1 + _n_full(wl))]
+            if _n_temps(wl):
+                out.append(("UB", f"temps_{s}", cfg["ub_tile"] * chain_temp_bytes(_steps(wl), wl.dtype)))
         return out
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:

@@ -43,8 +43,10 @@ ROWWISE = ("reduce_max", "reduce_mean", "reduce_sum", "softmax")
 
 # the ew_chain vocabulary with the arguments a step takes
 # (pow is x ** P as exp(P * ln x), defined for x > 0: it is drawn after a step whose output is positive)
-STEP_TEXTS = ("relu", "sigmoid", "clip:0:6", "clip:-1:1", "affine:2:1", "affine:0.5:-0.25", "sigmoid;pow:2",
-              "clip:0.5:4;pow:3", "add", "mul", "bias", "scale", "bn", "hardswish")
+# (rec, 1/x, after a clip away from 0: its values stay in float16's range)
+STEP_TEXTS = ("relu", "sigmoid", "clip:0:6", "clip:-1:1", "affine:2:1", "affine:0.5:-0.25", "affine:0:3",
+              "sigmoid;pow:2", "clip:0.5:4;pow:3", "add", "sub", "mul", "bias", "scale", "bn", "hardswish", "erf",
+              "gelu", "gelu_tanh", "tanh", "clip:0.5:4;rec")
 
 
 def _ew(draw) -> dict[str, Any]:

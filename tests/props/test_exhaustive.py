@@ -21,7 +21,9 @@ def _failures(cases: list[Case]) -> list[str]:
 @pytest.mark.parametrize("target", TARGETS)
 @pytest.mark.parametrize("first", STEP_TEXTS)
 def test_every_step_and_every_pair_of_steps(first, target):
-    chains = [first] + [f"{first};{second}" for second in STEP_TEXTS]
+    """On cpu, TVM's LLVM codegen compiles the TE compute whole, so a pair is no different in kind
+    from one step: the pairs run on the simulators, whose lowerings select instructions per step."""
+    chains = [first] + ([f"{first};{second}" for second in STEP_TEXTS] if target != "cpu" else [])
     cases = [Case("ew_chain", target, dict(n=1, c=3, h=2, w=5, layout=layout, chain=chain), DTYPE[target])
              for chain in chains for layout in (("NCHW", "NHWC") if chain == first else ("NCHW",))]
     bad = _failures(cases)

@@ -22,6 +22,8 @@ from __future__ import annotations
 
 from typing import Any, Protocol
 
+import numpy as np
+
 from opcompiler.errors import OpcFailure
 
 from . import vector as vx
@@ -44,6 +46,7 @@ class NestContext(Protocol):
 POOL = "pool"  # an operand register taken from the temporaries (an FMA's per-channel operands)
 _ARITH = {"Add": "vadd", "Sub": "vsub", "Mul": "vmul", "Max": "vmax", "Min": "vmin"}
 _COMMUTES = {"Add", "Mul", "Max", "Min"}
+_FOLD = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Max": np.maximum, "Min": np.minimum}
 
 
 class _Select:
@@ -101,6 +104,10 @@ class _Select:
             return float(e.value)
         if name == "Cast" and type(e.value).__name__ in ("FloatImm", "IntImm"):
             return float(e.value.value)
+        if name in _FOLD:  # arithmetic of constants TVM left unfolded (x*0 + 3 -> 0 + 3): its fp32 value
+            a, b = _Select.const(e.a), _Select.const(e.b)
+            if a is not None and b is not None and not (name == "Div" and b == 0.0):
+                return float(_FOLD[name](np.float32(a), np.float32(b)))
         return None
 
     def is_load(self, e) -> bool:
