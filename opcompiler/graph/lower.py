@@ -143,10 +143,12 @@ def _back_to_nd(ctx: _Ctx, node: Node, y2: str, out: str, shape: tuple[int, ...]
     ctx.row_views.add(out)
 
 
-def _unary(ctx: _Ctx, node: Node, kind: str, extra: Mapping[str, Any]) -> None:
-    """A one-input element-wise prim; on the 2-D value when its input is a row view."""
-    x = _runtime(ctx, node, node.inputs[0], "input")
-    out = node.outputs[0]
+def _unary(ctx: _Ctx, node: Node, kind: str, extra: Mapping[str, Any], x: str | None = None,
+           out: str | None = None) -> None:
+    """A one-input element-wise prim (of the node's first input and output unless given); on the
+    2-D value when its input is a row view."""
+    x = _runtime(ctx, node, x or node.inputs[0], "input")
+    out = out or node.outputs[0]
     x2 = ctx.rows.get(x)
     if x2 is not None:
         y2 = ctx.emit(kind, {**ew_params(ctx.shape(x2)), **extra}, (x2,), f"{out}:2d", node, ctx.shape(x2))
@@ -273,16 +275,44 @@ def _clip(ctx: _Ctx, node: Node) -> None:
     _unary(ctx, node, "ew_chain", {"chain": f"clip:{float(lo)!r}:{float(hi)!r}"})
 
 
+def _scalar(ctx: _Ctx, v: str) -> float | None:
+    """The value of a one-element constant, else None."""
+    c = ctx.consts.get(v)
+    return float(np.asarray(c).reshape(-1)[0]) if c is not None and np.asarray(c).size == 1 else None
+
+
 def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
-    """Add or Mul of two values: same shape, a per-channel constant, or a constant broadcast to full."""
+    """Add, Sub or Mul of two values: same shape, a scalar constant (an `affine` step), a per-channel
+    constant, or a constant broadcast to full."""
     oshape = ctx.shapes.get(out) or tuple(np.broadcast_shapes(ctx.shape(a), ctx.shape(b)))
+    if kind == "sub":
+        if b in ctx.consts:  # x - c = x + (-c)
+            _binary(ctx, node, a, ctx.const(f"{node.name}:{b}:neg", -ctx.consts[b]), out, "add")
+            return
+        if a in ctx.consts:  # c - x = (-x) + c
+            neg = f"{out}:neg"
+            ctx.shapes[neg] = tuple(ctx.shape(b))
+            _unary(ctx, node, "ew_chain", {"chain": "affine:-1.0:0.0"}, x=b, out=neg)
+            _binary(ctx, node, neg, a, out, "add")
+            return
+    for x, c in ((a, b), (b, a)):
+        v = _scalar(ctx, c)
+        if v is not None and x not in ctx.consts and tuple(ctx.shape(x)) == tuple(oshape):
+            step = f"affine:1.0:{v!r}" if kind == "add" else f"affine:{v!r}:0.0"
+            _unary(ctx, node, "ew_chain", {"chain": step}, x=x, out=out)
+            return
     if len(oshape) >= 3 and _binary_rows(ctx, node, a, b, out, kind, oshape):
         return
+    if _per_row_op(ctx, node, a, b, out, kind, oshape):
+        return
+    if kind == "sub" and (tuple(ctx.shape(a)) != tuple(oshape) or tuple(ctx.shape(b)) != tuple(oshape)):
+        raise Unsupported(node, f"Sub with runtime broadcasting {list(ctx.shape(a))} - {list(ctx.shape(b))} "
+                                "(same shapes, or a [..., 1] operand of a [..., N] one, are lowered)")
     if a in ctx.consts and b not in ctx.consts:
         a, b = b, a
     if a in ctx.consts:
         raise Unsupported(node, "both operands are constant (should have been folded)")
-    if b not in ctx.consts and tuple(ctx.shape(b)) == oshape and tuple(ctx.shape(a)) != oshape:
+    if b not in ctx.consts and tuple(ctx.shape(b)) == oshape and tuple(ctx.shape(a)) != oshape and kind != "sub":
         a, b = b, a  # the full-shape operand first
     if tuple(ctx.shape(a)) != oshape:
         raise Unsupported(node, f"broadcasting the runtime operand {a!r} {list(ctx.shape(a))} to {list(oshape)}")
@@ -290,7 +320,7 @@ def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
         _runtime_channel_op(ctx, node, a, b, out, kind, oshape)
         return
     same = "add" if kind == "add" else "ew_chain"
-    same_params = ew_params(oshape) | ({} if kind == "add" else {"chain": "mul"})
+    same_params = ew_params(oshape) | ({} if kind == "add" else {"chain": kind})
     if b not in ctx.consts:
         if tuple(ctx.shape(b)) != oshape:
             raise Unsupported(node, f"runtime broadcasting {list(ctx.shape(b))} to {list(oshape)} is not supported")
@@ -332,8 +362,30 @@ def _binary_rows(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str, osh
     else:
         return False
     ctx.shapes[f"{out}:2d"] = (m, n)
-    _binary(ctx, node, x2, y2, f"{out}:2d", kind)
+    _binary(ctx, node, *((x2, y2) if x == a else (y2, x2)), f"{out}:2d", kind)  # Sub keeps its order
     _back_to_nd(ctx, node, f"{out}:2d", out, oshape)
+    return True
+
+
+def _per_row_op(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str, oshape: tuple[int, ...]) -> bool:
+    """x op r with r a runtime [..., 1] of x's [..., N] (a LayerNorm written out: x - mean, x / std):
+    x viewed as one image of M = prod(...) channels of N, r as M per-channel operands (`bias` /
+    `scale`; Sub adds -r), the result viewed back. False when the operands are not so."""
+    if len(oshape) < 2 or a in ctx.consts or b in ctx.consts or oshape[-1] < 2:
+        return False
+    row = tuple(oshape[:-1]) + (1,)
+    x, r = (a, b) if tuple(ctx.shape(a)) == tuple(oshape) else (b, a)
+    if tuple(ctx.shape(x)) != tuple(oshape) or tuple(ctx.shape(r)) != row or (kind == "sub" and x != a):
+        return False
+    m, n = int(np.prod(oshape[:-1], dtype=np.int64)), int(oshape[-1])
+    img = (1, m, 1, n)
+    xa = ctx.emit("view", {}, (x,), f"{out}:x", node, img)
+    rb = ctx.emit("view", {}, (r,), f"{out}:r", node, (m,))
+    if kind == "sub":
+        rb = ctx.emit("ew_chain", {**ew_params((m,)), "chain": "affine:-1.0:0.0"}, (rb,), f"{out}:negr", node, (m,))
+    step = "scale" if kind == "mul" else "bias"
+    y = ctx.emit("ew_chain", {**ew_params(img), "chain": step}, (xa, rb), f"{out}:y", node, img)
+    ctx.emit("view", {}, (y,), out, node, oshape)
     return True
 
 
@@ -372,6 +424,54 @@ def _add(ctx: _Ctx, node: Node) -> None:
 
 def _mul(ctx: _Ctx, node: Node) -> None:
     _binary(ctx, node, node.inputs[0], node.inputs[1], node.outputs[0], "mul")
+
+
+def _sub(ctx: _Ctx, node: Node) -> None:
+    _binary(ctx, node, node.inputs[0], node.inputs[1], node.outputs[0], "sub")
+
+
+def _div(ctx: _Ctx, node: Node) -> None:
+    """a / b: times 1/b for a constant b; else a times `rec` of b (the vector unit's reciprocal)."""
+    a, b, out = node.inputs[0], node.inputs[1], node.outputs[0]
+    if b in ctx.consts:
+        c = ctx.consts[b].astype(np.float64)
+        if np.any(c == 0):
+            raise Unsupported(node, f"division by a constant {b!r} that holds 0")
+        _binary(ctx, node, a, ctx.const(f"{node.name}:{b}:rec", 1.0 / c), out, "mul")
+        return
+    r = f"{out}:rec"
+    ctx.shapes[r] = tuple(ctx.shape(b))
+    _unary(ctx, node, "ew_chain", {"chain": "rec"}, x=b, out=r)
+    _binary(ctx, node, a, r, out, "mul")
+
+
+def _pow(ctx: _Ctx, node: Node) -> None:
+    """x ** p for a constant scalar p: 1 a view, 2 and 3 products (any sign of x), -1 `rec`, any
+    other p the `pow` step (exp(p ln x): x > 0, as x ** p is real only there for a fractional p)."""
+    x, out = _runtime(ctx, node, node.inputs[0], "base"), node.outputs[0]
+    p = _scalar(ctx, node.inputs[1])
+    if p is None:
+        raise Unsupported(node, "Pow with a runtime or non-scalar exponent")
+    if p == 1.0:
+        ctx.emit("view", {}, (x,), out, node)
+    elif p in (2.0, 3.0):
+        sq = out if p == 2.0 else f"{out}:sq"
+        ctx.shapes[sq] = tuple(ctx.shape(x))
+        _binary(ctx, node, x, x, sq, "mul")
+        if p == 3.0:
+            _binary(ctx, node, sq, x, out, "mul")
+    elif p == -1.0:
+        _unary(ctx, node, "ew_chain", {"chain": "rec"})
+    elif float(p).is_integer():
+        raise Unsupported(node, f"Pow with the integer exponent {p:g} (2, 3, 1 and -1 are lowered)")
+    else:
+        _unary(ctx, node, "ew_chain", {"chain": f"pow:{p!r}"})
+
+
+def _gelu(ctx: _Ctx, node: Node) -> None:
+    approx = node.attrs.get("approximate", "none")
+    approx = approx.decode() if isinstance(approx, bytes) else str(approx)
+    _unary(ctx, node, "ew_chain", {"chain": "gelu_tanh" if approx == "tanh" else "gelu"})
 
 
 def _sum(ctx: _Ctx, node: Node) -> None:
@@ -653,6 +753,45 @@ def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
     return fn
 
 
+def _layer_norm(ctx: _Ctx, node: Node) -> None:
+    """LayerNormalization over the last axis as the primitives its written-out form lowers to (what
+    older exporters emit: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add): the rows'
+    mean, x - mean per row, the mean of its square, (var + eps) ** -0.5 per row, the scale per row,
+    then gamma and beta per column (one `bn` step, which fuses with what follows). Statistics are
+    in the plan's dtype; a fused layer_norm kernel with float32 statistics is not built yet."""
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    xs = ctx.shape(x)
+    axis = int(node.attrs.get("axis", -1)) % len(xs)
+    if axis != len(xs) - 1:
+        raise Unsupported(node, f"LayerNormalization over axes {axis}.. of a {len(xs)}-D tensor (the last axis only)")
+    if len(node.outputs) > 1 and any(node.outputs[1:]):
+        raise Unsupported(node, "LayerNormalization's mean / inv_std_dev outputs are read (training only)")
+    eps = float(node.attrs.get("epsilon", 1e-5))
+    m, n = int(np.prod(xs[:-1], dtype=np.int64)), int(xs[-1])
+    out = node.outputs[0]
+    gamma = _need_const(ctx, node, node.inputs[1], "scale").reshape(-1)
+    beta = (_need_const(ctx, node, node.inputs[2], "B").reshape(-1) if len(node.inputs) > 2 and node.inputs[2]
+            else np.zeros(n, np.float32))
+    if gamma.size != n or beta.size != n:
+        raise Unsupported(node, f"LayerNormalization scale / B of {gamma.size} / {beta.size} values for {n} columns")
+    img = (1, m, 1, n)
+    rows = _as_rows(ctx, node, x, (m, n), f"{out}:rows")
+    mean = ctx.emit("reduce_mean", {"m": m, "n": n}, (rows,), f"{out}:mean", node, (m,))
+    neg = ctx.emit("ew_chain", {**ew_params((m,)), "chain": "affine:-1.0:0.0"}, (mean,), f"{out}:negmean", node, (m,))
+    xi = ctx.emit("view", {}, (rows,), f"{out}:img", node, img)
+    xc = ctx.emit("ew_chain", {**ew_params(img), "chain": "bias"}, (xi, neg), f"{out}:xc", node, img)
+    xc2 = ctx.emit("view", {}, (xc,), f"{out}:xc2d", node, (m, n))
+    sq = ctx.emit("ew_chain", {**ew_params((m, n)), "chain": "mul"}, (xc2, xc2), f"{out}:sq", node, (m, n))
+    var = ctx.emit("reduce_mean", {"m": m, "n": n}, (sq,), f"{out}:var", node, (m,))
+    rstd = ctx.emit("ew_chain", {**ew_params((m,)), "chain": f"affine:1.0:{eps!r};pow:-0.5"}, (var,),
+                    f"{out}:rstd", node, (m,))
+    y = ctx.emit("ew_chain", {**ew_params(img), "chain": "scale"}, (xc, rstd), f"{out}:y", node, img)
+    y2 = ctx.emit("view", {}, (y,), f"{out}:y2d", node, (m, n))
+    g, b = ctx.const(f"{node.name}:gamma", gamma), ctx.const(f"{node.name}:beta", beta)
+    z = ctx.emit("ew_chain", {**ew_params((m, n), True), "chain": "bn"}, (y2, g, b), f"{out}:2d", node, (m, n))
+    _back_to_nd(ctx, node, z, out, tuple(xs))
+
+
 def _lrn(ctx: _Ctx, node: Node) -> None:
     """LRN as the hardware would run it: x*x (vector), the sum over the channel window as a 1x1
     convolution with a banded weight scaled by alpha/size (cube), (bias + s)**-beta (vector),
@@ -701,6 +840,8 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
     "HardSigmoid": _hard_sigmoid, "HardSwish": _chain("hardswish"), "Transpose": _transpose, "Slice": _slice,
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "LRN": _lrn,
-    "Identity": _view, "Dropout": _dropout,
+    "Identity": _view, "Dropout": _dropout, "Sub": _sub, "Div": _div, "Pow": _pow, "Erf": _chain("erf"),
+    "Tanh": _chain("tanh"), "Gelu": _gelu, "Sqrt": _chain("pow:0.5"), "Reciprocal": _chain("rec"),
+    "LayerNormalization": _layer_norm,
 }
 SUPPORTED = (*_LOWER, "Constant", "ConstantOfShape")  # what `lower` takes, as its error message lists it

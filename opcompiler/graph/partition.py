@@ -85,7 +85,7 @@ def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool =
 
 
 def _next(p: Prim, consumer: Mapping[str, Prim]) -> Prim | None:
-    """The sole consumer of p's output, with p's output moved to its first input (add commutes)."""
+    """The sole consumer of p's output, with p's output moved to its first input (add and mul commute)."""
     if len(p.outputs) != 1:
         return None
     q = consumer.get(p.output)
@@ -93,7 +93,8 @@ def _next(p: Prim, consumer: Mapping[str, Prim]) -> Prim | None:
         return None
     if q.inputs[0] == p.output:
         return q
-    if q.kind == "add" and q.inputs[1] == p.output:
+    commutes = q.kind == "add" or (q.kind == "ew_chain" and q.params.get("chain") in ("add", "mul"))
+    if commutes and len(q.inputs) == 2 and q.inputs[1] == p.output:
         return Prim(kind=q.kind, params=q.params, inputs=(q.inputs[1], q.inputs[0]), outputs=q.outputs, node=q.node,
                     onnx_op=q.onnx_op)
     return None

@@ -1,0 +1,109 @@
+"""The element-wise and normalization nodes transformer exporters write (issue 33 item 1), imported
+and run on cpu, ascend-sim and dsp-sim with values against onnxruntime (`GRAPH_TOLERANCE`):
+
+* GELU written out (Div, Erf, Add, Mul, Mul: torch's erf form) and as opset 20's Gelu (both
+  approximations), Tanh, Sqrt, Reciprocal, Pow with 2, 3 (any sign of the base) or 0.5;
+* Sub and Div of runtime values, and of a per-row [..., 1] operand (x - mean, x / std);
+* a scalar constant in Add / Mul / Sub / Div: one `affine` step, not a tensor of x's size;
+* LayerNormalization (opset 17) and its written-out form (opset 14 exporters), both the same
+  primitives: row means, per-row bias / scale, (var + eps) ** -0.5, then gamma and beta.
+
+Models are built with onnx.helper: [2, 8, 32] activations, as a Linear on [B, S, D] gives them."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from opcompiler.graph import load, make_plan, run_plan
+
+SHAPE = [2, 8, 32]
+TARGETS = ["cpu", "ascend-sim", "dsp-sim"]
+
+
+def _model(path, nodes, inits=(), opset=17, inputs=("x",), shape=SHAPE):
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info(v, TensorProto.FLOAT, shape) for v in inputs],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, shape)],
+                          initializer=[numpy_helper.from_array(np.asarray(v, np.float32), k) for k, v in inits])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", opset)]), str(path))
+    return path
+
+
+def _run(path, target, mode="fused"):
+    run = run_plan(make_plan(load(path), target, mode=mode))
+    assert run.correct, (target, run.max_abs_err)
+    return run
+
+
+def _c(name, v):
+    return (name, np.asarray(v, np.float32))
+
+
+GELU_ERF = ([helper.make_node("Div", ["x", "sqrt2"], ["d"]), helper.make_node("Erf", ["d"], ["e"]),
+             helper.make_node("Add", ["e", "one"], ["a"]), helper.make_node("Mul", ["x", "a"], ["m"]),
+             helper.make_node("Mul", ["m", "half"], ["y"])],
+            [_c("sqrt2", 2 ** 0.5), _c("one", 1.0), _c("half", 0.5)])
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gelu_as_torch_writes_it_is_one_chain_kernel(tmp_path, target):
+    run = _run(_model(tmp_path / "gelu.onnx", *GELU_ERF), target)
+    ks = [k for k in run.kernels if k.op != "view"]
+    assert len(ks) == 1 and ks[0].op == "ew_chain"
+    assert ks[0].prim_ops == ("affine:0.7071067690849304:0.0", "erf", "affine:1.0:1.0", "mul", "affine:0.5:0.0")
+
+
+@pytest.mark.parametrize("approx", ["none", "tanh"])
+@pytest.mark.parametrize("target", TARGETS)
+def test_opset20_gelu(tmp_path, target, approx):
+    p = _model(tmp_path / "g20.onnx", [helper.make_node("Gelu", ["x"], ["y"], approximate=approx)], opset=20)
+    run = _run(p, target)
+    assert [k.prim_ops for k in run.kernels if k.op != "view"] == [("gelu" if approx == "none" else "gelu_tanh",)]
+
+
+LN_W = np.linspace(0.5, 1.5, 32), np.linspace(-0.2, 0.2, 32)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_layer_normalization(tmp_path, target):
+    p = _model(tmp_path / "ln.onnx", [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], epsilon=1e-5)],
+               [_c("g", LN_W[0]), _c("b", LN_W[1])])
+    run = _run(p, target)
+    ops = [k.op for k in run.kernels if k.op != "view"]
+    assert ops.count("reduce_mean") == 2
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_layer_norm_written_out(tmp_path, target):
+    """The opset-14 export of nn.LayerNorm: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add."""
+    nodes = [helper.make_node("ReduceMean", ["x"], ["mu"], axes=[-1]), helper.make_node("Sub", ["x", "mu"], ["xc"]),
+             helper.make_node("Pow", ["xc", "two"], ["sq"]), helper.make_node("ReduceMean", ["sq"], ["var"], axes=[-1]),
+             helper.make_node("Add", ["var", "eps"], ["ve"]), helper.make_node("Sqrt", ["ve"], ["sd"]),
+             helper.make_node("Div", ["xc", "sd"], ["n"]), helper.make_node("Mul", ["n", "g"], ["ng"]),
+             helper.make_node("Add", ["ng", "b"], ["y"])]
+    p = _model(tmp_path / "lnw.onnx", nodes, [_c("two", 2.0), _c("eps", 1e-5), _c("g", LN_W[0]), _c("b", LN_W[1])],
+               opset=14)
+    _run(p, target)
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_binary_and_unary_nodes(tmp_path, target):
+    nodes = [helper.make_node("Sub", ["x", "x2"], ["s"]), helper.make_node("Pow", ["s", "three"], ["c"]),
+             helper.make_node("Tanh", ["c"], ["t"]), helper.make_node("Mul", ["x", "x"], ["sq"]),
+             helper.make_node("Add", ["sq", "one"], ["p"]), helper.make_node("Sqrt", ["p"], ["r"]),
+             helper.make_node("Reciprocal", ["r"], ["q"]), helper.make_node("Div", ["t", "r"], ["u"]),
+             helper.make_node("Sub", ["two", "q"], ["v"]), helper.make_node("Add", ["u", "v"], ["y"])]
+    p = _model(tmp_path / "ops.onnx", nodes, [_c("three", 3.0), _c("one", 1.0), _c("two", 2.0)],
+               inputs=("x", "x2"))
+    _run(p, target)
+    _run(p, target, mode="unfused")
+
+
+def test_a_scalar_constant_is_an_affine_step_not_a_tensor(tmp_path):
+    p = _model(tmp_path / "affine.onnx", [helper.make_node("Add", ["x", "c"], ["a"]),
+                                          helper.make_node("Mul", ["a", "k"], ["y"])], [_c("c", 3.0), _c("k", 0.25)])
+    plan = make_plan(load(p), "cpu", mode="unfused")
+    assert [g.prim_ops for g in plan.groups] == [("affine:1.0:3.0",), ("affine:0.25:0.0",)]
+    assert all(v.size == 1 or not k.endswith(":full") for k, v in plan.constants.items())
+    _run(p, "cpu")
