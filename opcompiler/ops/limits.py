@@ -26,8 +26,6 @@ def _nhwc(p: Mapping[str, Any], dt: str) -> bool:
 LIMITS: tuple[Limit, ...] = (
     Limit(("conv2d*", "matmul*"), "ascend", lambda p, dt: dt == "float32", "float32",
           "the cube takes float16 or int8 operands; fp32 matrix work would fall to the vector unit"),
-    Limit(("concat",), "dsp", _nhwc, "layout NHWC", "dsp.concat moves NCHW channel planes"),
-    Limit(("pool2d",), "dsp", _nhwc, "layout NHWC", "dsp.pool2d puts output columns on the lanes (NCHW)"),
     Limit(("conv2d*",), "dsp", lambda p, dt: _nhwc(p, dt) and int(p.get("groups", 1)) > 1,
           "grouped or depthwise in NHWC", "the DSP's grouped convolution runs NCHW"),
     Limit(("conv2d_bias_add_relu", "conv2d_bias_add", "conv2d_bn_add_relu"), "dsp",

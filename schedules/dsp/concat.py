@@ -1,5 +1,8 @@
 """dsp-sim template for concat (two NCHW tensors along channels): pure data movement by DMA.
 
+The catalogue's concat takes (n, c, h, w) and (n, c1, h, w) whatever its `layout` parameter says
+(cpu and ascend-sim run layout=NHWC on the same tensors), so both layouts are this one kernel.
+
 In each image, input i is one contiguous block of c_i*h*w elements and lands as one contiguous
 block of the output (at channel 0 or c). The blocks are cut into transfers of at most `tile`
 elements, split over the cores. `path=ddr`: each transfer is one DDR -> DDR descriptor (the
@@ -16,6 +19,7 @@ from typing import Any, Mapping
 
 from opcompiler.backend.dsp.intrin import F32, machine
 from opcompiler.errors import OpcError
+from opcompiler.ops import get_op
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
@@ -50,8 +54,15 @@ class DspConcat(Template):
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         require_fp32(wl, target)
-        if wl.layout != "NCHW":
-            raise OpcError("concat is NCHW", arg="layout", value=wl.layout, expected="NCHW")
+        # the catalogue's concat joins (n, c, h, w) and (n, c1, h, w) along axis 1 whatever `layout`
+        # says (layout=NHWC names the same tensors, as on cpu and ascend): the blocks above are
+        # those tensors' channel blocks. Should the catalogue give other shapes, refuse, not move
+        # the wrong elements.
+        want = {"x": (wl["n"], wl["c"], wl["h"], wl["w"]), "x1": (wl["n"], wl["c1"], wl["h"], wl["w"])}
+        got = {nm: tuple(int(v) for v in shp) for nm, shp, _ in get_op(wl.op).inputs(wl)}
+        if got != want:
+            raise OpcError("dsp.concat moves (n, c, h, w) channel blocks", arg="layout", value=wl.layout,
+                           expected=f"inputs {want}, not {got}")
         return [Knob("path", ("ddr", "am"), "DDR -> DDR descriptors, or staged through AM"),
                 Knob("tile", TILES, "elements per transfer"),
                 Knob("dbuf", (1, 0), "two AM buffers (path=am)"), cores_knob(machine(target))]

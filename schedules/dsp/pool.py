@@ -1,8 +1,8 @@
-"""dsp-sim template for pool2d (max / average, kernel, stride, padding), NCHW: its knobs, the
+"""dsp-sim template for pool2d (max / average, kernel, stride, padding), NCHW and NHWC: its knobs, the
 tile geometry and the AM budget. The program is lowered from the TVM schedule of the op's own
 compute (`pool_tir.py`) by the backend's window-nest lowering (`backend/dsp/tir_vector.py`).
 
-The N*C planes are independent. An item is (block of `planes` planes, block of `rows` output
+NCHW: the N*C planes are independent. An item is (block of `planes` planes, block of `rows` output
 rows); items are split over the cores. Per item the input rows it needs (with the halo of the
 window) are DMAed DDR -> AM into a tile whose rows are padded (pitch `Wr`, the widest vector's
 reach): the padding columns and any rows outside the image hold the pooling identity, written
@@ -13,16 +13,29 @@ reduces each input row over the S taps first (into an AM scratch) and then the R
 Average pooling divides by the number of valid elements in the window (padding not counted):
 1/k^2 as an immediate when there is no padding, else a vector of per-column reciprocals (AM)
 times a per-row reciprocal (SM scalar), constants computed at compile time (like weights).
+
+NHWC: the channels are contiguous, so they sit on the lanes. An item is (block of `planes`
+images, block of `rows` output rows, block of `chans` channels: every channel, or a multiple of
+the 32 lanes). The input rows an item needs are DMAed into a tile of rows of `Wt` pixels (the ones
+the windows read) packed at `chans` elements (with every channel a row of w*c elements is one
+contiguous run; a channel block is a run per pixel), the padding pixels filled with the identity
+as for NCHW; tap (r, s) of output pixel (y, x) is a unit-stride vector load at input pixel
+(y*stride + r, x*stride + s) (`cdiv(chans, 32)` vectors; the lanes past the block read the next
+pixel's channels and are never written back). Output pixels sit at a vector pitch in AM and are
+written back as runs of the block's channels. `separable=1` reduces each input row over the S
+taps first (AM scratch of `rows` pixels per input row). Average pooling's divisor is a per-row
+times a per-column reciprocal (both SM scalars). The default picks the blocks that fit AM with
+the least estimated copy time of the busiest core (`_nhwc_default`).
 """
 from __future__ import annotations
 
+import itertools
 from collections.abc import Mapping
 from typing import Any
 
 import numpy as np
 
 from opcompiler.backend.dsp.intrin import F32, DspMachine, machine
-from opcompiler.errors import OpcError
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
@@ -33,6 +46,7 @@ from .stream import cdiv, cores_knob, share
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 7, 8, 14, 16, 28, 32, 56)
+CHANS = (32, 64, 128, 256, 512, 1024)  # NHWC channel blocks (below c; c itself is the first value)
 
 
 class _Geo:
@@ -44,11 +58,21 @@ class _Geo:
         self.k, self.st, self.pad, self.mode = p["kernel"], p["stride"], p["pad"], p["mode"]
         self.ho = (self.h + 2 * self.pad - self.k) // self.st + 1
         self.wo = (self.w + 2 * self.pad - self.k) // self.st + 1
-        self.P = self.n * self.c
+        self.nhwc = wl.layout == "NHWC"
         self.L = L = m.lanes
-        self.nv = cdiv(self.wo, L)
-        self.OW = self.nv * L  # output tile row pitch (lanes of every vector)
-        self.Wr = max(self.w + 2 * self.pad, (self.OW - 1) * self.st + self.k)  # input tile row pitch
+        self.P = self.n if self.nhwc else self.n * self.c  # NHWC: the images are the planes
+        if self.nhwc:  # channels on the lanes: `chans` per stage, pixels at a vector pitch in the output tile
+            self.chans = max(1, min(int(cfg.get("chans", self.c)), self.c))
+            self.nv = cdiv(self.chans, L)
+            self.Cp = self.nv * L
+            self.Wt = (self.wo - 1) * self.st + self.k  # input pixels per tile row (what the windows read)
+            self.OW = self.wo * self.Cp  # output tile row pitch
+            self.Wr = self.Wt * self.chans  # input tile row pitch
+            self.lane_use = self.c / (cdiv(self.c, self.chans) * self.Cp)
+        else:
+            self.nv = cdiv(self.wo, L)
+            self.OW = self.nv * L  # output tile row pitch (lanes of every vector)
+            self.Wr = max(self.w + 2 * self.pad, (self.OW - 1) * self.st + self.k)  # input tile row pitch
         self.planes = max(1, min(int(cfg["planes"]), self.P))
         self.rows = max(1, min(int(cfg["rows"]), self.ho))
         self.IR = self.ir(self.rows)
@@ -64,27 +88,46 @@ class _Geo:
         return (nr - 1) * self.st + self.k
 
     def am_elems(self, lanes: int) -> int:
+        if self.nhwc:  # each tile rounded to the allocator's 32 elements, plus its vector of slack
+            tiles = [self.planes * self.PP, self.planes * self.OP] + ([self.planes * self.HP] if self.sep else [])
+            return self.nbuf * sum(cdiv(t, 32) * 32 + 2 * lanes for t in tiles)
         per = self.planes * (self.PP + self.OP + (self.HP if self.sep else 0))
         consts = self.OW if (self.mode == "avg" and not self.full) else 0
         return self.nbuf * (per + lanes * self.st) + consts
 
     def sm_elems(self) -> int:
+        if self.nhwc:
+            return self.ho + self.wo + 4 if (self.mode == "avg" and not self.full) else 0
         return self.ho if (self.mode == "avg" and not self.full) else 0
 
-    def items(self) -> list[tuple[int, int, int, int]]:
+    def items(self) -> list[tuple[int, ...]]:
+        """(first plane, planes, first output row, rows) per item, in stage order; NHWC
+        (first image, images, first output row, rows, first channel, channels)."""
+        if self.nhwc:
+            return [(p0, min(self.planes, self.P - p0), y0, min(self.rows, self.ho - y0), c0,
+                     min(self.chans, self.c - c0))
+                    for p0 in range(0, self.P, self.planes) for y0 in range(0, self.ho, self.rows)
+                    for c0 in range(0, self.c, self.chans)]
         return [(p0, min(self.planes, self.P - p0), y0, min(self.rows, self.ho - y0))
                 for p0 in range(0, self.P, self.planes) for y0 in range(0, self.ho, self.rows)]
 
-    def key(self, it: tuple[int, int, int, int]) -> tuple:
-        _, np_, y0, nr = it
+    def key(self, it: tuple[int, ...]) -> tuple:
+        _, np_, y0, nr = it[:4]
         iy0 = y0 * self.st - self.pad
         lo, hi = max(0, iy0), min(self.h, iy0 + self.ir(nr))
-        return (np_, nr, lo - iy0, hi - lo)
+        return (np_, nr, lo - iy0, hi - lo) + tuple(it[5:])
+
+    def item_bytes(self, it: tuple[int, ...]) -> tuple[int, int]:
+        """DDR bytes an item reads (its input rows, halo included) and writes."""
+        np_, nr = it[1], it[3]
+        ch = it[5] if self.nhwc else 1  # an NHWC plane is an image of c channels
+        return (np_ * min(self.h, self.ir(nr)) * self.w * ch * F32, np_ * nr * self.wo * ch * F32)
 
 
 @register_template
 class DspPool2d(Template):
-    """Max / average pooling on the VPU: output columns on the lanes, planes x row blocks across cores."""
+    """Max / average pooling on the VPU: output columns (NCHW) or channels (NHWC) on the lanes, planes
+    (NHWC: images) x row blocks across cores."""
 
     name = "dsp.pool2d"
     op_families = ("pool",)
@@ -93,9 +136,6 @@ class DspPool2d(Template):
 
     def _check_wl(self, wl: Workload, target: Target) -> None:
         require_fp32(wl, target)
-        if wl.layout != "NCHW":
-            raise OpcError("dsp.pool2d works on NCHW (output columns on the lanes)", arg="layout", value=wl.layout,
-                           expected="NCHW")
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         self._check_wl(wl, target)
@@ -103,18 +143,24 @@ class DspPool2d(Template):
         g = _Geo(m, wl, {"planes": 1, "rows": 1, "separable": 0, "dbuf": 0})
         planes = tuple(v for v in PLANES if v <= g.P) or (1,)
         rows = tuple(sorted({v for v in ROWS if v < g.ho} | {g.ho}))
-        return [Knob("planes", planes, "planes (n x c) per stage"),
+        return [Knob("planes", planes, "planes (n x c; NHWC: images) per stage"),
                 Knob("rows", rows, "output rows per stage (the input halo is fetched again per block)"),
                 Knob("separable", (1, 0) if wl["kernel"] > 1 else (0,),
                      "reduce each input row over the columns first, then the rows (AM scratch)"),
                 Knob("dbuf", (1, 0), "double-buffer the AM tiles so DMA overlaps the VPU"),
-                cores_knob(m)]
+                cores_knob(m)] + ([Knob("chans", (g.c,) + tuple(v for v in CHANS if v < g.c),
+                                        "NHWC: channels per stage (blocks of the lanes; all: whole rows are one run)")]
+                                  if g.nhwc else [])
 
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
         m = machine(target)
         knobs = {k.name: k.values for k in self.space(wl, target)}
         g0 = _Geo(m, wl, {"planes": 1, "rows": 1, "separable": 0, "dbuf": 0})
         cfg: dict[str, Any] = {}
+        if g0.nhwc:
+            best = self._nhwc_default(wl, target, knobs)
+            if best is not None:
+                return best
         # whole planes when they fit, enough items that every core gets at least two
         for rows in sorted(knobs["rows"], reverse=True):
             for planes in sorted(knobs["planes"], reverse=True):
@@ -127,6 +173,41 @@ class DspPool2d(Template):
                     return cfg
         return {"planes": 1, "rows": 1, "separable": knobs["separable"][0], "dbuf": 1, "cores": m.cores}
 
+    def _nhwc_default(self, wl: Workload, target: Target, knobs: Mapping[str, tuple]) -> dict[str, Any] | None:
+        """NHWC: few planes (the images), so the blocks that fit AM with the least estimated time
+        of the busiest core's copies (the halo rows a row block fetches again, the runs of a
+        channel block and each item's descriptors against the cores they keep busy on the shared
+        DDR channel), double buffered when any such block fits."""
+        m = machine(target)
+        g0 = _Geo(m, wl, {"planes": 1, "rows": 1, "separable": 0, "dbuf": 0})
+        # per rows value: sum over the row blocks of the input rows each reads, and the row blocks
+        rin = {r: (sum(min(g0.h, g0.ir(min(r, g0.ho - y0))) for y0 in range(0, g0.ho, r)), cdiv(g0.ho, r))
+               for r in knobs["rows"]}
+        for dbuf in (1, 0):
+            best = None
+            for sep, chans, planes, rows in itertools.product(knobs["separable"], knobs["chans"],
+                                                               sorted(knobs["planes"], reverse=True),
+                                                               sorted(knobs["rows"], reverse=True)):
+                c = {"planes": planes, "rows": rows, "chans": chans, "separable": sep, "dbuf": dbuf, "cores": m.cores}
+                if self.check(wl, target, c) is not None:
+                    continue
+                g = _Geo(m, wl, c)
+                rows_in, nrb = rin[rows]
+                items = cdiv(g.P, g.planes) * nrb * cdiv(g.c, g.chans)
+                ddr = (g.P * rows_in * g.w + g.P * g.ho * g.wo) * g.c * F32
+                runs = g.P * rows_in * (g.w if g.chans < g.c else 1) * cdiv(g.c, g.chans) + \
+                    g.P * g.ho * (g.wo if g.Cp != g.chans or g.chans < g.c else 1) * cdiv(g.c, g.chans)
+                # the busiest core's items, each two descriptors (start-up and DDR latency) and its
+                # bytes at its share of the DDR channel while the other cores stream too
+                bw = min(m.dma_bytes_per_cycle, m.ddr_bytes_per_cycle / min(items, m.cores))
+                per_item = 2 * (m.dma_startup + m.ddr_latency) + (runs * m.dma_row_cycles + ddr / bw) / items
+                est = cdiv(items, m.cores) * per_item
+                if best is None or est < best[0]:
+                    best = (est, c)
+            if best is not None:
+                return best[1]
+        return None
+
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         m = machine(target)
         g = _Geo(m, wl, config)
@@ -136,13 +217,14 @@ class DspPool2d(Template):
         m = machine(target)
         g = _Geo(m, wl, config)
         items = g.items()
-        ddr_in = sum(np_ * min(g.h, g.ir(nr)) * g.w for _, np_, _, nr in items) * F32
-        ddr_out = g.P * g.ho * g.wo * F32
+        chans = g.c if g.nhwc else 1  # an NHWC plane is an image of c channels
+        ddr_in = sum(g.item_bytes(it)[0] for it in items)
+        ddr_out = g.P * g.ho * g.wo * chans * F32
         loads = g.k * (g.ir(g.rows) / g.rows + g.k / g.st) if g.sep else g.k * g.k
-        return {"ddr_bytes": float(ddr_in + ddr_out), "halo_ratio": ddr_in / max(g.P * g.h * g.w * F32, 1),
+        return {"ddr_bytes": float(ddr_in + ddr_out), "halo_ratio": ddr_in / max(g.P * g.h * g.w * chans * F32, 1),
                 "stages": float(len(items)), "work_per_core": len(items) / max(1, min(config["cores"], len(items))),
                 "am_occupancy": g.am_elems(m.lanes) * F32 / m.cap("AM"), "loads_per_vector": float(loads),
-                "lane_use": g.wo / g.OW}
+                "lane_use": g.lane_use if g.nhwc else g.wo / g.OW}
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         """The TVM schedule of the op's compute (`pool_tir.py`), lowered by the DSP backend."""

@@ -31,11 +31,14 @@ registers, one vmax / vadd each (the init block is the first tap). `opc.dsp.sepa
 each input row over the columns first into an AM scratch the lowering allocates, then the rows.
 A division of the window's result (avg, accumulator in `local.REG`) by (rows factor) * (columns
 factor) is one immediate multiply when the divisor is constant, else a per-column reciprocal
-vector (AM) times a per-row reciprocal scalar (SM): tables the lowering computes from the
-expressions over the loop ranges (`tables`, host constants DMAed once per core). With
-`tile_tags`, the copy into a stage tile is clipped to the box the stage's window reads, its
-padding (the `if_then_else`'s other value) written by vector stores: rows each stage, the side
-columns once per buffer; tiles get their own dependency tags (in / pad / out).
+vector (AM) times a per-row reciprocal scalar (SM), or, when neither factor moves along the lanes
+(channels on the lanes, NHWC), a per-row times a per-column reciprocal scalar (both SM): tables the
+lowering computes from the expressions over the loop ranges (`tables`, host constants DMAed once
+per core). With `tile_tags`, the copy into a stage tile is clipped to the box the stage's window
+reads, its padding (the `if_then_else`'s other value) written by vector stores: rows each stage,
+the side columns once per buffer (a (planes, rows, pixels, channels) tile with packed pixels is
+filled as (planes, rows, pixels x channels), whole pixels); tiles get their own dependency tags
+(in / pad / out).
 
 A vector nest marked `opc.dsp.rows` (softmax, `schedules/dsp/softmax_tir.py`) is a row nest:
 loops (rows, vectors / acc, acc, lanes) over one element-wise store, optionally followed by a
@@ -365,19 +368,28 @@ class VecLowerer(Lowerer):
         sspace, sbase = self._base(bsrc, slot)
         dtag, stag = self._tag(bdst, slot), self._tag(bsrc, slot)
         if zero.any():
-            if len(shape) != 3:
-                raise OpcFailure("tir lowering: padding of a stage tile: (planes, rows, columns) copies only")
             strides = self._strides(bdst)
+            fvalid, fcopy, fshape = valid, copy, shape
+            if len(shape) == 4 and strides[-1] == 1 and strides[-2] == shape[-1]:
+                # (planes, rows, pixels, channels) with the pixels packed (NHWC): a row is one run of
+                # pixels x channels; padding is whole pixels (a channel block's tail lanes with them)
+                nc = shape[-1]
+                fshape = shape[:2] + (shape[2] * nc,)
+                zero = np.repeat(zero.any(axis=-1), nc, axis=-1).reshape(fshape)
+                fvalid, fcopy = valid.reshape(fshape) | zero, copy.reshape(fshape)
+                strides = strides[:2] + (1,)
+            if len(fshape) != 3:
+                raise OpcFailure("tir lowering: padding of a stage tile: (planes, rows, columns) copies only")
             pp, w = strides[-3], strides[-2]
-            planes = np.flatnonzero(valid.any(axis=(1, 2)))
+            planes = np.flatnonzero(fvalid.any(axis=(1, 2)))
             p0, np_ = int(planes[0]), len(planes)
             if planes[-1] - p0 + 1 != np_:
                 raise OpcFailure("tir lowering: the planes copied into a stage tile are not one range")
             at = {**E, **{_key(v): 0 for v, _ in ext}}
             at[_key(ext[0][0])] = p0
             corner = dbase + int(fdst(at, None))
-            rows = valid[p0:p0 + np_].any(axis=(0, 2))
-            fullz = rows & ~copy[p0:p0 + np_].any(axis=(0, 2))
+            rows = fvalid[p0:p0 + np_].any(axis=(0, 2))
+            fullz = rows & ~fcopy[p0:p0 + np_].any(axis=(0, 2))
             part = rows & ~fullz
             fills = []
             if part.any():
@@ -388,12 +400,12 @@ class VecLowerer(Lowerer):
                 # once per buffer (nothing else writes these columns) over the planes the copy nest
                 # spans; when TVM placed the planes at their absolute index (the region analysis
                 # over-approximated: a copy loop whose extent moves), once per plane range
-                key = ("pad", k, slot) if p0 == 0 and ext[0][1] == shape[0] else ("pad", k, slot, p0)
+                key = ("pad", k, slot) if p0 == 0 and ext[0][1] == fshape[0] else ("pad", k, slot, p0)
                 if key not in self.zeroed:
                     self.zeroed[key] = np.ones(1, bool)
-                    npl = shape[0] if len(key) == 3 else np_
+                    npl = fshape[0] if len(key) == 3 else np_
                     for a, b in _runs(colz):
-                        fills.append((a, (npl, shape[1], b - a)))
+                        fills.append((a, (npl, fshape[1], b - a)))
             for a, b in _runs(fullz):
                 fills.append((a * w, (np_, b - a, w)))
             L = self.m.lanes

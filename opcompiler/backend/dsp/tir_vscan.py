@@ -151,6 +151,18 @@ def _nodes(e, out: list) -> list:
     return out
 
 
+def _index_node(e):
+    """The smallest node of `e` that mentions every variable `e` does (the row / column index a
+    divisor factor is a function of), or None (no variables, or no single smallest one)."""
+    ev = _vars(e, set())
+    cands = [n for n in _nodes(e, []) if ev and _vars(n, set()) == ev]
+    if not cands:
+        return None
+    small = min(len(str(n)) for n in cands)
+    ys = {str(n) for n in cands if len(str(n)) == small}
+    return next(n for n in cands if len(str(n)) == small) if len(ys) == 1 else None
+
+
 def _unit(lp) -> bool:
     return type(lp.extent).__name__ == "IntImm" and int(lp.extent) == 1
 
@@ -158,7 +170,8 @@ def _unit(lp) -> bool:
 class _Win:
     """A window reduction nest: spatial loops (the last one on the lanes), reduction loops (the
     taps), the predicate, the tap load and the store (buffer, flat index, level), the reducing
-    instruction, avg's divisor (rows factor, lanes factor, the row index) and `separable`."""
+    instruction, avg's divisor (rows factor, lanes factor, the row index, and None; or, channels
+    on the lanes, rows factor, columns factor, the row index, the column index) and `separable`."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -241,17 +254,16 @@ def _window(low: NestContext, st) -> _Win | None:
         if type(d).__name__ != "Mul":
             raise OpcFailure(f"tir lowering: {label}: the divisor must be (rows factor) * (columns factor)")
         A, B = (d.a, d.b) if lane not in _vars(d.a, set()) else (d.b, d.a)
+        X = None
         if lane in _vars(A, set()) or _vars(B, set()) - {lane}:
-            raise OpcFailure(f"tir lowering: {label}: the divisor must be (rows factor) * (columns factor)")
-        av = _vars(A, set())
-        cands = [n for n in _nodes(A, []) if av and _vars(n, set()) == av]
-        Y = None
-        if cands:
-            small = min(len(str(n)) for n in cands)
-            ys = {str(n) for n in cands if len(str(n)) == small}
-            if len(ys) == 1:
-                Y = next(n for n in cands if len(str(n)) == small)
-        div = (A, B, Y)
+            # channels on the lanes (NHWC): neither factor moves along them; each is a scalar of
+            # the loops it mentions (rows, columns), the column factor a function of its index X
+            if lane in _vars(d, set()) or _vars(A, set()) & _vars(B, set()):
+                raise OpcFailure(f"tir lowering: {label}: the divisor must be (rows factor) * (columns factor)")
+            X = _index_node(B)
+            if X is None:
+                raise OpcFailure(f"tir lowering: {label}: the column divisor has no single column index")
+        div = (A, B, _index_node(A), X)
     tap = R[2]
     sep = bool(int(st.annotations.get("opc.dsp.separable", 0))) and len(red) > 0
     inits = [_Select.const(x[0].value) for x in stores if x[3] and _bkey(x[0]) == _bkey(R[0])]

@@ -6,10 +6,11 @@ A window nest (`tir_vscan._window`) becomes the taps unrolled: the first tap loa
 accumulator, the others through four rotating registers, one vmax / vadd each
 (`vec_window`); `opc.dsp.separable` reduces each input row over the columns first into an AM
 scratch, then the rows. avg's divisor is an immediate multiply when constant, else per-column
-(AM) x per-row (SM) reciprocal tables computed here (`window_space`, DMAed once per core by
-`VecLowerer.core_ops`). A lane reduction (`opc.dsp.reduce_lanes`, `vec_rows`) keeps `acc` accumulators
-per output element, combines them and reduces the lanes by rotate-and-combine; the tile's slack
-columns hold the identity (written once per buffer).
+(AM) x per-row (SM) reciprocal tables computed here (with the channels on the lanes, NHWC, both
+tables in SM, read as scalars; `window_space`, DMAed once per core by `VecLowerer.core_ops`). A
+lane reduction (`opc.dsp.reduce_lanes`, `vec_rows`) keeps `acc` accumulators per output element,
+combines them and reduces the lanes by rotate-and-combine; the tile's slack columns hold the
+identity (written once per buffer).
 
 A window nest's copies into its stage tile wait until the nest says what it reads
 (`VecLowerer._dma` / `_dma_tile`, with `tile_tags`): they are then clipped to that box
@@ -56,13 +57,13 @@ def window_space(low: WindowContext, w: _Win, am: Allocator, sm: Allocator) -> N
     per-row (SM) x per-column (AM) reciprocal tables the lowering computes (host constants)."""
     L = low.m.lanes
     if w.sep:
-        tile, out = low.bstrides[w.tap[0]], low.bstrides[w.store[0]]
+        tile, out = low._strides(w.tap[0]), low._strides(w.store[0])
         planes = low.shapes[w.tap[0]][0]
         w.hp = (tile[0] // tile[1]) * out[1]
         w.scratch = tuple(am.alloc(f"row scratch[{i}]", planes * w.hp) for i in range(low.nbuf))
     if w.div is None:
         return
-    A, B, Y = w.div
+    A, B, Y, X = w.div
     fp = w.pred
 
     def over(e):
@@ -85,14 +86,31 @@ def window_space(low: WindowContext, w: _Win, am: Allocator, sm: Allocator) -> N
     if np.all(av == av[0]) and np.all(bv == bv[0]):
         w.divk = ("imm", 1.0 / (int(av[0]) * int(bv[0])))
         return
-    if Y is None or yv.min() != 0 or len(np.unique(yv)) != int(yv.max()) + 1:
+    if X is not None and Y is None and not _vars(A, set()):
+        pass  # channels on the lanes and one output row (its loop folded): a one-entry row table
+    elif Y is None or yv.min() != 0 or len(np.unique(yv)) != int(yv.max()) + 1:
         raise OpcFailure(f"tir lowering: {w.name}: the divisor's rows are not one range from 0")
     rows = np.zeros(int(yv.max()) + 1)
     rows[yv] = 1.0 / av
     if not np.array_equal(rows[yv], 1.0 / av):
         raise OpcFailure(f"tir lowering: {w.name}: the divisor is not a function of the row")
+    if X is not None:  # channels on the lanes: the column factor is an SM scalar too
+        xv = _full(low.comp.fn(X)(gx, None), sx).reshape(-1)
+        if xv.min() != 0 or len(np.unique(xv)) != int(xv.max()) + 1:
+            raise OpcFailure(f"tir lowering: {w.name}: the divisor's columns are not one range from 0")
+        cols = np.zeros(int(xv.max()) + 1)
+        cols[xv] = 1.0 / bv
+        if not np.array_equal(cols[xv], 1.0 / bv):
+            raise OpcFailure(f"tir lowering: {w.name}: the divisor is not a function of the column")
+        low.tables["rcp_cols"], low.tables["rcp_rows"] = cols.astype(np.float32), rows.astype(np.float32)
+        rc, rr = sm.alloc("column reciprocals", len(cols)), sm.alloc("row reciprocals", len(rows))
+        low._table_ops = [("rcp_cols", "SM", rc, len(cols)), ("rcp_rows", "SM", rr, len(rows))]
+        w.divk = ("tab2", rc, rr, Y, X)
+        return
     cols = np.zeros(-(-len(bv) // L) * L, np.float32)
     cols[:len(bv)] = 1.0 / bv
+    if not _vars(B, set()):  # the lanes loop folded (one column): a constant on every lane
+        cols[:] = 1.0 / bv[0]
     low.tables["rcp_cols"], low.tables["rcp_rows"] = cols, rows.astype(np.float32)
     rc, rr = am.alloc("column reciprocals", len(cols)), sm.alloc("row reciprocals", len(rows))
     low._table_ops = [("rcp_cols", "AM", rc, len(cols)), ("rcp_rows", "SM", rr, len(rows))]
@@ -128,25 +146,50 @@ def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None
     nv = -(-box[-1] // L)
     nests = []
     if w.sep:
-        if len(red) != 2 or len(ext) != 3:
-            raise OpcFailure(f"tir lowering: {w.name}: separable windows are (rows, columns) over 3 loops")
+        # (planes, rows, vectors) (NCHW: output columns on the lanes) or (planes, rows, columns,
+        # vectors) (NHWC: channels on the lanes): the loops after the rows are kept as they are
+        if len(red) != 2 or len(ext) not in (3, 4):
+            raise OpcFailure(f"tir lowering: {w.name}: separable windows are (rows, columns) over 3 or 4 loops")
         m00, m10, m01 = mem(w.tap, (0, 0)), mem(w.tap, (1, 0)), mem(w.tap, (0, 1))
         row, col = m10.base - m00.base, m01.base - m00.base
         if row <= 0 or m00.steps[1] % row:
             raise OpcFailure(f"tir lowering: {w.name}: the output rows do not step whole input rows")
         sty = m00.steps[1] // row
         hb = w.scratch[slot if low._sp(w.tap[0])[2] else 0]
-        ow = mem(w.store).steps[1]
+        so = mem(w.store).steps
+        ow, inner = so[1], tuple(so[2:])  # output row pitch; the steps of the loops after the rows
         ir = (box[1] - 1) * sty + red[0][1]
-        th = [vx.Mem("AM", m00.base + s * col, (m00.steps[0], row, m00.steps[2]), m00.lane) for s in range(red[1][1])]
-        nests.append(vx.Nest(outer=(box[0], ir, nv), post=tuple(
-            _reduce(op, th) + [vx.VI("vst", vx.Mem("AM", hb, (w.hp, ow, L)), ("acc",))])))
-        tv = [vx.Mem("AM", hb + r * ow, (w.hp, sty * ow, L), 1) for r in range(red[0][1])]
+        mid = tuple(box[2:-1]) + (nv,)
+        th = [vx.Mem("AM", m00.base + s * col, (m00.steps[0], row) + tuple(m00.steps[2:]), m00.lane)
+              for s in range(red[1][1])]
+        nests.append(vx.Nest(outer=(box[0], ir) + mid, post=tuple(
+            _reduce(op, th) + [vx.VI("vst", vx.Mem("AM", hb, (w.hp, ow) + inner), ("acc",))])))
+        tv = [vx.Mem("AM", hb + r * ow, (w.hp, sty * ow) + inner, 1) for r in range(red[0][1])]
         body = _reduce(op, tv)
     else:
         body = _reduce(op, [mem(w.tap, t) for t in taps])
     if w.divk is not None and w.divk[0] == "imm":
         body.append(vx.VI("vmul", "acc", ("acc", w.divk[1])))
+    elif w.divk is not None and w.divk[0] == "tab2":
+        _, rc, rr, Y, X = w.divk
+
+        def scalar(F, base: int, what: str) -> vx.Mem:
+            """An SM scalar of a divisor table at index F (None: the table's one entry)."""
+            if F is None:  # one row: its only entry
+                return vx.Mem("SM", base, (0,) * len(ext), 0)
+            f = low._fn(F)
+            at = {**E, **{_key(v): 0 for v, _ in ext}}
+            i0 = int(f(at, None))
+            steps = []
+            for v, _ in ext:
+                at[_key(v)] = 1
+                steps.append(int(f(at, None)) - i0)
+                at[_key(v)] = 0
+            if steps[-1]:
+                raise OpcFailure(f"tir lowering: {w.name}: the {what} divisor moves along the lanes")
+            return vx.Mem("SM", base + i0, tuple(steps[:-1]) + (0,), 0)
+        body += [vx.VI("sld", "rr", (scalar(Y, rr, "row"),)), vx.VI("sld", "rc", (scalar(X, rc, "column"),)),
+                 vx.VI("vmul", "acc", ("acc", "rr")), vx.VI("vmul", "acc", ("acc", "rc"))]
     elif w.divk is not None:
         _, rc, rr, Y = w.divk
         fy = low._fn(Y)
@@ -166,7 +209,7 @@ def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None
     nests.append(vx.Nest(outer=tuple(box[:-1]) + (nv,), post=tuple(body)))
     kern = vx.VKernel(tuple(nests), "pool2d")
     tile = low._tag(w.tap[0], slot)
-    rd = (tile, f"pad{slot}") + (("const",) if w.divk is not None and w.divk[0] == "tab" else ())
+    rd = (tile, f"pad{slot}") + (("const",) if w.divk is not None and w.divk[0] in ("tab", "tab2") else ())
     op_ = low._vpu_op(kern, rd, (low._tag(w.store[0], slot),), f"{w.name}: {int(np.prod(box))} outputs")
     low._emit(low._intern(op_), stage, 1)
 
