@@ -727,6 +727,35 @@ def _slice(ctx: _Ctx, node: Node) -> None:
         cur = ctx.emit("slice", params, (cur,), name, node, tuple(shape))
 
 
+def _gather(ctx: _Ctx, node: Node) -> None:
+    """Gather with constant indices that are one contiguous run (the packed-QKV split of
+    nn.MultiheadAttention: index 0, 1 or 2 of the stacked projections): a `slice` kernel, then a
+    view that drops the axis for a scalar index. Runtime indices (an embedding lookup) are not
+    lowered yet."""
+    x = _runtime(ctx, node, node.inputs[0], "data")
+    if node.inputs[1] not in ctx.consts:
+        raise Unsupported(node, "Gather with runtime indices (an embedding lookup) is not lowered yet")
+    xs = list(ctx.shape(x))
+    axis = int(node.attrs.get("axis", 0)) % len(xs)
+    d = xs[axis]
+    ind = ctx.consts[node.inputs[1]].astype(np.int64).reshape(-1)
+    ind = np.where(ind < 0, ind + d, ind)
+    if ind.size == 0 or ind.min() < 0 or ind.max() >= d:
+        raise Unsupported(node, f"Gather indices {ind.tolist()[:8]} out of range for an axis of {d}")
+    if not np.array_equal(ind, np.arange(ind[0], ind[0] + ind.size)):
+        raise Unsupported(node, "Gather of constant indices that are not one contiguous run")
+    out = node.outputs[0]
+    st, en = int(ind[0]), int(ind[-1]) + 1
+    if (st, en) == (0, d):
+        ctx.emit("view", {}, (x,), out, node)
+        return
+    shape = list(xs)
+    shape[axis] = en - st
+    sl = ctx.emit("slice", {"dims": "x".join(map(str, xs)), "axis": axis, "start": st, "end": en}, (x,),
+                  f"{out}:slice", node, tuple(shape))
+    ctx.emit("view", {}, (sl,), out, node)
+
+
 def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
     """ReduceMean / ReduceSum / ReduceMax over trailing axes (ShuffleNet's x.mean([2, 3])): the
     tensor viewed as (outer, inner) rows, one row reduction, a 1/inner scale for the mean."""
@@ -842,6 +871,6 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "LRN": _lrn,
     "Identity": _view, "Dropout": _dropout, "Sub": _sub, "Div": _div, "Pow": _pow, "Erf": _chain("erf"),
     "Tanh": _chain("tanh"), "Gelu": _gelu, "Sqrt": _chain("pow:0.5"), "Reciprocal": _chain("rec"),
-    "LayerNormalization": _layer_norm,
+    "LayerNormalization": _layer_norm, "Gather": _gather,
 }
 SUPPORTED = (*_LOWER, "Constant", "ConstantOfShape")  # what `lower` takes, as its error message lists it

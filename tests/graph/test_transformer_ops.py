@@ -107,3 +107,49 @@ def test_a_scalar_constant_is_an_affine_step_not_a_tensor(tmp_path):
     assert [g.prim_ops for g in plan.groups] == [("affine:1.0:3.0",), ("affine:0.25:0.0",)]
     assert all(v.size == 1 or not k.endswith(":full") for k, v in plan.constants.items())
     _run(p, "cpu")
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_gather_of_a_constant_index_is_a_slice(tmp_path, target):
+    """nn.MultiheadAttention's packed QKV split: Gather(qkv, 1, axis=0) of the stacked projections."""
+    nodes = [helper.make_node("Gather", ["x", "i"], ["q"], axis=0), helper.make_node("Relu", ["q"], ["y"])]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [3, 2, 8, 32])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 32])],
+                          initializer=[numpy_helper.from_array(np.asarray(1, np.int64), "i")])
+    p = tmp_path / "gather.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(p))
+    run = _run(p, target)
+    sl = next(k for k in run.kernels if k.op == "slice")
+    assert run.plan.workload(next(g for g in run.plan.groups if g.op == "slice"))["start"] == 1 and sl.where != "host"
+
+
+def test_gather_with_runtime_indices_is_refused_in_one_line(tmp_path):
+    from opcompiler.errors import OpcError
+    nodes = [helper.make_node("Gather", ["w", "ids"], ["y"], axis=0)]
+    g = helper.make_graph(nodes, "m", [helper.make_tensor_value_info("w", TensorProto.FLOAT, [10, 4]),
+                                       helper.make_tensor_value_info("ids", TensorProto.FLOAT, [3])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [3, 4])])
+    p = tmp_path / "emb.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(p))
+    with pytest.raises(OpcError, match="Gather with runtime indices"):
+        make_plan(load(p), "cpu")
+
+
+def test_torch_transformer_encoder_runs_with_only_attention_products_on_the_host(tmp_path):
+    """nn.TransformerEncoder (2 layers, GELU, exported by torch.onnx at opset 17, as a user writes
+    it): every node but attention's two batched MatMuls per layer runs on ascend-sim, fused, and
+    the outputs match onnxruntime."""
+    torch = pytest.importorskip("torch")
+    from opcompiler.graph import compare
+    torch.manual_seed(0)
+    layer = torch.nn.TransformerEncoderLayer(d_model=32, nhead=4, dim_feedforward=64, dropout=0.0,
+                                             batch_first=True, activation="gelu")
+    m = torch.nn.TransformerEncoder(layer, num_layers=2, enable_nested_tensor=False).eval()
+    p = tmp_path / "enc.onnx"
+    torch.onnx.export(m, (torch.randn(1, 8, 32),), str(p), opset_version=17, input_names=["x"],
+                      output_names=["y"], dynamo=False)
+    c = compare(load(p), "ascend-sim", fallback="cpu", cost_plan=False)
+    assert c.fused.correct and c.unfused.correct, (c.fused.max_abs_err, c.unfused.max_abs_err)
+    host = c.fused.on_host()
+    assert [k.onnx_ops for k in host] == [("MatMul",)] * 4
+    assert c.summary()["cycles"][0] < c.summary()["cycles"][1]
