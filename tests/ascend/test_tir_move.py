@@ -161,7 +161,7 @@ def test_a_corrupted_program_gives_a_wrong_result(monkeypatch):
 
 @pytest.mark.parametrize("op,shape,cfg", [
     ("transpose", "dims=300x300x2,perm=102", None),  # 180000 runs of one element
-    ("pad", "n=1,c=2,h=5,w=5,pt=1,pl=1,pb=1,pr=1,layout=NHWC", None),
+    ("pad", "n=1,c=64,h=5,w=100,pt=1,pl=1,pb=1,pr=1,layout=NHWC", {"ub_tile": 1024, "double_buffer": 1, "block_dim": 1}),  # a padded NHWC row of 102*64
     ("pad", "n=1,c=2,h=5,w=1500,pt=1,pl=1,pb=1,pr=1", {"ub_tile": 1024, "double_buffer": 1, "block_dim": 1})])
 def test_bad_inputs_still_raise_opc_errors(op, shape, cfg):
     with pytest.raises(OpcError):
