@@ -79,19 +79,9 @@ def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, l
     po, pi = sch.split(p, [None, planes])
     yo, yi = sch.split(y, [None, rows])
     sch.reorder(po, yo, pi, yi)
-    if avg:
-        sch.compute_at(red, x)
-        sch.set_scope(red, 0, SCOPE_REG)
     # tiles placed under the row-block loop before it is fused with the plane-block loop: TVM's
     # region analysis of the tiles is exact over the two loops, not over the fused one's // and %
-    o = sch.cache_write(last, 0, SCOPE_AM)
-    sch.reverse_compute_at(o, yo, preserve_unit_loops=True)
-    if pad is not None:
-        sch.compute_at(pad, yo, preserve_unit_loops=True)
-        sch.set_scope(pad, 0, SCOPE_AM)
-    else:
-        pad = sch.cache_read(red, 0, SCOPE_AM)
-        sch.compute_at(pad, yo, preserve_unit_loops=True)
+    o, pad = _tiles(sch, red, last, pad, avg, x, yo)
     stage = sch.fuse(po, yo)
     sch.annotate(stage, STAGE, 1)
     sch.annotate(stage, CORES, 1)
@@ -105,6 +95,24 @@ def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, l
     sch.annotate(sch.get_loops(o)[1], OP, DMA)
     return sch
 
+
+
+def _tiles(sch, red, last, pad, avg: bool, acc_at, at):
+    """The AM tiles of a stage, placed at loop `at`: the output tile (cache_write of the last block)
+    and the input tile (the padding block in AM, or a cache_read of the input); for avg, the window
+    sum in a register at loop `acc_at`. Returns (output copy block, input tile block)."""
+    if avg:
+        sch.compute_at(red, acc_at)
+        sch.set_scope(red, 0, SCOPE_REG)
+    o = sch.cache_write(last, 0, SCOPE_AM)
+    sch.reverse_compute_at(o, at, preserve_unit_loops=True)
+    if pad is not None:
+        sch.compute_at(pad, at, preserve_unit_loops=True)
+        sch.set_scope(pad, 0, SCOPE_AM)
+    else:
+        pad = sch.cache_read(red, 0, SCOPE_AM)
+        sch.compute_at(pad, at, preserve_unit_loops=True)
+    return o, pad
 
 
 def pool_schedule_nhwc(wl: Workload, planes: int, rows: int, chans: int, sep: bool, lanes: int):
@@ -124,19 +132,9 @@ def pool_schedule_nhwc(wl: Workload, planes: int, rows: int, chans: int, sep: bo
     yo, yi = sch.split(y, [None, rows])
     co, ci = sch.split(c, [None, chans])
     sch.reorder(bo, yo, co, bi, yi, x, ci)
-    if avg:
-        sch.compute_at(red, ci)
-        sch.set_scope(red, 0, SCOPE_REG)
     # tiles placed under the channel-block loop before it is fused with the image- and row-block
     # loops (as NCHW: TVM's region analysis is exact over the loops, not over the fused one's // and %)
-    o = sch.cache_write(last, 0, SCOPE_AM)
-    sch.reverse_compute_at(o, co, preserve_unit_loops=True)
-    if pad is not None:
-        sch.compute_at(pad, co, preserve_unit_loops=True)
-        sch.set_scope(pad, 0, SCOPE_AM)
-    else:
-        pad = sch.cache_read(red, 0, SCOPE_AM)
-        sch.compute_at(pad, co, preserve_unit_loops=True)
+    o, pad = _tiles(sch, red, last, pad, avg, ci, co)
     stage = sch.fuse(bo, yo, co)
     sch.annotate(stage, STAGE, 1)
     sch.annotate(stage, CORES, 1)

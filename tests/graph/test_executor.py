@@ -60,14 +60,20 @@ def test_wrong_kernel_output_is_caught(models, monkeypatch):
     assert run.correct is False
 
 
-def test_fallback_runs_unsupported_node_on_host(tmp_path):
+def _atan_model(tmp_path):
+    """Relu, Atan (no lowering: a host node with --fallback cpu), Relu."""
     nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
              helper.make_node("Atan", ["r"], ["t"], name="atan"),
              helper.make_node("Relu", ["t"], ["y"], name="relu2")]
     g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 5, 5])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 5, 5])])
-    p = tmp_path / "tanh.onnx"
+    p = tmp_path / "atan.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    return p
+
+
+def test_fallback_runs_unsupported_node_on_host(tmp_path):
+    p = _atan_model(tmp_path)
     run = run_plan(make_plan(load(p), "cpu", fallback="cpu"))
     assert run.correct
     host = run.on_host()
@@ -133,13 +139,7 @@ def test_compare_counts_host_nodes_in_the_whole_model(tmp_path):
     """A node run on the host (--fallback cpu) is in the per-kernel table, and in a whole-model
     line whose times are the target's kernels plus the host's nodes."""
     from opcompiler.graph import compare, format_compare
-    nodes = [helper.make_node("Relu", ["x"], ["r"], name="relu"),
-             helper.make_node("Atan", ["r"], ["t"], name="atan"),
-             helper.make_node("Relu", ["t"], ["y"], name="relu2")]
-    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [2, 4, 5, 5])],
-                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 4, 5, 5])])
-    p = tmp_path / "tanh.onnx"
-    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    p = _atan_model(tmp_path)
     c = compare(load(p), "ascend-sim", fallback="cpu")
     s = c.summary()
     f, u = c.fused.totals(), c.unfused.totals()
