@@ -253,7 +253,7 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
 
     built, compile_s = compile_plan(plan, config, progress)
     feeds = dict(inputs) if inputs is not None else make_inputs(plan, seed)
-    values: dict[str, np.ndarray] = {k: v.astype(plan.dtype) for k, v in feeds.items()}
+    values: dict[str, np.ndarray] = {k: _as_stored(v, plan.dtype) for k, v in feeds.items()}
     level = offchip_level(plan.target)
     reports = []
     watch: dict[str, Any] = {}
@@ -480,8 +480,25 @@ def _fp32_on_host(plan: Plan, g: Group, ins: list[np.ndarray], config: str) -> n
 
 
 def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
+    """Random inputs: float32 from a normal distribution; integer inputs (token ids) uniform over
+    the rows of the smallest table a Gather reads with them (0 or 1 when none does)."""
     rng = np.random.default_rng(seed)
-    return {n: rng.standard_normal(s).astype(np.float32) for n, s in plan.graph.inputs}
+    g = plan.graph
+    out = {}
+    for n, s in g.inputs:
+        dt = g.dtype(n)
+        if dt.startswith("int"):
+            rows = [g.shape(x.inputs[0])[int(x.attrs.get("axis", 0))] for x in g.nodes
+                    if x.op_type == "Gather" and len(x.inputs) > 1 and x.inputs[1] == n]
+            out[n] = rng.integers(0, min(rows) if rows else 2, size=s).astype(dt)
+        else:
+            out[n] = rng.standard_normal(s).astype(np.float32)
+    return out
+
+
+def _as_stored(v: np.ndarray, dtype: str) -> np.ndarray:
+    """A value as the plan stores it: floats in the plan's dtype, integers as they are."""
+    return v.astype(dtype) if np.issubdtype(v.dtype, np.floating) else v
 
 
 def ort_session(model):
@@ -503,7 +520,8 @@ def ort_session(model):
 def reference(plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The graph outputs computed by onnxruntime (CPU, fp32) on the same inputs."""
     sess = ort_session(plan.graph.model)
-    outs = sess.run(list(plan.graph.outputs), {k: v.astype(np.float32) for k, v in feeds.items()})
+    outs = sess.run(list(plan.graph.outputs), {k: v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
+                                               for k, v in feeds.items()})
     return dict(zip(plan.graph.outputs, outs))
 
 
@@ -557,13 +575,17 @@ def _run_host(plan: Plan, g: Group, values: dict[str, np.ndarray], check: bool) 
     runtime = [v for v in dict.fromkeys(node.inputs) if v and v not in plan.constants]
     consts = [numpy_helper.from_array(np.asarray(plan.constants[v]), v) for v in dict.fromkeys(node.inputs)
               if v and v in plan.constants]
+    def elem(v: str) -> int:
+        return helper.np_dtype_to_tensor_dtype(np.dtype(plan.graph.dtype(v)))
+
     gp = helper.make_graph(
         [_to_proto(node)], "host",
-        [helper.make_tensor_value_info(v, onnx.TensorProto.FLOAT, plan.shape(v)) for v in runtime],
-        [helper.make_tensor_value_info(o, onnx.TensorProto.FLOAT, plan.shape(o)) for o in node.outputs if o],
+        [helper.make_tensor_value_info(v, elem(v), plan.shape(v)) for v in runtime],
+        [helper.make_tensor_value_info(o, elem(o), plan.shape(o)) for o in node.outputs if o],
         initializer=consts)
     sess = ort_session(helper.make_model(gp, opset_imports=list(plan.graph.model.opset_import)))
-    feeds = {v: (values[v] if check else np.zeros(plan.shape(v), np.float32)).astype(np.float32) for v in runtime}
+    feeds = {v: (values[v] if check else np.zeros(plan.shape(v), np.float32)).astype(plan.graph.dtype(v))
+             for v in runtime}
     times = []
     for _ in range(5):
         t0 = time.perf_counter()
@@ -571,7 +593,7 @@ def _run_host(plan: Plan, g: Group, values: dict[str, np.ndarray], check: bool) 
         times.append(time.perf_counter() - t0)
     if check:
         for o, val in zip([o for o in node.outputs if o], outs):
-            values[o] = val.astype(plan.dtype)
+            values[o] = _as_stored(np.asarray(val), plan.dtype)
     nbytes = sum(a.nbytes for a in feeds.values()) + sum(np.asarray(o).nbytes for o in outs)
     return _report(g, plan, "host", "-", template="onnxruntime", seconds=float(statistics.median(times)),
                    offchip_bytes=int(nbytes), note=f"fallback cpu: {g.prims[0].reason}")

@@ -8,7 +8,7 @@ constant) are evaluated once at import with onnx's reference evaluator.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -21,7 +21,7 @@ from ..errors import OpcError
 MIN_OPSET = 6  # older models are upgraded with onnx.version_converter
 UPGRADE_TO = 11  # models below NATIVE_OPSET are converted to this opset at import
 NATIVE_OPSET = 9
-SUPPORTED_DTYPES = ("float32",)
+SUPPORTED_DTYPES = ("float32", "int32", "int64")  # integer inputs: token ids, masks (they run on the host)
 # In inference these forward their input: removed at import (their optional outputs unused).
 PASS_THROUGH = ("Dropout", "Identity")
 
@@ -54,6 +54,14 @@ class Graph:
     folded: int  # nodes removed by constant folding
     model: onnx.ModelProto  # the batch-fixed model (what onnxruntime runs as the reference)
     source_opset: int = 0  # the opset the file declared (< NATIVE_OPSET: upgraded to `opset`)
+    # numpy dtype names of the runtime inputs and of every value shape inference types that is not
+    # float32 (token ids, masks, their casts); a value missing here is float32
+    dtypes: Mapping[str, str] = field(default_factory=dict)
+
+    def dtype(self, value: str) -> str:
+        if value in self.constants:
+            return str(np.asarray(self.constants[value]).dtype)
+        return self.dtypes.get(value, "float32")
 
     def shape(self, value: str) -> tuple[int, ...]:
         if value in self.constants:
@@ -77,9 +85,10 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
         if vi.name in inits:
             continue  # opset < 9 style: weights listed as inputs
         inputs.append((vi.name, _static_shape(vi, batch, str(path))))
+    dtypes: dict[str, str] = {}
     for vi in g.input:
         if vi.name not in inits:
-            _check_dtype(vi, str(path))
+            dtypes[vi.name] = _check_dtype(vi, str(path))
     dynamic = any(not (d.HasField("dim_value") and d.dim_value > 0) for vi in g.input if vi.name not in inits
                   for d in vi.type.tensor_type.shape.dim[:1])
     if batch is not None and not dynamic and inputs and inputs[0][1][:1] != (batch,):
@@ -88,7 +97,7 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
     consts = dict(inits)
     nodes, folded = _fold(_skip_pass_through(_nodes(model), [o.name for o in g.output]), consts, opset)
     fixed = _with_shapes(model, dict(inputs))
-    shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False)
+    shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False, dtypes=dtypes)
     while known := {n.name for n in nodes if n.op_type == "Shape" and n.inputs[0] in shapes}:
         # with the batch fixed every Shape is a constant: fold it and what it feeds (view(x.size(0), -1))
         for n in nodes:
@@ -97,12 +106,13 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
                 consts[n.outputs[0]] = np.array(shapes[n.inputs[0]][a.get("start", 0):a.get("end")], np.int64)
         nodes, more = _fold([n for n in nodes if n.name not in known], consts, opset)
         folded += len(known) + more
-        shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False)
-    shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path))
+        shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False, dtypes=dtypes)
+    shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), dtypes=dtypes)
     return Graph(name=g.name or Path(path).stem, path=str(path), opset=opset, nodes=tuple(nodes),
                  inputs=tuple(inputs), outputs=tuple(o.name for o in g.output), constants=consts, shapes=shapes,
                  batch=batch if batch is not None else (inputs[0][1][0] if inputs and inputs[0][1] else None),
-                 folded=folded, model=fixed, source_opset=source_opset)
+                 folded=folded, model=fixed, source_opset=source_opset,
+                 dtypes={k: v for k, v in dtypes.items() if v != "float32"})
 
 
 def _read(path: Path) -> onnx.ModelProto:
@@ -168,12 +178,13 @@ def _opset(model: onnx.ModelProto) -> int:
     return next((o.version for o in model.opset_import if o.domain in ("", "ai.onnx")), 0)
 
 
-def _check_dtype(vi: onnx.ValueInfoProto, path: str) -> None:
+def _check_dtype(vi: onnx.ValueInfoProto, path: str) -> str:
     elem = vi.type.tensor_type.elem_type
     name = helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown"
     if name not in SUPPORTED_DTYPES:
         raise OpcError(f"graph input {vi.name!r} is {name}", arg="MODEL", value=path,
-                       expected="float32 graph inputs (fp16 targets cast internally)")
+                       expected="float32 graph inputs (fp16 targets cast internally), or int32 / int64 ids")
+    return name
 
 
 def _static_shape(vi: onnx.ValueInfoProto, batch: int | None, path: str) -> tuple[int, ...]:
@@ -255,12 +266,15 @@ def _single_model(node: onnx.NodeProto, ins: tuple[str, ...], consts: Mapping[st
 
 
 def _infer_shapes(model: onnx.ModelProto, consts: Mapping[str, np.ndarray], nodes: list[Node],
-                  inputs: list[tuple[str, tuple[int, ...]]], path: str, strict: bool = True
-                  ) -> dict[str, tuple[int, ...]]:
-    """Shapes of every runtime value, by onnx shape inference on the folded, batch-fixed model."""
+                  inputs: list[tuple[str, tuple[int, ...]]], path: str, strict: bool = True,
+                  dtypes: dict[str, str] | None = None) -> dict[str, tuple[int, ...]]:
+    """Shapes of every runtime value, by onnx shape inference on the folded, batch-fixed model.
+    `dtypes` holds the inputs' dtypes (float32 when absent) and gains every inferred value's."""
+    dtypes = {} if dtypes is None else dtypes
     g = helper.make_graph(
         [_to_proto(n) for n in nodes], "shapes",
-        [helper.make_tensor_value_info(n, onnx.TensorProto.FLOAT, s) for n, s in inputs],
+        [helper.make_tensor_value_info(n, helper.np_dtype_to_tensor_dtype(np.dtype(dtypes.get(n, "float32"))), s)
+         for n, s in inputs],
         [helper.make_tensor_value_info(o.name, onnx.TensorProto.UNDEFINED, None) for o in model.graph.output],
         initializer=[numpy_helper.from_array(np.asarray(v), k) for k, v in consts.items()
                      if any(k in n.inputs for n in nodes)])
@@ -271,6 +285,8 @@ def _infer_shapes(model: onnx.ModelProto, consts: Mapping[str, np.ndarray], node
         raise OpcError(f"shape inference failed: {str(e).strip().splitlines()[-1]}", arg="MODEL", value=path) from None
     shapes = dict(inputs)
     for vi in list(inferred.graph.value_info) + list(inferred.graph.output):
+        if vi.type.tensor_type.elem_type:
+            dtypes.setdefault(vi.name, helper.tensor_dtype_to_np_dtype(vi.type.tensor_type.elem_type).name)
         dims = vi.type.tensor_type.shape.dim
         if vi.type.tensor_type.HasField("shape") and all(d.HasField("dim_value") for d in dims):
             shapes[vi.name] = tuple(int(d.dim_value) for d in dims)

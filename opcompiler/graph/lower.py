@@ -98,6 +98,10 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
             fn = _LOWER.get(node.op_type)
             if fn is None:
                 raise Unsupported(node, f"op {node.op_type} is not supported (supported: {', '.join(SUPPORTED)})")
+            ints = [v for v in node.inputs if v and v not in ctx.consts and graph.dtype(v).startswith("int")]
+            if ints:  # token ids, masks and what is computed from them: no target kernel takes integers
+                raise Unsupported(node, f"{node.op_type} of the integer tensor {ints[0]!r} ({graph.dtype(ints[0])}): "
+                                        "integer tensors run on the host")
             mark = len(ctx.prims)
             try:
                 fn(ctx, node)

@@ -153,3 +153,35 @@ def test_torch_transformer_encoder_runs_with_only_attention_products_on_the_host
     host = c.fused.on_host()
     assert [k.onnx_ops for k in host] == [("MatMul",)] * 4
     assert c.summary()["cycles"][0] < c.summary()["cycles"][1]
+
+
+def _embedding_model(path, dtype=TensorProto.INT64):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], axis=0, name="embed"),
+             helper.make_node("MatMul", ["e", "w"], ["m"], name="proj"), helper.make_node("Relu", ["m"], ["y"])]
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", dtype, [2, 8])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 16])],
+                          initializer=[numpy_helper.from_array(rng.standard_normal((50, 32)).astype(np.float32), "table"),
+                                       numpy_helper.from_array(rng.standard_normal((32, 16)).astype(np.float32), "w")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("dtype", [TensorProto.INT64, TensorProto.INT32])
+def test_integer_token_ids_are_imported_and_their_lookup_runs_on_the_host(tmp_path, dtype):
+    """Token ids (int64 / int32 graph inputs) import; the embedding lookup that reads them is refused
+    in one line naming the node, and with --fallback cpu runs on the host while the projection runs
+    on the target. The random ids are valid rows of the table (make_inputs)."""
+    from opcompiler.errors import OpcError
+    from opcompiler.graph.executor import make_inputs
+    g = load(_embedding_model(tmp_path / "emb.onnx", dtype))
+    assert g.dtype("ids") == ("int64" if dtype == TensorProto.INT64 else "int32")
+    with pytest.raises(OpcError, match=r"node 'embed' \(Gather\): Gather of the integer tensor 'ids'"):
+        make_plan(g, "ascend-sim")
+    plan = make_plan(g, "ascend-sim", fallback="cpu")
+    ids = make_inputs(plan, seed=1)["ids"]
+    assert ids.dtype == np.dtype(g.dtype("ids")) and 0 <= ids.min() and ids.max() < 50
+    run = run_plan(plan)
+    assert run.correct, run.max_abs_err
+    assert [k.onnx_ops for k in run.on_host()] == [("Gather",)]
+    assert [k.op for k in run.on_target()] == ["matmul", "relu"]  # a 2-D GEMM of M = 2*8 rows
