@@ -107,7 +107,13 @@ class _Geo:
     def sm_elems(self) -> int:
         if self.resident:
             return self.k * self.cg * self.taps + len(self.pnames) * self.k
-        return self.nbuf * (self.wblk + len(self.pnames) * self.KP)
+        wb = self.wblk
+        if self.kg > self.KP and self.kg % self.KP:
+            # uneven slices of a group (k0 = g*kg + q): TVM's region of a stage's weights is not the
+            # slice but about the whole kernel's (ShuffleNet's 1x1, 4 groups of 68, planes 16:
+            # 284 channels' rows), so the tile is allocated that large
+            wb = (self.k + self.KP) * self.cg * self.taps
+        return self.nbuf * (wb + len(self.pnames) * self.KP)
 
     def regs(self) -> int:
         return self.rb + self.taps + X_REGS + len(self.pnames)
