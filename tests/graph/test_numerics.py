@@ -106,3 +106,25 @@ def test_a_wrong_kernel_is_not_passed_off_as_drift(tmp_path, monkeypatch):
     assert r.correct is False and r.drift["kernels_ok"] is False
     assert r.drift["worst_kernel_rel"] > 0.005
     assert "a wrong kernel, not drift" in r.diagnosis()
+
+
+def test_the_kernel_audit_judges_a_lowest_fill_pad_within_the_dtype(tmp_path, monkeypatch):
+    """A ceil_mode max pool pads with the dtype's lowest value: -65504 in float16, -3.4e38 in the
+    float32 recomputation. The per-kernel audit compares within float16's range, so the pad is not
+    reported as 100 % off (googlenet on ascend-sim read "a wrong kernel" for its stem's pad). The
+    tolerance is forced to 0 so the drift audit runs."""
+    import onnx
+    from onnx import TensorProto, helper
+
+    from opcompiler.graph import executor, load, make_plan, run_plan
+    nodes = [helper.make_node("MaxPool", ["x"], ["p"], kernel_shape=[3, 3], strides=[2, 2], ceil_mode=1),
+             helper.make_node("Relu", ["p"], ["y"])]
+    g = helper.make_graph(nodes, "g", [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 10, 10])],
+                          [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 5, 5])])
+    p = tmp_path / "ceil.onnx"
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 13)]), str(p))
+    monkeypatch.setitem(executor.GRAPH_TOLERANCE, "float16", (0.0, 0.0))
+    run = run_plan(make_plan(load(p), "ascend-sim", mode="unfused"))
+    assert "pad" in [k.op for k in run.kernels]
+    assert run.drift is not None and run.drift["kernels_checked"] >= 2
+    assert run.drift["worst_kernel_rel"] <= executor.KERNEL_TOLERANCE["float16"], run.drift
