@@ -23,12 +23,12 @@ The pipes, the issue clock, the flag costs and barriers are the simulator core's
 (`opcompiler.sim.scoreboard`); what stays here is the DaVinci ISA's: which instructions the
 scalar unit runs itself, the GM rates under contention, and the counters the report reads.
 `replay` / `run` are functional mode with its own accounting (`opcompiler.sim.trace`, from
-the buffers each instruction's execution touched), never this scoreboard; `report` builds the
-run's metrics from the typed `Profile`.
+the buffers each instruction's execution touched), never this scoreboard; `profile` builds the
+run's typed `Profile`, and `report_keys` the DaVinci core's own report keys beside it.
 """
 from __future__ import annotations
 
-from ...sim.profile import Profile, Timing, bound_of, report as sim_report
+from ...sim.profile import Profile, Timing, bound_of
 from ...sim.scoreboard import Scoreboard, barrier
 from ...sim.trace import STALL, WORK as EV_WORK, Event, Trace
 from . import fclock
@@ -39,7 +39,7 @@ from .machine import PIPES
 
 GB = 1e9
 
-__all__ = ["Timing", "Profile", "schedule", "replay", "run", "cost", "profile", "report", "report_keys",
+__all__ = ["Timing", "Profile", "schedule", "replay", "run", "cost", "profile", "report_keys",
            "CONTENTION_ROUNDS"]
 
 
@@ -333,9 +333,3 @@ def report_keys(plan, t: Timing, p: Profile) -> dict:
         "l2_hit_ratio": round(1 - t.hbm_read_fraction, 4),
         "bytes_note": "bytes are core 0's traffic x active cores (core 0 holds the largest share)",
     }
-
-
-def report(m, plan, t: Timing, dtype: str, functional: bool) -> dict:
-    """The metrics a run reports (what `AscendSimBackend` returns), from the typed profile."""
-    p = profile(m, plan, t, dtype)
-    return sim_report(p, report_keys(plan, t, p), functional)

@@ -13,7 +13,8 @@ The scoreboard, the channels, barriers and the steady-state skip are the simulat
 (`opcompiler.sim.scoreboard`); the DSP ISA adds a transfer's engine and channel cycles, FMAC
 busy time and the issued-work counters. `execute` runs a program's values; functional mode's
 own clock is `fclock.replay` (its own tables, never this scoreboard); tests hold the two clocks
-to each other. `report` builds the run's metrics from the typed `Profile`.
+to each other. `profile` builds the run's typed `Profile`, and `report_keys` the cluster's own
+report keys beside it.
 """
 from __future__ import annotations
 
@@ -26,7 +27,7 @@ import numpy as np
 from tqdm import tqdm
 
 from ...errors import OpcFailure
-from ...sim.profile import Profile, Timing, bound_of, report as sim_report
+from ...sim.profile import Profile, Timing, bound_of
 from ...sim.scoreboard import Channels, Scoreboard, barrier, interleave, merge, run_repeated
 from .machine import DspMachine
 from .program import F32, Op, Program, Repeat, View, dma_cycles, expand
@@ -320,9 +321,3 @@ def report_keys(m: DspMachine, prog: Program, t: Timing, p: Profile) -> dict:
         "dsp_cycles": t.dsp_cycles, "host_cycles": t.host_cycles,
         "data_mode": m.data_mode, "cores_used": prog.cores_used,
     }
-
-
-def report(m: DspMachine, prog: Program, t: Timing, functional: bool = False) -> dict:
-    """The metrics a run reports (what `DspSimBackend` returns), from the typed profile."""
-    p = profile(m, prog, t)
-    return sim_report(p, report_keys(m, prog, t, p), functional)
