@@ -99,21 +99,29 @@ def model_paths(names: list[str], size: str, out: Path) -> list[tuple[str, Path]
     return paths
 
 
-def model_row(name: str, path: Path, target: str, timeout: int, check: bool = False) -> dict:
+def compare_json(path: Path, target: str, args: list[str], timeout: int) -> tuple[dict | None, str | None, float]:
+    """`opcompiler compare PATH --target T --json ARGS` in a subprocess with an empty log directory:
+    (its JSON, None, wall seconds), or (None, opcompiler's one-line error, wall seconds)."""
     with tempfile.TemporaryDirectory() as logs:
         env = {**os.environ, "OPC_LOG_DIR": logs}
         t0 = time.perf_counter()
         try:
             p = subprocess.run([sys.executable, "-m", "opcompiler", "compare", str(path), "--target", target,
-                                "--json", "--batch", "1"] + (["--fp32-nodes", "auto"] if check else ["--timing-only"]),
-                               capture_output=True, text=True, env=env, timeout=timeout)
+                                "--json", *args], capture_output=True, text=True, env=env, timeout=timeout)
         except subprocess.TimeoutExpired:
-            return {"model": name, "target": target, "error": f"over {timeout} s"}
+            return None, f"over {timeout} s", time.perf_counter() - t0
     wall = time.perf_counter() - t0
     if p.returncode != 0:
         lines = [ln for ln in p.stderr.splitlines() if ln.startswith("opcompiler")] or p.stderr.splitlines()[-1:]
-        return {"model": name, "target": target, "error": (lines[-1] if lines else f"exit {p.returncode}")[:300]}
-    d = json.loads(p.stdout)
+        return None, (lines[-1] if lines else f"exit {p.returncode}")[:300], wall
+    return json.loads(p.stdout), None, wall
+
+
+def model_row(name: str, path: Path, target: str, timeout: int, check: bool = False) -> dict:
+    d, err, wall = compare_json(path, target, ["--batch", "1"] + (["--fp32-nodes", "auto"] if check
+                                                                  else ["--timing-only"]), timeout)
+    if d is None:
+        return {"model": name, "target": target, "error": err}
     tot = {k: d[k]["totals"]["cycles"] for k in ("fused", "unfused", "cost") if k in d}
     slower = slower_fused(d["fused"]["kernels"], d["unfused"]["kernels"])
     row = {"model": name, "target": target, "kernels": d["fused"]["totals"]["kernels"], **tot,

@@ -20,12 +20,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
-import time
 from pathlib import Path
+
+from default_quality import compare_json  # benchmarks/ is the script's folder: on sys.path
 
 
 def export(name: str, out: Path, seq: int, hidden: int, heads: int, layers: int) -> Path:
@@ -54,19 +53,9 @@ def export(name: str, out: Path, seq: int, hidden: int, heads: int, layers: int)
 
 
 def row(name: str, path: Path, target: str, timeout: int) -> dict:
-    with tempfile.TemporaryDirectory() as logs:
-        t0 = time.perf_counter()
-        try:
-            p = subprocess.run([sys.executable, "-m", "opcompiler", "compare", str(path), "--target", target,
-                                "--fallback", "cpu", "--json"], capture_output=True, text=True,
-                               env={**os.environ, "OPC_LOG_DIR": logs}, timeout=timeout)
-        except subprocess.TimeoutExpired:
-            return {"model": name, "target": target, "error": f"over {timeout} s"}
-    wall = time.perf_counter() - t0
-    if p.returncode != 0:
-        lines = [ln for ln in p.stderr.splitlines() if ln.startswith("opcompiler")] or p.stderr.splitlines()[-1:]
-        return {"model": name, "target": target, "error": (lines[-1] if lines else f"exit {p.returncode}")[:200]}
-    d = json.loads(p.stdout)
+    d, err, wall = compare_json(path, target, ["--fallback", "cpu"], timeout)
+    if d is None:
+        return {"model": name, "target": target, "error": err[:200]}
     f, u = d["fused"]["totals"], d["unfused"]["totals"]
     cyc = f["cycles"] is not None
     wh = d.get("with_host") or {}

@@ -323,10 +323,7 @@ def _ran(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], check: 
     from .cost import backend_for
     subs = _without(plan, g, err, backend_for(plan.target), config, {}, [], frozenset(),
                     f"failed on {plan.target.name} at run time")
-    for s, sb in subs:
-        if len(subs) > 1 or s.name != g.name or sb.where == "host":
-            sb = _Built(sb.kernel, sb.backend, sb.where, sb.config_source,
-                        sb.note or f"split: {g.op} failed on {plan.target.name} at run time ({_why(err)})")
+    for s, sb in subs:  # each part's note says why it replaced `g` (`_without`, `_on_host`)
         yield from _ran(plan, s, sb, values, check, level, repeat, config, reports)
 
 
@@ -525,8 +522,7 @@ def ort_session(model):
 def reference(plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:
     """The graph outputs computed by onnxruntime (CPU, fp32) on the same inputs."""
     sess = ort_session(plan.graph.model)
-    outs = sess.run(list(plan.graph.outputs), {k: v.astype(np.float32) if np.issubdtype(v.dtype, np.floating) else v
-                                               for k, v in feeds.items()})
+    outs = sess.run(list(plan.graph.outputs), {k: _as_stored(v, "float32") for k, v in feeds.items()})
     return dict(zip(plan.graph.outputs, outs))
 
 
@@ -573,7 +569,6 @@ def _run_kernel(plan: Plan, g: Group, b: _Built, values: dict[str, np.ndarray], 
 
 def _run_host(plan: Plan, g: Group, values: dict[str, np.ndarray], check: bool) -> KernelReport:
     """An unsupported ONNX node run by onnxruntime on the host (fp32), timed as the median of 5 runs."""
-    import onnx
     from onnx import helper, numpy_helper
 
     node = next(n for n in plan.graph.nodes if n.name == g.prims[0].node)

@@ -119,14 +119,10 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
 
 def _drop_unread_row_views(ctx: _Ctx, graph: Graph) -> list[Prim]:
     """The prims without the views back to N-D that nothing reads (every reader took the 2-D value):
-    a kept view would count as a second reader of the 2-D value and stop its fusion."""
-    prims = ctx.prims
-    while True:
-        read = {v for p in prims for v in p.inputs} | set(graph.outputs)
-        keep = [p for p in prims if not (p.kind == "view" and p.output in ctx.row_views and p.output not in read)]
-        if len(keep) == len(prims):
-            return prims
-        prims = keep
+    a kept view would count as a second reader of the 2-D value and stop its fusion. A row view
+    reads a kernel's 2-D output, never another row view, so one pass drops them all."""
+    read = {v for p in ctx.prims for v in p.inputs} | set(graph.outputs)
+    return [p for p in ctx.prims if not (p.kind == "view" and p.output in ctx.row_views and p.output not in read)]
 
 
 def _as_rows(ctx: _Ctx, node: Node, v: str, rows: tuple[int, int], name: str) -> str:
@@ -269,7 +265,7 @@ def _chain(step: str) -> Callable[[_Ctx, Node], None]:
 
 
 def _clip(ctx: _Ctx, node: Node) -> None:
-    x = _runtime(ctx, node, node.inputs[0], "input")
+    _runtime(ctx, node, node.inputs[0], "input")  # (checked before the bounds are read)
     if ctx.graph.opset < 11:
         lo, hi = node.attrs.get("min", -F32_MAX), node.attrs.get("max", F32_MAX)
     else:

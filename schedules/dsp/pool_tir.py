@@ -49,8 +49,9 @@ from . import stream
 _WL: dict[str, Workload] = {}
 
 
-def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, lanes: int):
-    """The scheduled s_tir.Schedule; `pitch`: the input tile's row pitch (elements)."""
+def _blocks(wl: Workload):
+    """A fresh schedule of the op's compute and its blocks: (schedule, avg, the window reduction,
+    the padding block or None (the window then reads x), the last block (avg's divide or the max))."""
     import tvm
 
     key = wl.key_str()
@@ -59,8 +60,13 @@ def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, l
     avg = wl["mode"] == "avg"
     red = sch.get_sblock("pool2d")
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    pad = sch.get_sblock("pool_pad") if "pool_pad" in names else None  # no padding: the window reads x
-    last = sch.get_sblock("pool2d_avg") if avg else red
+    pad = sch.get_sblock("pool_pad") if "pool_pad" in names else None
+    return sch, avg, red, pad, sch.get_sblock("pool2d_avg") if avg else red
+
+
+def pool_schedule(wl: Workload, planes: int, rows: int, sep: bool, pitch: int, lanes: int):
+    """The scheduled s_tir.Schedule; `pitch`: the input tile's row pitch (elements)."""
+    sch, avg, red, pad, last = _blocks(wl)
     C = int(wl["c"])
     f4 = lambda b, c, y, x: [b * C + c, y, x]
     if pad is not None:
@@ -117,16 +123,7 @@ def _tiles(sch, red, last, pad, avg: bool, acc_at, at):
 
 def pool_schedule_nhwc(wl: Workload, planes: int, rows: int, chans: int, sep: bool, lanes: int):
     """NHWC: the scheduled s_tir.Schedule (see the module docstring); `chans`: channels per stage."""
-    import tvm
-
-    key = wl.key_str()
-    _WL[key] = wl
-    sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
-    avg = wl["mode"] == "avg"
-    red = sch.get_sblock("pool2d")
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
-    pad = sch.get_sblock("pool_pad") if "pool_pad" in names else None  # no padding: the window reads x
-    last = sch.get_sblock("pool2d_avg") if avg else red
+    sch, avg, red, pad, last = _blocks(wl)
     b, y, x, c = sch.get_loops(last)[:4]
     bo, bi = sch.split(b, [None, planes])
     yo, yi = sch.split(y, [None, rows])
