@@ -281,7 +281,7 @@ _UNARY = {"relu": lambda x: np.maximum(x, 0).astype(x.dtype), "exp": np.exp, "ab
           "ln": np.log, "rec": lambda x: (1 / x).astype(x.dtype), "sqrt": np.sqrt, "copy": lambda x: x}
 _SCALAR = {"muls": np.multiply, "adds": np.add, "maxs": np.maximum, "mins": np.minimum}
 _REDUCE = {"cadd": np.sum, "cmax": np.max}
-VEC_OPS = (*_BINARY, *_UNARY, *_SCALAR, *_REDUCE, "conv", "dup", "dups")
+VEC_OPS = (*_BINARY, *_UNARY, *_SCALAR, *_REDUCE, "conv", "dup", "dups", "brcb")
 
 
 @dataclass(eq=False)
@@ -292,7 +292,10 @@ class Vec(Instr):
     Ops: add sub mul div max min (binary), relu exp abs ln rec sqrt copy (unary), muls adds maxs mins
     (with `scalar`), conv (cast to dst dtype), dup (fill with `scalar`), dups (fill with the element
     at the source offset: a scalar register loaded from UB, then vector_dup), cadd cmax (reduce
-    each repeat's active lanes to one element written at dst offset + repeat index)."""
+    each repeat's active lanes to one element written at dst offset + repeat index), brcb (each
+    repeat reads 8 consecutive source elements, the source advancing `rep_stride` blocks a repeat,
+    and fills one 32 B destination block with each: a per-row value made into a block a row
+    operand can read with block stride 0; Ascend C `Brcb`)."""
 
     op: str
     dst: VOp
@@ -314,7 +317,7 @@ class Vec(Instr):
     def execute(self, mem: Memory) -> int:
         svs = [mem.load(s.buf).reshape(-1) for s in self.srcs]
         dv = mem.store(self.dst.buf).reshape(-1)
-        xs = [] if self.op == "dups" else [sv[self._idx(s, sv.itemsize, self.lanes)] for s, sv in zip(self.srcs, svs)]
+        xs = [] if self.op in ("dups", "brcb") else [sv[self._idx(s, sv.itemsize, self.lanes)] for s, sv in zip(self.srcs, svs)]
         op = self.op
         if op in _BINARY:
             r = _BINARY[op](xs[0], xs[1])
@@ -328,6 +331,10 @@ class Vec(Instr):
             r = np.full((self.repeat, self.mask), self.scalar, dv.dtype)
         elif op == "dups":
             r = np.full((self.repeat, self.mask), svs[0][self.srcs[0].offset], dv.dtype)
+        elif op == "brcb":
+            s = self.srcs[0]
+            src = s.offset + np.arange(self.repeat)[:, None] * (s.rep_stride * (32 // svs[0].itemsize)) + np.arange(8)
+            r = np.repeat(svs[0][src], 32 // dv.itemsize, axis=1)[:, :self.mask]
         elif op in _REDUCE:
             red = _REDUCE[op](xs[0].astype(np.float32), axis=1).astype(dv.dtype)
             dv[self.dst.offset + np.arange(self.repeat)] = red

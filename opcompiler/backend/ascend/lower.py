@@ -12,6 +12,8 @@ the lowering by `sched.lowering` and assembles the plan:
     vector       `emit_insn` (pragma'd nests: DMA and vector instructions)
     move         `emit_move` (MTE2 / MTE3 boxes, a vector dup for padding)
     reduce       `emit_reduce` (per row vcadd / vcmax folds; softmax's stages per row)
+    attention    the capacity dry-run, the flash-attention nest traced once per key, each stage
+                 turned into its instructions (`tir_attention.AttentionLowering`)
 
 The vector lowerings read the GM tensors' names and shapes from the module: a host layout
 without `pack` sends the op's inputs in the module's argument order, each reshaped to its GM
@@ -57,7 +59,8 @@ def _gemm(sched: Scheduled, m: Machine) -> Plan:
     p = sched.params
     fit(sched, m)
     low = tl.GemmLowering(m, tl.trace(sched.key, sched.module), p["dims"], p["tiles"], p["chunks"], p["slots"],
-                          p["bias"], p["a_nd"], group=p["group"], dtype=p["dtype"])
+                          p["bias"], p["a_nd"], group=p["group"], dtype=p["dtype"], batch=p.get("batch", 0),
+                          bcast_b=p.get("bcast_b", False))
     return _cube_plan(sched, m, low, TIR_GEMM)
 
 
@@ -82,6 +85,14 @@ def _vector_plan(sched: Scheduled, m: Machine, vk: Any, describe: str, nests: in
                 pack=h.pack or as_given, out_name=out, out_shape=tuple(h.out_shape) or vk.gm[out][0],
                 out_dtype=h.out_dtype or vk.gm[out][1], unpack=h.unpack or (lambda y: y), flops=sched.flops,
                 unit="vector", info={**sched.info, "lowering": describe, "tir_nests": nests})
+
+
+def _attention(sched: Scheduled, m: Machine) -> Plan:
+    from .tir_attention import AttentionLowering
+
+    fit(sched, m)
+    low = AttentionLowering(m, tl.trace(sched.key, sched.module), dict(sched.params))
+    return _cube_plan(sched, m, low, "TIR flash-attention nest -> AI Core instructions (backend/ascend/tir_attention.py)")
 
 
 def _module(sched: Scheduled):
@@ -114,7 +125,7 @@ def _reduce(sched: Scheduled, m: Machine) -> Plan:
 
 
 LOWERINGS: dict[str, Callable[[Scheduled, Machine], Plan]] = {
-    "gemm": _gemm, "conv": _conv, "vector": _vector, "move": _move, "reduce": _reduce}
+    "gemm": _gemm, "conv": _conv, "vector": _vector, "move": _move, "reduce": _reduce, "attention": _attention}
 
 
 def lower(sched: Scheduled, m: Machine) -> Plan:

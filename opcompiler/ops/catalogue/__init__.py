@@ -8,6 +8,7 @@
     movement.py     concat, pad, transpose, slice              transpose_dims, slice_geometry
     pool.py         pool2d                                     pool_out_hw
     reduce.py       reduce_sum / max / mean, softmax
+    attention.py    attention (softmax(Q K^T * scale + mask) V)
 
 The geometry helpers in the right-hand column are public: schedules import them from here.
 After adding or changing an op, run `python -m opcompiler.ops.make_index` (the TVM-free index
@@ -16,6 +17,7 @@ the CLI answers from; it hashes this folder). See docs/adding_an_operator.md.
 from __future__ import annotations
 
 from . import conv, matmul, elementwise, movement, pool, reduce  # noqa: F401  (registration order: fusions' order)
+from . import attention  # noqa: F401
 from .conv import CONV_DEFAULTS, conv_out_hw, conv_out_shape
 from .elementwise import chain_op
 from .movement import slice_geometry, transpose_dims
