@@ -1,10 +1,10 @@
 """Attention on the AI Core, flash style: the scores of one query tile never leave the core.
 
     FOR query tile (b*h*sq/q_tile of them, split over `block_dim` cores)
-      Q tile GM -> L1 -> L0A;  m = -1e30, l = 0, O = 0 in UB
+      Q tile GM -> UB (x scale) -> L1 -> L0A;  m = -1e30, l = 0, O = 0 in UB
       FOR key / value tile (causal: only those at or left of the diagonal)
         qk   K tile GM -> L1 -> L0B;  S = Q K^T on the cube (L0C, fp32)
-        sm   S L0C -> UB;  scale, mask;  online softmax in fp32 on the vector unit
+        sm   S L0C -> UB;  mask;  online softmax in fp32 on the vector unit
              (m' = max(m, rowmax S), alpha = exp(m - m'), P = exp(S - m'), l = alpha l + rowsum P)
         pv   P fp16 UB -> L1 -> L0A (the 910's UB -> L1 path);  V tile GM -> L1 -> L0B;  O_j = P V
         acc  O_j L0C -> UB;  O = alpha O + O_j
@@ -52,9 +52,10 @@ def attention_buffers(wl: Workload, cfg: Mapping) -> list[tuple[str, str, int]]:
     out += [("L0B", "k_L0B", nk * dp * 2), ("L0B", "v_L0B", nk * dp * 2)]
     out += [("L0C", f"s_L0C_{s}", nk * mq * 4) for s in range(sl)] + [("L0C", f"o_L0C_{s}", dp * mq * 4)
                                                                         for s in range(sl)]
-    out += [("UB", f"s_UB_{s}", mq * nk * 4) for s in range(sl)] + [("UB", f"p_UB_{s}", mq * nk * 2) for s in range(sl)]
-    out += [("UB", "o_UB", mq * dp * 4), ("UB", "ot_UB", mq * dp * 4), ("UB", "out_UB", mq * dp * 2),
-            ("UB", "fold_UB", mq * 64 * 4), ("UB", "row_UB", mq * 4)]
+    out += [("UB", f"p_UB_{s}", mq * nk * 2) for s in range(sl)] + [("UB", "s_UB", mq * nk * 4)]
+    out += [("UB", "o_UB", mq * dp * 4), ("UB", "ot_UB", mq * dp * 4), ("UB", "out_UB", mq * dp * 2)]
+    out += [("UB", "fold_UB", mq * 64 * 4)] if dp < 64 else []
+    out += [("UB", "row_UB", mq * 4)]
     out += [("UB", f"m_UB_{s}", mq * 4) for s in range(2)] + [("UB", f"alpha_UB_{s}", mq * 4) for s in range(2)]
     out += [("UB", "l_UB", mq * 4), ("UB", "bcast_UB", mq * 32)]
     if mb:
@@ -179,6 +180,7 @@ class AscendAttention(AscendTemplate):
         return scheduled(wl, target, config)
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
+        config = self.config(wl, target, config)
         bh, sqp, skvp, dp = _dims(wl)
         mq, nk = config["q_tile"], config["kv_tile"]
         tiles = bh * ceil_div(sqp, mq)

@@ -4,19 +4,21 @@
 schedule: query tiles over the cores, key / value tiles inside, the causal bound on that loop,
 and, double-buffered, the stages skewed as a software pipeline), each stage a
 `T.call_packed(EVENT, stage, bh, q0[, k0])`. `tir_trace.trace` evaluates it; this module turns
-each stage into the instructions it stands for. Per query tile (`q`): Q GM -> L1 -> L0A (ND ->
-zZ by Load2D), the running max m = -1e30, sum l = 0, output O = 0 in UB. Per key / value tile:
+each stage into the instructions it stands for. Per query tile (`q`): Q GM -> UB, x scale (once, not
+per score tile), UB -> L1 -> L0A (ND -> zZ by Load2D), the running max m = -1e30, sum l = 0,
+output O = 0 in UB. Per key / value tile:
 
     qk    K tile GM -> L1 -> L0B (FRACTAL_Z, packed on the host), S = Q K^T on the cube into L0C
-    sm    S: L0C -> UB (fp32), x scale, + mask tile (fp16 -> fp32), + the causal band where the
+    sm    S: L0C -> UB (fp32), + mask tile (fp16 -> fp32), + the causal band where the
           tile crosses the diagonal, -1e30 past the last key; row max (fold + vcmax),
           m' = max(m, rowmax), alpha = exp(m - m'), S = exp(S - m') (m' made a block per row by
           Brcb, read with block stride 0), l = alpha l + row sum, P = fp16(S)
     pv    P: UB -> L1 (MTE3) -> L0A (ND -> zZ), V tile GM -> L1 -> L0B, O_j = P V into L0C
     acc   O_j: L0C -> UB, O = alpha O + O_j
 and `out`: O / l (reciprocal, Brcb, multiply), fp16, UB -> GM. The score tile S / P lives in
-L0C, UB, L1 and L0A and never goes to GM. Every buffer that a skewed stage reuses has two
-slots (the template's `double_buffer`); m and alpha always have two.
+L0C, UB, L1 and L0A and never goes to GM. Every buffer that a skewed stage reuses across
+pipes has two slots (the template's `double_buffer`); m and alpha always have two; S in UB,
+read by the vector unit alone, has one.
 """
 from __future__ import annotations
 
@@ -111,12 +113,12 @@ class AttentionLowering:
         vl0 = kb.alloc("L0B", "v_L0B", (nk1, d1, 16, 16), "float16")
         sc = [kb.alloc("L0C", f"s_L0C_{s}", (nk1, mq, 16), "float32") for s in range(slots)]
         oc = [kb.alloc("L0C", f"o_L0C_{s}", (d1, mq, 16), "float32") for s in range(slots)]
-        su = [kb.alloc("UB", f"s_UB_{s}", (mq, nk), "float32") for s in range(slots)]
         pu = [kb.alloc("UB", f"p_UB_{s}", (mq, nk), "float16") for s in range(slots)]
+        S = kb.alloc("UB", "s_UB", (mq, nk), "float32")  # read by the vector unit only: one slot
         ou = kb.alloc("UB", "o_UB", (mq, dp), "float32")
-        otu = kb.alloc("UB", "ot_UB", (mq, dp), "float32")
-        o16 = kb.alloc("UB", "out_UB", (mq, dp), "float16")
-        red = kb.alloc("UB", "fold_UB", (mq, LANES32), "float32")
+        otu = kb.alloc("UB", "ot_UB", (mq, dp), "float32")  # also the row folds' scratch (d >= 64)
+        o16 = kb.alloc("UB", "out_UB", (mq, dp), "float16")  # also Q on its way to L1
+        red = otu if dp >= LANES32 else kb.alloc("UB", "fold_UB", (mq, LANES32), "float32")
         rowv = kb.alloc("UB", "row_UB", (mq,), "float32")
         mv = [kb.alloc("UB", f"m_UB_{s}", (mq,), "float32") for s in range(2)]
         al = [kb.alloc("UB", f"alpha_UB_{s}", (mq,), "float32") for s in range(2)]
@@ -129,7 +131,9 @@ class AttentionLowering:
             _, b_h, q0 = events[0][:3]
             rows = min(mq, -(-(sq - q0) // 16) * 16)  # the tile's rows, 16-aligned (pad rows: zeros)
             r1 = rows // 16
-            kb.data_move(q1, (slice(0, rows), slice(0, dp)), Q, (b_h, slice(q0, q0 + rows), slice(0, dp)))
+            kb.data_move(o16, (slice(0, rows), slice(0, dp)), Q, (b_h, slice(q0, q0 + rows), slice(0, dp)))
+            kb.vec("muls", VOp(o16), (VOp(o16),), rows * dp, scalar=p["scale"])  # Q x scale, once a tile
+            kb.data_move(q1, (slice(0, rows), slice(0, dp)), o16, (slice(0, rows), slice(0, dp)))
             kb.data_move(qa, (slice(0, r1), slice(0, d1)), q1, (slice(0, rows), slice(0, dp)), transform="nd2zz")
             kb.vec("dup", VOp(mv[0]), (), rows, scalar=NEG)
             kb.vec("dup", VOp(lv), (), rows, scalar=0.0)
@@ -154,12 +158,8 @@ class AttentionLowering:
                     kb.data_move(kl0, (slice(0, d1), slice(0, n1)), k1[s], (slice(0, d1), slice(0, n1)))
                     kb.mmad(sc[s], qa, kl0, r1, d1, n1)
                 elif tag == "sm":
-                    S = su[s]
                     kb.data_move(S, (slice(0, rows), slice(0, kn)), sc[s], (slice(0, n1), slice(0, rows)),
                                  transform="nz2nd")
-                    for part in range(-(-kn // LANES32)):  # x scale, row by row parts
-                        o = VOp(S, part * LANES32, 1, nk // 8)
-                        kb.vec_raw("muls", o, (o,), rows, min(LANES32, kn - part * LANES32), scalar=p["scale"])
                     if mb:
                         mb_i = 0 if mb == 1 else b_h // heads
                         kb.data_move(mk16, (slice(0, rows), slice(0, kn)), Mk,

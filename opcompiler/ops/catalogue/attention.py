@@ -3,7 +3,7 @@
 Shape keys: `b` (batch), `h` (heads), `sq` (query rows), `skv` (key / value rows), `d` (head size),
 `causal` (1: query row i sees key rows 0..i, torch's `is_causal`: the top-left triangle),
 `mask` (0: none; 1: one additive (sq, skv) mask for every batch and head; 2: one per batch,
-(b, sq, skv)) and `scale` (a number; default 1/sqrt(d)). Q is (b, h, sq, d), K and V (b, h, skv, d).
+(b, sq, skv)) and `scale` (a number, or `auto`: 1/sqrt(d)). Q is (b, h, sq, d), K and V (b, h, skv, d).
 The scores and the softmax statistics are fp32 for fp16 inputs (the accumulator's type); P is
 rounded to the input type before P V, as the cube consumes it, and the reference does the same.
 """
@@ -19,7 +19,7 @@ from ...workload import Workload
 from ..registry import OpDef, register_op
 from .common import placeholders
 
-ATTN_DEFAULTS = {"b": 1, "h": 8, "sq": 512, "skv": 512, "d": 64, "causal": 0, "mask": 0}
+ATTN_DEFAULTS = {"b": 1, "h": 8, "sq": 512, "skv": 512, "d": 64, "causal": 0, "mask": 0, "scale": "auto"}
 ATTN_DTYPES = ("float16", "float32")
 NEG = -1.0e30  # the masked score: exp(NEG - max) is exactly 0 in fp32
 
@@ -27,7 +27,7 @@ NEG = -1.0e30  # the masked score: exp(NEG - max) is exactly 0 in fp32
 def attention_scale(wl: Workload) -> float:
     """The workload's score scale: its `scale` key, else 1/sqrt(d)."""
     s = wl.p.get("scale")
-    return 1.0 / math.sqrt(wl["d"]) if s in (None, "") else float(s)
+    return 1.0 / math.sqrt(wl["d"]) if s in (None, "", "auto") else float(s)
 
 
 def mask_batches(wl: Workload) -> int:
