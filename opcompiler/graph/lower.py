@@ -355,8 +355,14 @@ def _binary_rows(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str, osh
         c = ctx.consts[y]
         lead = (1,) * (len(oshape) - c.ndim) + tuple(c.shape)
         if any(d != 1 for d in lead[:-1]):
-            return False
-        y2 = ctx.const(f"{node.name}:{y}:row", c.reshape(1, lead[-1]))
+            readers = [r for r in ctx.graph.nodes if out in r.inputs]
+            if kind != "add" or len(readers) != 1 or readers[0].op_type != "Softmax":
+                return False
+            # an additive mask on attention scores (causal, padding): the full (rows, keys) constant
+            full_c = np.broadcast_to(c, oshape).reshape(m, n)
+            y2 = ctx.const(f"{node.name}:{y}:rows", full_c)
+        else:
+            y2 = ctx.const(f"{node.name}:{y}:row", c.reshape(1, lead[-1]))
     elif tuple(ctx.shape(y)) == tuple(oshape):
         y2 = _as_rows(ctx, node, y, (m, n), f"{out}:{y}:2d")
     else:
@@ -524,8 +530,8 @@ def _matmul(ctx: _Ctx, node: Node) -> None:
     if len(sa) < 2 or len(sb) < 2:
         raise Unsupported(node, f"MatMul of a 1-D operand ({list(sa)} x {list(sb)}) is not lowered")
     if int(np.prod(sb[:-2], dtype=np.int64)) != 1:
-        raise Unsupported(node, f"batched MatMul {list(sa)} x {list(sb)} (both operands batched, as attention's "
-                                "products are) is not lowered yet")
+        _batched_matmul(ctx, node, a, b, sa, sb)
+        return
     k, n = int(sb[-2]), int(sb[-1])
     m = int(np.prod(sa[:-1], dtype=np.int64))
     out = node.outputs[0]
@@ -538,6 +544,58 @@ def _matmul(ctx: _Ctx, node: Node) -> None:
     y2 = ctx.emit("matmul", {"m": m, "k": k, "n": n, "trans_a": 0, "trans_b": 0}, (a2, b2), f"{out}:2d", node,
                   (m, n))
     _back_to_nd(ctx, node, y2, out, tuple(oshape))
+
+
+def _producer(ctx: _Ctx, v: str) -> Prim | None:
+    return next((p for p in reversed(ctx.prims) if v in p.outputs), None)
+
+
+def _swaps_last_two(p: Prim | None) -> bool:
+    if p is None or p.kind != "transpose":
+        return False
+    perm = [int(c) for c in str(p.params["perm"])]
+    n = len(perm)
+    return n >= 2 and perm == [*range(n - 2), n - 1, n - 2]
+
+
+def _untransposed(ctx: _Ctx, node: Node, b: str) -> str | None:
+    """The B^T whose last-two-axes transpose `b` is, when the transpose (and a scalar affine step
+    after it, which commutes: torch's scaled_dot_product_attention scales K^T) is read by this
+    MatMul alone: the transpose kernel is dropped and the MatMul reads B^T with trans_b = 1."""
+    prod = _producer(ctx, b)
+    affine = None
+    if prod is not None and prod.kind == "ew_chain" and str(prod.params["chain"]).startswith("affine:") \
+            and len(prod.inputs) == 1 and ctx.uses[b] == 1:
+        affine, prod = prod, _producer(ctx, prod.inputs[0])
+    if not _swaps_last_two(prod) or ctx.uses[prod.output] != 1 or (affine is None and ctx.uses[b] != 1):
+        return None
+    bt = prod.inputs[0]
+    ctx.prims.remove(prod)
+    if affine is None:
+        return bt
+    ctx.prims.remove(affine)
+    return ctx.emit("ew_chain", {**ew_params(ctx.shape(bt)), "chain": affine.params["chain"]}, (bt,),
+                    f"{b}:bt", node, ctx.shape(bt))
+
+
+def _batched_matmul(ctx: _Ctx, node: Node, a: str, b: str, sa: tuple[int, ...], sb: tuple[int, ...]) -> None:
+    """Both operands batched (attention's Q K^T and P V): one batch_matmul over the flattened
+    batch axes, B^T read directly (trans_b) where B is a transpose of its last two axes. The
+    result is (batch * M, N) rows with an N-D row view: the scale, mask and softmax that follow
+    in attention run on the rows, so they chain into one attention kernel."""
+    _runtime(ctx, node, b, "B")
+    lead_a, lead_b = tuple(sa[:-2]), tuple(sb[:-2])
+    if len(sa) < 3 or lead_a != lead_b:
+        raise Unsupported(node, f"batched MatMul {list(sa)} x {list(sb)} with broadcast batch axes is not lowered")
+    nb, m, k, n = int(np.prod(lead_a, dtype=np.int64)), int(sa[-2]), int(sa[-1]), int(sb[-1])
+    bt = _untransposed(ctx, node, b)
+    params = {"b": nb, "m": m, "k": k, "n": n, "trans_a": 0, "trans_b": int(bt is not None), "bcast_b": 0}
+    a2 = ctx.rows.get(a)
+    if a2 is not None and int(np.prod(ctx.shape(a2))) == nb * m * k:
+        a = a2  # softmax's rows (attention's P): read as (batch, M, K) directly
+    out = node.outputs[0]
+    y = ctx.emit("batch_matmul", params, (a, bt if bt is not None else b), f"{out}:rows", node, (nb * m, n))
+    _back_to_nd(ctx, node, y, out, ctx.shapes.get(out, (*lead_a, m, n)))
 
 
 def _pool(mode: str) -> Callable[[_Ctx, Node], None]:
@@ -622,6 +680,11 @@ def _softmax(ctx: _Ctx, node: Node) -> None:
                                 "a transpose around it is not lowered)")
     m, n = int(np.prod(xs[:axis], dtype=np.int64)), int(np.prod(xs[axis:], dtype=np.int64))
     out = node.outputs[0]
+    x2 = ctx.rows.get(x)
+    if x2 is not None and tuple(ctx.shape(x2)) == (m, n):  # the rows of a batched product (attention's scores)
+        y2 = ctx.emit("softmax", {"m": m, "n": n}, (x2,), f"{out}:rows", node, (m, n))
+        _back_to_nd(ctx, node, y2, out, xs)
+        return
     if len(xs) == 2 and axis == 1:
         ctx.emit("softmax", {"m": m, "n": n}, (x,), out, node)
         return

@@ -73,7 +73,11 @@ def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool =
         free = {q: c for q, c in consumer.items() if c.outputs not in taken}  # a prim joins one kernel only
         named = _match_named(p, free, exclude)
         chain = _match_chain(p, free) if GENERIC_CHAIN not in exclude else [p]
-        if len(chain) > 1 and len(chain) > len(named[1]):
+        attn = _match_attention(p, free) if ATTENTION not in exclude else None
+        if attn is not None:
+            members, g = attn[0], Group(name=f"k{len(groups)}", op=ATTENTION, params=attn[1], inputs=attn[2],
+                                        outputs=attn[0][-1].outputs, prims=tuple(attn[0]))
+        elif len(chain) > 1 and len(chain) > len(named[1]):
             members, g = chain, _chain_group(len(groups), chain)
         elif named[0]:
             members, g = named[1], _fused_group(len(groups), named[0], named[1])
@@ -98,6 +102,42 @@ def _next(p: Prim, consumer: Mapping[str, Prim]) -> Prim | None:
         return Prim(kind=q.kind, params=q.params, inputs=(q.inputs[1], q.inputs[0]), outputs=q.outputs, node=q.node,
                     onnx_op=q.onnx_op)
     return None
+
+
+ATTENTION = "attention"
+
+
+def _match_attention(p: Prim, consumer: Mapping[str, Prim]) -> tuple[list[Prim], dict, tuple[str, ...]] | None:
+    """Attention as the importer lowers it: batch_matmul(Q, K^T read as K, trans_b) -> [x scale]
+    -> [+ mask] -> softmax over the keys -> batch_matmul(P, V), each value read by the next alone.
+    (members, attention params, inputs (q, k, v[, mask])) or None. The batch is one axis here
+    (b = batch * heads, h = 1), so a mask is the scores' full (b, sq, skv) constant or value."""
+    pp = p.params
+    if p.kind != "batch_matmul" or not pp.get("trans_b") or pp.get("trans_a") or pp.get("bcast_b"):
+        return None
+    b, sq, d, skv = pp["b"], pp["m"], pp["k"], pp["n"]
+    members, cur, scale, mask = [p], p, 1.0, None
+    while (nxt := _next(cur, consumer)) is not None and nxt.kind in (GENERIC_CHAIN, "add"):
+        chain = str(nxt.params.get("chain", "add"))
+        if chain.startswith("affine:") and mask is None and float(chain.split(":")[2]) == 0.0:
+            scale *= float(chain.split(":")[1])
+        elif chain == "add" and mask is None and len(nxt.inputs) == 2:
+            mask = nxt.inputs[1]
+        else:
+            return None
+        members.append(cur := nxt)
+    sm = _next(cur, consumer)
+    if sm is None or sm.kind != "softmax" or (sm.params["m"], sm.params["n"]) != (b * sq, skv):
+        return None
+    pv = _next(sm, consumer)
+    if pv is None or pv.kind != "batch_matmul" or pv.params.get("trans_a") or pv.params.get("trans_b") \
+            or pv.params.get("bcast_b") or (pv.params["b"], pv.params["m"], pv.params["k"]) != (b, sq, skv) \
+            or pv.params["n"] != d:
+        return None
+    members += [sm, pv]
+    params = {"b": b, "h": 1, "sq": sq, "skv": skv, "d": d, "causal": 0, "mask": 2 if mask else 0,
+              "scale": repr(scale)}
+    return members, params, (p.inputs[0], p.inputs[1], pv.inputs[1], *((mask,) if mask else ()))
 
 
 def _match_named(p: Prim, consumer: Mapping[str, Prim], exclude: frozenset[str] = frozenset()

@@ -66,9 +66,11 @@ def _attention_scores(path):
     return path
 
 
-def test_batched_matmul_is_refused_in_one_line_and_runs_on_the_host_with_fallback(tmp_path):
-    g = load(_attention_scores(tmp_path / "qk.onnx"))
-    with pytest.raises(OpcError, match=r"node 'qk' \(MatMul\): batched MatMul \[1, 4, 8, 16\] x \[1, 4, 16, 8\]"):
-        make_plan(g, "ascend-sim")
-    run = run_plan(make_plan(g, "ascend-sim", fallback="cpu"))
-    assert run.correct and [k.where for k in run.kernels] == ["host"]
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
+def test_batched_matmul_runs_as_one_batch_matmul_kernel(tmp_path, target):
+    run = run_plan(make_plan(load(_attention_scores(tmp_path / "qk.onnx")), target))
+    assert run.correct, run.max_abs_err
+    assert [k.op for k in run.kernels if k.op != "view"] == ["batch_matmul"]
+    (g,) = [g for g in run.plan.groups if g.op == "batch_matmul"]
+    wl = run.plan.workload(g)
+    assert (wl["b"], wl["m"], wl["k"], wl["n"], wl["trans_b"]) == (4, 8, 16, 8, 0)
