@@ -13,8 +13,15 @@ Each (model, target) runs `opcompiler compare MODEL --target T --fallback cpu --
 subprocess with an empty log directory. The row gives the kernels on the target and on the host,
 fused and unfused cycles (seconds on cpu) and their ratio, the host's share of the whole-model
 time (the host's wall-clock time added to the target's), and whether all three plans match
-onnxruntime. The attention kernel with on-chip scores (issue 33) is not built yet: the
-encoder's batched MatMuls (Q K^T, P V) are the host nodes, and there is no attention sweep to print.
+onnxruntime.
+
+Then the attention sweep on ascend-sim (`--sweep-sq 256,512,1024,2048,4096 --sweep-d 64,128`,
+b=1, h=16, fp16, causal or not, timing mode, template defaults): the fused kernel's cycles and %
+of the cube's peak, and the unfused path at the same shape, three kernels with the scores
+through GM (batch_matmul Q K^T with trans_b, softmax over the keys, batch_matmul P V; the scale
+folded into Q, the causal mask not applied: the unfused figure is a lower bound), up to
+`--unfused-max-sq` (the unfused softmax of 2048 x 2048 scores per head takes minutes to emit).
+`--sweep-sq ""` skips the sweep.
 """
 from __future__ import annotations
 
@@ -66,6 +73,43 @@ def row(name: str, path: Path, target: str, timeout: int) -> dict:
             "correct": all(v is True for v in d["correct"].values()), "wall": wall}
 
 
+def attention_sweep(sqs: list[int], ds: list[int], unfused_max_sq: int, heads: int = 16) -> list[dict]:
+    """Fused attention vs the three-kernel path on ascend-sim (see the module docstring)."""
+    from opcompiler.backend import get_backend
+    from opcompiler.ops import workload
+    from opcompiler.target import load_target
+
+    be = get_backend(load_target("ascend-sim"))
+
+    def cycles(op: str, shape: str) -> tuple[int, float, int]:
+        res = be.measure(be.build(workload(op, shape, dtype="float16")))
+        gm = sum(v for k, v in res.metrics["bytes_by_level"].items() if k.startswith("GM"))
+        return res.cycles, res.metrics["percent_of_peak"], gm
+
+    print(f"\nattention on ascend-sim, fp16, b=1, h={heads}, template defaults, timing mode")
+    print(f"{'sq=skv':>7} {'d':>4} {'causal':>6} {'fused cyc':>12} {'% peak':>7} {'unfused cyc':>12} "
+          f"{'scores in GM':>13} {'f/u':>6}")
+    out = []
+    for sq in sqs:
+        for d in ds:
+            for causal in (0, 1):
+                fc, pk, _ = cycles("attention", f"b=1,h={heads},sq={sq},skv={sq},d={d},causal={causal}")
+                r = {"sq": sq, "d": d, "causal": causal, "fused": fc, "percent_of_peak": pk}
+                if sq <= unfused_max_sq:
+                    bh = heads
+                    parts = [cycles("batch_matmul", f"b={bh},m={sq},k={d},n={sq},trans_b=1"),
+                             cycles("softmax", f"m={bh * sq},n={sq}"),
+                             cycles("batch_matmul", f"b={bh},m={sq},k={sq},n={d}")]
+                    r["unfused"] = sum(c for c, _, _ in parts)
+                    r["scores_gm_bytes"] = 4 * bh * sq * sq * 2  # written, read, written (P), read, fp16
+                uf = f"{r['unfused']:,}" if "unfused" in r else "-"
+                ratio = f"{r['unfused'] / fc:.2f}x" if "unfused" in r else "-"
+                gm = f"{r['scores_gm_bytes'] / 2**20:.0f} MiB" if "unfused" in r else "-"
+                print(f"{sq:>7} {d:>4} {causal:>6} {fc:>12,} {pk:>6.1f}% {uf:>12} {gm:>13} {ratio:>6}", flush=True)
+                out.append(r)
+    return out
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--targets", default="cpu,ascend-sim,dsp-sim")
@@ -75,6 +119,9 @@ def main() -> int:
     ap.add_argument("--heads", type=int, default=4)
     ap.add_argument("--layers", type=int, default=2)
     ap.add_argument("--timeout", type=int, default=3600)
+    ap.add_argument("--sweep-sq", default="256,512,1024,2048,4096")
+    ap.add_argument("--sweep-d", default="64,128")
+    ap.add_argument("--unfused-max-sq", type=int, default=1024)
     ap.add_argument("--json")
     a = ap.parse_args()
     rows = []
@@ -95,9 +142,10 @@ def main() -> int:
                 print(f"{name:<10} {t:<11} {r['kernels']:>7} {r['host_nodes']:>5} {fmt(r['fused']):>14} "
                       f"{fmt(r['unfused']):>14} {r['speedup']:>5.2f}x {r['host_share']:>6.0%} "
                       f"{'yes' if r['correct'] else 'NO':>7} {r['wall']:>5.0f}s", flush=True)
-    print("\nattention sweep (sq 256-4096, d 64/128): not run: the fused attention kernel is not built yet")
+    sweep = attention_sweep([int(v) for v in a.sweep_sq.split(",") if v], [int(v) for v in a.sweep_d.split(",")],
+                            a.unfused_max_sq) if a.sweep_sq else []
     if a.json:
-        Path(a.json).write_text(json.dumps(rows, indent=1))
+        Path(a.json).write_text(json.dumps({"models": rows, "attention": sweep}, indent=1))
     return 0 if all(r.get("correct") for r in rows) else 1
 
 

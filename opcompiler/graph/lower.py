@@ -744,7 +744,8 @@ def _transpose(ctx: _Ctx, node: Node) -> None:
     perm = list(node.attrs.get("perm", list(range(len(xs)))[::-1]))
     if len(xs) > 8:
         raise Unsupported(node, f"transpose of a {len(xs)}-D tensor (up to 8 axes)")
-    if perm == sorted(perm):
+    moved = [a for a in perm if xs[a] != 1]
+    if moved == sorted(moved):  # only unit axes move (batch-first <-> sequence-first at batch 1): a view
         ctx.emit("view", {}, (x,), node.outputs[0], node)
         return
     ctx.emit("transpose", {"dims": "x".join(map(str, xs)), "perm": "".join(map(str, perm))}, (x,), node.outputs[0],

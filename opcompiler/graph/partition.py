@@ -65,19 +65,23 @@ def partition(prims: Sequence[Prim], graph_outputs: Sequence[str], fused: bool =
     uses = Counter(v for p in prims for v in p.inputs)
     uses.update(graph_outputs)  # a graph output must reach memory: it cannot stay inside a kernel
     consumer = {v: p for p in prims for v in p.inputs if uses[v] == 1}
+    producer = {o: p for p in prims for o in p.outputs}
     taken: set[tuple[str, ...]] = set()
     groups = []
+    # attention first: it takes the head-split transposes that come before its first product
+    for p in prims if ATTENTION not in exclude else ():
+        attn = _match_attention(p, consumer, producer, taken) if p.outputs not in taken else None
+        if attn is not None:
+            taken.update(m.outputs for m in attn[0])
+            groups.append(Group(name=f"k{len(groups)}", op=ATTENTION, params=attn[1], inputs=attn[2],
+                                outputs=attn[0][-1].outputs, prims=tuple(attn[0])))
     for p in prims:
         if p.outputs in taken:
             continue
         free = {q: c for q, c in consumer.items() if c.outputs not in taken}  # a prim joins one kernel only
         named = _match_named(p, free, exclude)
         chain = _match_chain(p, free) if GENERIC_CHAIN not in exclude else [p]
-        attn = _match_attention(p, free) if ATTENTION not in exclude else None
-        if attn is not None:
-            members, g = attn[0], Group(name=f"k{len(groups)}", op=ATTENTION, params=attn[1], inputs=attn[2],
-                                        outputs=attn[0][-1].outputs, prims=tuple(attn[0]))
-        elif len(chain) > 1 and len(chain) > len(named[1]):
+        if len(chain) > 1 and len(chain) > len(named[1]):
             members, g = chain, _chain_group(len(groups), chain)
         elif named[0]:
             members, g = named[1], _fused_group(len(groups), named[0], named[1])
@@ -107,7 +111,64 @@ def _next(p: Prim, consumer: Mapping[str, Prim]) -> Prim | None:
 ATTENTION = "attention"
 
 
-def _match_attention(p: Prim, consumer: Mapping[str, Prim]) -> tuple[list[Prim], dict, tuple[str, ...]] | None:
+def _head_split(v: str, producer: Mapping[str, Prim], consumer: Mapping[str, Prim], taken: set
+                ) -> tuple[list[Prim], str, float, tuple[int, int, int]] | None:
+    """The head split that made operand `v`: a (seq, heads, d) -> (heads, seq, d) transpose, a view
+    to (b, h, seq, d) and at most one scalar multiply (torch scales Q and K by sqrt(scale)), each
+    read by the next alone. (prims, the sequence-first value, the scale, its (seq, heads, d)) or None."""
+    chain, scale, cur = [], 1.0, producer.get(v)
+    if cur is not None and cur.kind == GENERIC_CHAIN and str(cur.params["chain"]).startswith("affine:") \
+            and len(cur.inputs) == 1 and float(str(cur.params["chain"]).split(":")[2]) == 0.0 \
+            and ";" not in str(cur.params["chain"]):
+        chain.append(cur)
+        scale = float(str(cur.params["chain"]).split(":")[1])
+        cur = producer.get(cur.inputs[0])
+    if cur is None or cur.kind != "view":
+        return None
+    chain.append(cur)
+    tr = producer.get(cur.inputs[0])
+    if tr is None or tr.kind != "transpose" or str(tr.params["perm"]) != "102":
+        return None
+    chain.append(tr)
+    if any(consumer.get(q.output) is None or q.outputs in taken for q in chain[1:]) or chain[0].outputs in taken:
+        return None
+    dims = tuple(int(x) for x in str(tr.params["dims"]).split("x"))
+    return chain[::-1], tr.inputs[0], scale, dims
+
+
+def _head_merge(o: Prim, consumer: Mapping[str, Prim]) -> list[Prim] | None:
+    """The head merge after P V: a view of its rows to (b, h, seq, d), then the (b, h, seq, d) ->
+    (seq, b, h, d) transpose, each read by the next alone."""
+    view = consumer.get(o.output)
+    if view is None or view.kind != "view":
+        return None
+    tr = consumer.get(view.output)
+    if tr is None or tr.kind != "transpose" or str(tr.params["perm"]) != "2013":
+        return None
+    return [view, tr]
+
+
+def _sequence_first(members: list[Prim], params: dict, ins: tuple[str, ...], producer: Mapping[str, Prim],
+                    consumer: Mapping[str, Prim], taken: set) -> tuple[list[Prim], dict, tuple[str, ...]]:
+    """Attention whose Q, K and V come from head splits and whose output goes to a head merge
+    reads and writes the sequence-first tensors itself (layout=sbhd): the four transposes (and
+    torch's scaling of Q and K) join the kernel. Otherwise unchanged."""
+    splits = [_head_split(v, producer, consumer, taken) for v in ins[:3]]
+    merge = _head_merge(members[-1], consumer)
+    if merge is None or any(x is None for x in splits):
+        return members, params, ins
+    (sq, bh, d), (skv, bh_k, d_k), (skv_v, bh_v, d_v) = (x[3] for x in splits)
+    if (sq, bh, d) != (params["sq"], params["b"], params["d"]) or (bh_k, d_k) != (bh, d) or (skv_v, bh_v, d_v) != \
+            (params["skv"], bh, d) or skv != params["skv"]:
+        return members, params, ins
+    scale = float(params["scale"]) * splits[0][2] * splits[1][2] * splits[2][2]
+    pre = [q for x in splits for q in x[0]]
+    return ([*pre, *members, *merge], {**params, "scale": repr(scale), "layout": "sbhd"},
+            (splits[0][1], splits[1][1], splits[2][1], *ins[3:]))
+
+
+def _match_attention(p: Prim, consumer: Mapping[str, Prim], producer: Mapping[str, Prim] | None = None,
+                     taken: set | None = None) -> tuple[list[Prim], dict, tuple[str, ...]] | None:
     """Attention as the importer lowers it: batch_matmul(Q, K^T read as K, trans_b) -> [x scale]
     -> [+ mask] -> softmax over the keys -> batch_matmul(P, V), each value read by the next alone.
     (members, attention params, inputs (q, k, v[, mask])) or None. The batch is one axis here
@@ -137,7 +198,10 @@ def _match_attention(p: Prim, consumer: Mapping[str, Prim]) -> tuple[list[Prim],
     members += [sm, pv]
     params = {"b": b, "h": 1, "sq": sq, "skv": skv, "d": d, "causal": 0, "mask": 2 if mask else 0,
               "scale": repr(scale)}
-    return members, params, (p.inputs[0], p.inputs[1], pv.inputs[1], *((mask,) if mask else ()))
+    ins = (p.inputs[0], p.inputs[1], pv.inputs[1], *((mask,) if mask else ()))
+    if producer is None:
+        return members, params, ins
+    return _sequence_first(members, params, ins, producer, consumer, taken or set())
 
 
 def _match_named(p: Prim, consumer: Mapping[str, Prim], exclude: frozenset[str] = frozenset()

@@ -63,7 +63,7 @@ def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True,
     if mode == "cost":
         from .cost import cost, prebuild
         prebuild(tgt, [workload(x.op, dict(x.params), dtype=dt) for g in groups if len(g.prims) > 1
-                       for x in [g, *split(g)]], config)
+                       for x in [g, *split(g)] if x.op not in ("view", "host")], config)
         groups = choose(groups, lambda op, params: cost(tgt, op, params, dt, config), tgt)
     plan = Plan(graph=graph, target=tgt, fused=mode != "unfused", dtype=dt, groups=tuple(groups), constants=consts,
                 shapes=shapes, fallback=fallback, mode=mode)
@@ -107,7 +107,7 @@ def _judge(g: Group, cost: Callable[[str, Mapping], float], target: Target, marg
     except Exception as e:  # no template / does not fit / a bug in the template: the parts may still build
         return False, f"split: the fused {g.op} cannot be built for {target.name} ({_short(e)})"
     try:
-        apart = sum(cost(p.op, p.params) for p in parts)
+        apart = sum(cost(p.op, p.params) for p in parts if p.op not in ("view", "host"))  # a view costs nothing
     except Exception as e:
         return True, f"fused: its parts cannot all be built alone ({_short(e)})"
     if fused <= apart * (1 + margin):

@@ -16,7 +16,8 @@ skewed into a software pipeline, qk of tile j+2 and acc of tile j around sm / pv
 so the cube works on the next tiles while the vector unit does the softmax. Each stage is one
 `T.call_packed(EVENT, stage, bh, q0, k0)`; the backend's lowering "attention"
 (`opcompiler/backend/ascend/tir_attention.py`) turns each into its instructions.
-GM layouts (host-side): Q and O ND (b*h, sq, d); K as FRACTAL_Z of K^T and V as FRACTAL_Z,
+GM layouts (host-side): Q and O ND (b*h, sq, d), or with layout=sbhd (sq, b*h, d), a head's rows
+read and written by strided DMA; K as FRACTAL_Z of K^T and V as FRACTAL_Z,
 the mask fp16, all zero-padded to 16; a constant causal band fp32.
 """
 from __future__ import annotations
@@ -27,7 +28,7 @@ import numpy as np
 
 import opcompiler.backend.ascend.intrin as intrin
 from opcompiler.ops import get_op
-from opcompiler.ops.catalogue.attention import NEG, attention_scale, mask_batches
+from opcompiler.ops.catalogue.attention import NEG, attention_scale, mask_batches, seq_first
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -102,10 +103,18 @@ def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
     causal, skew, mb = bool(wl.p.get("causal")), bool(cfg["double_buffer"]), mask_batches(wl)
     d1, s1 = dp // 16, skvp // 16
 
+    sf = seq_first(wl)
+
+    def heads_first(x: np.ndarray, s: int) -> np.ndarray:  # K, V: the host packs FRACTAL_Z from either layout
+        return x.reshape(s, bh, d).transpose(1, 0, 2) if sf else x.reshape(bh, s, d)
+
     def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:
-        q = pad_to(pad_to(inputs[0].reshape(bh, sq, d), 1, sqp), 2, dp).astype(np.float16)
-        k = pad_to(pad_to(inputs[1].reshape(bh, skv, d), 1, skvp), 2, dp).astype(np.float16)
-        v = pad_to(pad_to(inputs[2].reshape(bh, skv, d), 1, skvp), 2, dp).astype(np.float16)
+        if sf:  # Q stays sequence first in GM: the kernel reads a head's rows with a strided DMA
+            q = pad_to(pad_to(inputs[0].reshape(sq, bh, d), 0, sqp), 2, dp).astype(np.float16)
+        else:
+            q = pad_to(pad_to(inputs[0].reshape(bh, sq, d), 1, sqp), 2, dp).astype(np.float16)
+        k = pad_to(pad_to(heads_first(inputs[1], skv), 1, skvp), 2, dp).astype(np.float16)
+        v = pad_to(pad_to(heads_first(inputs[2], skv), 1, skvp), 2, dp).astype(np.float16)
         gm = {"Q": np.ascontiguousarray(q),
               "K": np.ascontiguousarray(k.reshape(bh, s1, 16, d1, 16).transpose(0, 3, 1, 2, 4)),
               "V": np.ascontiguousarray(v.reshape(bh, s1, 16, d1, 16).transpose(0, 1, 3, 4, 2))}
@@ -117,19 +126,22 @@ def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         return gm
 
     def unpack(o: np.ndarray) -> np.ndarray:
+        if sf:
+            return np.ascontiguousarray(o[:sq, :, :d].reshape(sq, b, h, d))
         return np.ascontiguousarray(o[:, :sq, :d].reshape(b, h, sq, d))
 
     key = ("ascend.attention", bh, nq, nkv, mq, nk, sq, causal, skew)
-    params = {"bh": bh, "sqp": sqp, "skvp": skvp, "dp": dp, "mq": mq, "nk": nk, "slots": 2 if skew else 1,
+    params = {"seq_first": sf, "bh": bh, "sqp": sqp, "skvp": skvp, "dp": dp, "mq": mq, "nk": nk, "slots": 2 if skew else 1,
               "sq": sq, "skv": skv, "heads": h, "mask_batches": mb, "causal": causal,
               "scale": attention_scale(wl), "block_dim": cfg["block_dim"]}
     return Scheduled(
         lowering="attention", key=key, module=lambda: kernel(bh, nq, nkv, mq, nk, sq, causal, skew),
-        params=params, host=HostLayout(pack=pack, unpack=unpack, out_name="O", out_shape=(bh, sqp, dp),
-                                       out_dtype="float16"),
+        params=params, host=HostLayout(pack=pack, unpack=unpack, out_name="O",
+                                       out_shape=(sqp, bh, dp) if sf else (bh, sqp, dp), out_dtype="float16"),
         buffers=attention_buffers(wl, cfg), flops=get_op(wl.op).flops(wl),
-        info={"gm_layouts": {"Q": "ND (b*h, sq, d) padded to 16", "K": "FRACTAL_Z of K^T (b*h, D1, SKV1, 16, 16)",
-                             "V": "FRACTAL_Z (b*h, SKV1, D1, 16, 16)", "O": "ND (b*h, sq, d)"},
+        info={"gm_layouts": {"Q": f"ND {'(sq, b*h, d)' if sf else '(b*h, sq, d)'} padded to 16",
+                             "K": "FRACTAL_Z of K^T (b*h, D1, SKV1, 16, 16)", "V": "FRACTAL_Z (b*h, SKV1, D1, 16, 16)",
+                             "O": f"ND {'(sq, b*h, d)' if sf else '(b*h, sq, d)'}"},
               "scores_in_gm_bytes": 0, "pipeline": "skewed (qk j+2 | sm, pv j+1 | acc j)" if skew else "in order"})
 
 

@@ -30,8 +30,8 @@ class CpuAttention(Template):
         for name in ("scaled", "probs"):
             sch.compute_inline(sch.get_sblock(name))
         out = sch.get_sblock("attention_out")
-        n, c, i, t = sch.get_loops(out)
-        row = sch.fuse(n, c, i)
+        *lead, t = sch.get_loops(out)
+        row = sch.fuse(*lead)  # (b, h, row) or, sequence first, (row, b, h)
         for name in ("pv", "row_sum", "probs_exp", "row_max", "scores"):  # consumers first
             sch.compute_at(sch.get_sblock(name), row)
         if config["vectorize"]:

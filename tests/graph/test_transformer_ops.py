@@ -154,6 +154,12 @@ def test_torch_transformer_encoder_runs_on_the_target_with_one_attention_kernel_
     assert not c.fused.on_host() and not c.unfused.on_host()
     assert [k.op for k in c.fused.kernels].count("attention") == 2
     assert [k.op for k in c.unfused.kernels].count("batch_matmul") == 4
+    # the head split (Q, K, V) and merge transposes join the kernel, which reads and writes the
+    # sequence-first tensors: 4 transposes a layer fewer than the unfused plan runs
+    attn = [g for g in c.fused.plan.groups if g.op == "attention"]
+    assert all(g.params["layout"] == "sbhd" for g in attn)
+    transposes = [[k.op for k in r.kernels].count("transpose") for r in (c.fused, c.unfused)]
+    assert transposes[1] - transposes[0] == 8
     assert c.summary()["cycles"][0] < c.summary()["cycles"][1]
 
 

@@ -76,7 +76,8 @@ def brcb(kb: KernelBuilder, bc: Buf, src: Buf, rows: int) -> None:
 
 
 class AttentionLowering:
-    """An attention trace -> one core's program. GM: Q and O (BH, SQ, D) ND, K as FRACTAL_Z of
+    """An attention trace -> one core's program. GM: Q and O (BH, SQ, D) ND (sequence first:
+    (SQ, BH, D), a head's rows a strided DMA), K as FRACTAL_Z of
     K^T (BH, D1, SKV1, 16, 16), V as FRACTAL_Z (BH, SKV1, D1, 16, 16), the additive mask (MB, SQ,
     SKV) fp16, the causal band (mq, mq + 2 nk) fp32 (-1e30 where column - row > nk, else 0: a tile
     crossing the diagonal reads the window its offset selects), all padded to 16."""
@@ -97,10 +98,15 @@ class AttentionLowering:
         sq, skv, heads, mb = p["sq"], p["skv"], p["heads"], p["mask_batches"]
         d1, nk1, mq1 = dp // 16, nk // 16, mq // 16
         kb = KernelBuilder(self.m, core, active)
-        Q = kb.gm("Q", (bh, sqp, dp), "float16")
+        sf = p.get("seq_first", False)
+        Q = kb.gm("Q", (sqp, bh, dp) if sf else (bh, sqp, dp), "float16")
         K = kb.gm("K", (bh, d1, skvp // 16, 16, 16), "float16")
         V = kb.gm("V", (bh, skvp // 16, d1, 16, 16), "float16")
-        O = kb.gm("O", (bh, sqp, dp), "float16")
+        O = kb.gm("O", (sqp, bh, dp) if sf else (bh, sqp, dp), "float16")
+
+        def rows_of(b_h: int, q0: int, rows: int) -> tuple:  # a head's rows of Q / O in GM
+            return (slice(q0, q0 + rows), b_h, slice(0, dp)) if sf else (b_h, slice(q0, q0 + rows), slice(0, dp))
+
         Mk = kb.gm("M", (mb, sqp, skvp), "float16") if mb else None
         T = kb.gm("T", (mq, mq + 2 * nk), "float32") if p["causal"] else None
         q1 = kb.alloc("L1", "q_L1", (mq, dp), "float16")
@@ -131,7 +137,7 @@ class AttentionLowering:
             _, b_h, q0 = events[0][:3]
             rows = min(mq, -(-(sq - q0) // 16) * 16)  # the tile's rows, 16-aligned (pad rows: zeros)
             r1 = rows // 16
-            kb.data_move(o16, (slice(0, rows), slice(0, dp)), Q, (b_h, slice(q0, q0 + rows), slice(0, dp)))
+            kb.data_move(o16, (slice(0, rows), slice(0, dp)), Q, rows_of(b_h, q0, rows))
             kb.vec("muls", VOp(o16), (VOp(o16),), rows * dp, scalar=p["scale"])  # Q x scale, once a tile
             kb.data_move(q1, (slice(0, rows), slice(0, dp)), o16, (slice(0, rows), slice(0, dp)))
             kb.data_move(qa, (slice(0, r1), slice(0, d1)), q1, (slice(0, rows), slice(0, dp)), transform="nd2zz")
@@ -145,7 +151,7 @@ class AttentionLowering:
                     brcb(kb, bc, rowv, rows)
                     row_bcast(kb, "mul", ou, 0, dp, dp, rows, bc)
                     kb.vec("conv", VOp(o16), (VOp(ou),), rows * dp)
-                    kb.data_move(O, (b_h, slice(q0, q0 + rows), slice(0, dp)), o16, (slice(0, rows), slice(0, dp)))
+                    kb.data_move(O, rows_of(b_h, q0, rows), o16, (slice(0, rows), slice(0, dp)))
                     kb.loop()
                     continue
                 k0 = ev[3]

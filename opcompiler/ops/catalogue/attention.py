@@ -3,7 +3,9 @@
 Shape keys: `b` (batch), `h` (heads), `sq` (query rows), `skv` (key / value rows), `d` (head size),
 `causal` (1: query row i sees key rows 0..i, torch's `is_causal`: the top-left triangle),
 `mask` (0: none; 1: one additive (sq, skv) mask for every batch and head; 2: one per batch,
-(b, sq, skv)) and `scale` (a number, or `auto`: 1/sqrt(d)). Q is (b, h, sq, d), K and V (b, h, skv, d).
+(b, sq, skv)), `scale` (a number, or `auto`: 1/sqrt(d)) and `layout`: `bhsd` (Q is (b, h, sq, d),
+K and V (b, h, skv, d), O as Q) or `sbhd` (sequence first: Q and O (sq, b, h, d), K and V (skv, b,
+h, d), what a head split without its transpose leaves: the graph folds those transposes in).
 The scores and the softmax statistics are fp32 for fp16 inputs (the accumulator's type); P is
 rounded to the input type before P V, as the cube consumes it, and the reference does the same.
 """
@@ -19,7 +21,9 @@ from ...workload import Workload
 from ..registry import OpDef, register_op
 from .common import placeholders
 
-ATTN_DEFAULTS = {"b": 1, "h": 8, "sq": 512, "skv": 512, "d": 64, "causal": 0, "mask": 0, "scale": "auto"}
+ATTN_DEFAULTS = {"b": 1, "h": 8, "sq": 512, "skv": 512, "d": 64, "causal": 0, "mask": 0, "scale": "auto",
+                 "layout": "bhsd"}
+LAYOUTS = ("bhsd", "sbhd")
 ATTN_DTYPES = ("float16", "float32")
 NEG = -1.0e30  # the masked score: exp(NEG - max) is exactly 0 in fp32
 
@@ -44,6 +48,8 @@ def _validate(wl: Workload) -> None:
     if wl.p.get("mask", 0) not in (0, 1, 2):
         raise OpcError("must be 0 (none), 1 (one (sq, skv) additive mask) or 2 (one per batch)", arg="mask",
                        value=wl.p.get("mask"))
+    if wl.p.get("layout", "bhsd") not in LAYOUTS:
+        raise OpcError("unknown layout", arg="layout", value=wl.p.get("layout"), expected=" or ".join(LAYOUTS))
     try:
         s = attention_scale(wl)
     except ValueError:
@@ -52,9 +58,14 @@ def _validate(wl: Workload) -> None:
         raise OpcError("must be finite", arg="scale", value=wl.p.get("scale"))
 
 
+def seq_first(wl: Workload) -> bool:
+    return wl.p.get("layout", "bhsd") == "sbhd"
+
+
 def _inputs(wl: Workload) -> list:
     b, h, sq, skv, d = (wl[k] for k in ("b", "h", "sq", "skv", "d"))
-    out = [("q", (b, h, sq, d), wl.dtype), ("k", (b, h, skv, d), wl.dtype), ("v", (b, h, skv, d), wl.dtype)]
+    shp = (lambda s: (s, b, h, d)) if seq_first(wl) else (lambda s: (b, h, s, d))
+    out = [("q", shp(sq), wl.dtype), ("k", shp(skv), wl.dtype), ("v", shp(skv), wl.dtype)]
     mb = mask_batches(wl)
     if mb:
         out.append(("mask", (mb, sq, skv), wl.dtype))
@@ -68,9 +79,12 @@ def _compute(wl: Workload):
     b, h, sq, skv, d = (wl[key] for key in ("b", "h", "sq", "skv", "d"))
     acc = "float32"
     scale = attention_scale(wl)
+    sf = seq_first(wl)
+    at = (lambda t, n, c, i, x: t[i, n, c, x]) if sf else (lambda t, n, c, i, x: t[n, c, i, x])
     r = te.reduce_axis((0, d), name="r")
-    s = te.compute((b, h, sq, skv), lambda n, c, i, j: te.sum(q[n, c, i, r].astype(acc) * k[n, c, j, r].astype(acc),
-                                                                axis=r), name="scores", tag="attention")
+    s = te.compute((b, h, sq, skv), lambda n, c, i, j: te.sum(at(q, n, c, i, r).astype(acc) *
+                                                                at(k, n, c, j, r).astype(acc), axis=r),
+                   name="scores", tag="attention")
 
     def scaled(n, c, i, j):
         x = s[n, c, i, j] * te.const(scale, acc)
@@ -89,16 +103,22 @@ def _compute(wl: Workload):
     sm = te.compute((b, h, sq), lambda n, c, i: te.sum(e[n, c, i, js], axis=js), name="row_sum")
     p = te.compute((b, h, sq, skv), lambda n, c, i, j: e[n, c, i, j].astype(wl.dtype), name="probs", tag="elemwise")
     jv = te.reduce_axis((0, skv), name="jv")
-    o = te.compute((b, h, sq, d), lambda n, c, i, t: te.sum(p[n, c, i, jv].astype(acc) * v[n, c, jv, t].astype(acc),
+    o = te.compute((b, h, sq, d), lambda n, c, i, t: te.sum(p[n, c, i, jv].astype(acc) * at(v, n, c, jv, t).astype(acc),
                                                             axis=jv), name="pv")
-    out = te.compute((b, h, sq, d), lambda n, c, i, t: (o[n, c, i, t] / sm[n, c, i]).astype(wl.dtype),
-                     name="attention_out", tag="elemwise")
+    if sf:
+        out = te.compute((sq, b, h, d), lambda i, n, c, t: (o[n, c, i, t] / sm[n, c, i]).astype(wl.dtype),
+                         name="attention_out", tag="elemwise")
+    else:
+        out = te.compute((b, h, sq, d), lambda n, c, i, t: (o[n, c, i, t] / sm[n, c, i]).astype(wl.dtype),
+                         name="attention_out", tag="elemwise")
     return ins, out
 
 
 def attention_reference(wl: Workload, ins) -> np.ndarray:
     """numpy: fp32 scores and statistics; P rounded to the input type before P V."""
     q, k, v = (a.astype(np.float32) for a in ins[:3])
+    if seq_first(wl):
+        q, k, v = (a.transpose(1, 2, 0, 3) for a in (q, k, v))
     s = np.einsum("bhid,bhjd->bhij", q, k) * np.float32(attention_scale(wl))
     if len(ins) > 3:
         s = s + ins[3].astype(np.float32)[:, None]
@@ -108,7 +128,7 @@ def attention_reference(wl: Workload, ins) -> np.ndarray:
     e = np.exp(s - s.max(axis=-1, keepdims=True))
     p = e.astype(wl.dtype).astype(np.float32)
     o = np.einsum("bhij,bhjd->bhid", p, v) / e.sum(axis=-1, keepdims=True)
-    return o.astype(wl.dtype)
+    return (o.transpose(2, 0, 1, 3) if seq_first(wl) else o).astype(wl.dtype)
 
 
 def _flops(wl: Workload) -> int:
