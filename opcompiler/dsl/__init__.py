@@ -15,7 +15,7 @@ from __future__ import annotations
 
 from .elementwise import (
     broadcast, cast_to, ceil, floor, round, vabs, vadd, vadds, vaxpy, vdiv, vexp, vlog, vlrelu,
-    vmadd, vmaddrelu, vmax, vmin, vmla, vmul, vmuls, vrec, vrelu, vsub,
+    vmadd, vmaddrelu, vmax, vmin, vmla, vmul, vmuls, vrec, vrelu, vsqrt, vsub,
 )
 from .nn import batch_norm, conv2d, matmul, pool2d
 from .reduce import reduce_max, reduce_min, reduce_prod, sum
@@ -24,6 +24,6 @@ from . import util
 __all__ = [
     "broadcast", "cast_to", "ceil", "floor", "round", "vabs", "vadd", "vadds", "vaxpy", "vdiv", "vexp",
     "vlog", "vlrelu", "vmadd", "vmaddrelu", "vmax", "vmin", "vmla", "vmul", "vmuls", "vrec", "vrelu",
-    "vsub", "batch_norm", "conv2d", "matmul", "pool2d", "reduce_max", "reduce_min", "reduce_prod",
+    "vsqrt", "vsub", "batch_norm", "conv2d", "matmul", "pool2d", "reduce_max", "reduce_min", "reduce_prod",
     "sum", "util",
 ]

@@ -81,6 +81,7 @@ vabs = _unary("vabs", lambda v, dt: tirx.abs(v))
 vexp = _unary("vexp", lambda v, dt: tirx.exp(v), FLOAT)
 vlog = _unary("vlog", lambda v, dt: tirx.log(v), FLOAT)
 vrec = _unary("vrec", lambda v, dt: tirx.const(1, dt) / v, FLOAT)
+vsqrt = _unary("vsqrt", lambda v, dt: tirx.sqrt(v), FLOAT)
 vrelu = _unary("vrelu", lambda v, dt: tirx.max(v, tirx.const(0, dt)))
 
 

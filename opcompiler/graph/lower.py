@@ -9,7 +9,7 @@ that onnxruntime runs on the host, reported separately.
 from __future__ import annotations
 
 from collections import Counter
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any, Callable, Mapping
 
 import numpy as np
@@ -847,11 +847,9 @@ def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
 
 
 def _layer_norm(ctx: _Ctx, node: Node) -> None:
-    """LayerNormalization over the last axis as the primitives its written-out form lowers to (what
-    older exporters emit: ReduceMean, Sub, Pow, ReduceMean, Add, Sqrt, Div, Mul, Add): the rows'
-    mean, x - mean per row, the mean of its square, (var + eps) ** -0.5 per row, the scale per row,
-    then gamma and beta per column (one `bn` step, which fuses with what follows). Statistics are
-    in the plan's dtype; a fused layer_norm kernel with float32 statistics is not built yet."""
+    """LayerNormalization over the last axis: one `layer_norm` kernel over the (rows, last axis)
+    view, its statistics in fp32 whatever the plan's dtype. A residual add that feeds it alone
+    fuses with it into `add_layer_norm` (onnxruntime's SkipLayerNormalization)."""
     x = _runtime(ctx, node, node.inputs[0], "input")
     xs = ctx.shape(x)
     axis = int(node.attrs.get("axis", -1)) % len(xs)
@@ -867,22 +865,20 @@ def _layer_norm(ctx: _Ctx, node: Node) -> None:
             else np.zeros(n, np.float32))
     if gamma.size != n or beta.size != n:
         raise Unsupported(node, f"LayerNormalization scale / B of {gamma.size} / {beta.size} values for {n} columns")
-    img = (1, m, 1, n)
-    rows = _as_rows(ctx, node, x, (m, n), f"{out}:rows")
-    mean = ctx.emit("reduce_mean", {"m": m, "n": n}, (rows,), f"{out}:mean", node, (m,))
-    neg = ctx.emit("ew_chain", {**ew_params((m,)), "chain": "affine:-1.0:0.0"}, (mean,), f"{out}:negmean", node, (m,))
-    xi = ctx.emit("view", {}, (rows,), f"{out}:img", node, img)
-    xc = ctx.emit("ew_chain", {**ew_params(img), "chain": "bias"}, (xi, neg), f"{out}:xc", node, img)
-    xc2 = ctx.emit("view", {}, (xc,), f"{out}:xc2d", node, (m, n))
-    sq = ctx.emit("ew_chain", {**ew_params((m, n)), "chain": "mul"}, (xc2, xc2), f"{out}:sq", node, (m, n))
-    var = ctx.emit("reduce_mean", {"m": m, "n": n}, (sq,), f"{out}:var", node, (m,))
-    rstd = ctx.emit("ew_chain", {**ew_params((m,)), "chain": f"affine:1.0:{eps!r};pow:-0.5"}, (var,),
-                    f"{out}:rstd", node, (m,))
-    y = ctx.emit("ew_chain", {**ew_params(img), "chain": "scale"}, (xc, rstd), f"{out}:y", node, img)
-    y2 = ctx.emit("view", {}, (y,), f"{out}:y2d", node, (m, n))
+    add = _producer(ctx, x)
+    if x not in ctx.rows and add is not None and add.kind == "add" and ctx.uses[x] == 1 and \
+            all(v not in ctx.consts and tuple(ctx.shape(v)) == tuple(xs) for v in add.inputs):
+        # a residual add of two N-D values: on their rows, so it fuses with the normalisation
+        ctx.prims.remove(add)
+        a2, b2 = (_as_rows(ctx, node, v, (m, n), f"{x}:{i}:rows") for i, v in enumerate(add.inputs))
+        ctx.prims.append(replace(add, params=ew_params((m, n)), inputs=(a2, b2), outputs=(f"{x}:rows",)))
+        ctx.shapes[f"{x}:rows"] = (m, n)
+        rows = f"{x}:rows"
+    else:
+        rows = _as_rows(ctx, node, x, (m, n), f"{out}:rows")
     g, b = ctx.const(f"{node.name}:gamma", gamma), ctx.const(f"{node.name}:beta", beta)
-    z = ctx.emit("ew_chain", {**ew_params((m, n), True), "chain": "bn"}, (y2, g, b), f"{out}:2d", node, (m, n))
-    _back_to_nd(ctx, node, z, out, tuple(xs))
+    y = ctx.emit("layer_norm", {"rows": m, "cols": n, "eps": repr(eps)}, (rows, g, b), f"{out}:2d", node, (m, n))
+    _back_to_nd(ctx, node, y, out, tuple(xs))
 
 
 def _lrn(ctx: _Ctx, node: Node) -> None:

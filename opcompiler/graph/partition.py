@@ -250,6 +250,8 @@ def _fused_group(i: int, op: str, members: Sequence[Prim]) -> Group:
     params = dict(members[0].params)
     if op == "add_relu":
         params["bcast"] = 0
+    elif op == "add_layer_norm":  # the residual add's shape is the normalisation's rows
+        params = dict(members[-1].params)
     return Group(name=f"k{i}", op=op, params=params, inputs=_inputs(members), outputs=members[-1].outputs,
                  prims=tuple(members))
 

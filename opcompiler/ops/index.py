@@ -36,12 +36,18 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = 'cf1958bc3e779dee8f51f9be58480aaadc8a2a8d6de7599c71b03e63e9cf2282'
+CATALOGUE_SHA256 = '39c266c85651f67c0ae27dc6d9702bacf7088a89634d9afcf68e38b9d0e9f6e6'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),
+    'add_layer_norm': OpInfo('norm', 'residual add then layer normalisation, y = LN(x + r), one kernel (onnxruntime SkipLayerNormalization)',
+        {'rows': 128, 'cols': 768, 'eps': '1e-5'}, '', _F),
     'add_relu': OpInfo('elemwise', "fused add + ReLU with broadcasting (seed 002's fuse_add_relu)",
         {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'bcast': 0}, '', _F),
+    'attention': OpInfo('attention', 'softmax(Q K^T * scale + mask) V in one kernel (b, h, sq, skv, d, causal, mask)',
+        {'b': 1, 'h': 8, 'sq': 512, 'skv': 512, 'd': 64, 'causal': 0, 'mask': 0, 'scale': 'auto', 'layout': 'bhsd'}, '', ('float16', 'float32')),
+    'batch_matmul': OpInfo('batch_matmul', 'C[b] = A[b] @ B[b] over a batch (transpose flags; bcast_b: one B for every batch)',
+        {'b': 16, 'm': 128, 'k': 64, 'n': 128, 'trans_a': 0, 'trans_b': 0, 'bcast_b': 0}, 'matmul', _C),
     'batch_norm': OpInfo('elemwise', 'inference batch norm: x * scale[c] + shift[c]',
         _EW, '', _F),
     'bias_add': OpInfo('elemwise', 'add a per-channel bias',
@@ -70,6 +76,8 @@ OPS: dict[str, OpInfo] = {
         {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'chain': 'sigmoid'}, '', _F),
     'hardswish': OpInfo('elemwise', 'HardSwish: x * relu6(x + 3) / 6 (MobileNetV3), one kernel',
         _EW, '', _F),
+    'layer_norm': OpInfo('norm', 'layer normalisation over the last axis of a (rows, cols) tensor, statistics in fp32',
+        {'rows': 128, 'cols': 768, 'eps': '1e-5'}, '', _F),
     'matmul': OpInfo('matmul', 'C = A @ B (transpose flags; fully connected)',
         _MM, 'matmul', _C),
     'matmul_bias': OpInfo('matmul', 'fused matmul + bias, no activation (fully connected layer)',

@@ -1,4 +1,6 @@
 """Ascend (DaVinci AI Core) schedule templates: cube templates in 16-aligned fractals and
 vector templates tiled through UB. Each module is imported here explicitly."""
 from . import conv2d, elemwise, matmul, pool, reduce  # noqa: F401
+from . import batch_matmul  # noqa: F401
 from . import attention  # noqa: F401
+from . import norm  # noqa: F401  (layer_norm, add_layer_norm)

@@ -3,3 +3,6 @@ layers and element-wise ops (fused BN+ReLU), after seed 004; pooling, grouped / 
 convolution, element-wise chains, concat, softmax and reductions as vector instruction streams
 (`stream.py`). Every module is imported here."""
 from . import conv2d, elemwise, matmul, pool, reduce  # noqa: F401
+from . import batch_matmul  # noqa: F401
+from . import norm  # noqa: F401  (layer_norm, add_layer_norm)
+from . import attention  # noqa: F401  (flash attention)

@@ -46,13 +46,14 @@ def copy_loop(sch, blk, depth: int):
 
 def matmul_schedule(wl: Workload):
     """A fresh schedule of the matmul family's compute over (m, k, n) only (a transposed operand
-    is relaid by DMA before the kernel), with its epilogue blocks (bias, ReLU) in order, the
-    reduction block and the block that writes the output: (sch, epilogue names, matmul, last)."""
+    is relaid by DMA before the kernel; batch_matmul: under its batch, B shared or not), with its
+    epilogue blocks (bias, ReLU) in order, the reduction block and the block that writes the
+    output: (sch, epilogue names, matmul, last)."""
     import tvm
 
     from opcompiler.ops import op_prim_func, workload
 
-    base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n")}, dtype=wl.dtype)
+    base = workload(wl.op, {k: v for k, v in wl.params if k in ("m", "k", "n", "b", "bcast_b")}, dtype=wl.dtype)
     sch = tvm.s_tir.Schedule(op_prim_func(base))
     names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
     epi = [b for b in names if b in MATMUL_EPI]

@@ -68,15 +68,18 @@ class GemmGeo:
     dbuf: int
     w_path: str
     epi: tuple[str, ...]
+    batch: int = 1  # batch_matmul: GEMMs of M x K x N, one after another
+    shared_b: bool = True  # every batch reads the same B (False: each batch its own B panels)
 
     @staticmethod
-    def of(m: DspMachine, M: int, K: int, N: int, cfg: Mapping[str, Any], epi: tuple[str, ...]) -> "GemmGeo":
+    def of(m: DspMachine, M: int, K: int, N: int, cfg: Mapping[str, Any], epi: tuple[str, ...], batch: int = 1,
+           shared_b: bool = True) -> "GemmGeo":
         L = m.lanes
         mb = min(int(cfg["mb"]), M)
         nb = min(int(cfg["nb"]), cdiv(N, L) * L)
         return GemmGeo(M=M, K=K, N=N, L=L, pw=int(cfg["pw"]), kv=int(cfg["kv"]), ms=min(int(cfg["rows"]), mb),
                        kc=min(int(cfg["kc"]), K), mb=mb, nb=nb, nbp=cdiv(nb, L) * L, dbuf=int(cfg["dbuf"]),
-                       w_path=str(cfg["w_path"]), epi=epi)
+                       w_path=str(cfg["w_path"]), epi=epi, batch=batch, shared_b=shared_b)
 
     @property
     def bias(self) -> bool:
@@ -91,14 +94,18 @@ class GemmGeo:
         return {"AM": am, "SM": sm, "GSM": gsm, "REG": regs}
 
     def blocks(self) -> list[tuple[int, int, int, int]]:
-        """C blocks (m0, rows, n0, cols), M blocks inner."""
+        """C blocks (m0, rows, n0, cols), M blocks inner (batches outermost)."""
         return [(m0, min(self.mb, self.M - m0), n0, min(self.nb, self.N - n0))
-                for n0 in range(0, self.N, self.nb) for m0 in range(0, self.M, self.mb)]
+                for n0 in range(0, self.N, self.nb) for m0 in range(0, self.M, self.mb)] * self.batch
 
     def panels(self, cores: int) -> int:
-        """The most distinct N blocks (B panels) one round of `cores` consecutive blocks touches."""
+        """The most distinct B panels (N blocks; of each batch unless B is shared) one round of
+        `cores` consecutive blocks touches."""
         bl = self.blocks()
-        return max((len({b[2] for b in bl[i:i + cores]}) for i in range(0, len(bl), cores)), default=1)
+        per = len(bl) // self.batch
+        key = (lambda i: bl[i][2]) if self.shared_b else (lambda i: (i // per, bl[i][2]))
+        return max((len({key(j) for j in range(i, min(i + cores, len(bl)))}) for i in range(0, len(bl), cores)),
+                   default=1)
 
 
 def check_gemm(m: DspMachine, g: GemmGeo, cfg: Mapping[str, Any]) -> str | None:
@@ -121,10 +128,10 @@ def gemm_features(m: DspMachine, g: GemmGeo) -> dict[str, float]:
     rounds = cdiv(len(blocks), m.cores)
     a = sum(r for _, r, _, _ in blocks) * g.K
     b = (rounds * g.panels(m.cores) if g.w_path == "gsm" else len(blocks)) * g.K * g.nb
-    ddr = (a + b + g.M * g.N) * F32
+    ddr = (a + b + g.batch * g.M * g.N) * F32
     fp = g.footprint(m.cores)
     chains = g.pw * g.kv
-    return {"ddr_bytes": float(ddr), "arith_intensity": 2.0 * g.M * g.N * g.K / ddr,
+    return {"ddr_bytes": float(ddr), "arith_intensity": 2.0 * g.batch * g.M * g.N * g.K / ddr,
             "am_occupancy": fp["AM"] / m.cap("AM"), "sm_occupancy": fp["SM"] / m.cap("SM"),
             "gsm_occupancy": fp["GSM"] / m.cap("GSM"), "reg_occupancy": fp["REG"] / m.registers,
             "fma_chains": float(chains), "fmac_latency_cover": min(1.0, chains / (m.fmac_units * m.fmac_latency)),
@@ -136,7 +143,7 @@ def gemm_features(m: DspMachine, g: GemmGeo) -> dict[str, float]:
 def gemm_schedule(wl: Workload, g: GemmGeo):
     """The blocked GEMM as a TVM schedule of the op's own compute (see the module docstring)::
 
-        blocks (N blocks outer, M blocks inner; opc.dsp.blocks): the C tile in local.AM
+        blocks (N blocks outer, M blocks inner, batches outermost; opc.dsp.blocks): the C tile in local.AM
           [bias -> local.AM]
           ko (K blocks of kc; opc.dsp.kblock): B block -> [local.GSM ->] local.AM
             stages of `rows` rows (opc.dsp.stage): A rows -> local.SM
@@ -146,12 +153,12 @@ def gemm_schedule(wl: Workload, g: GemmGeo):
           output tile local.AM -> DDR
     """
     sch, epi, mm, last = matmul_schedule(wl)
-    i, j, k = sch.get_loops(mm)
+    *batch, i, j, k = sch.get_loops(mm)  # batch_matmul: the batch, outermost in the blocks
     io, ii = sch.split(i, [None, g.mb])
     jo, ji = sch.split(j, [None, g.nb])
     ko, ki = sch.split(k, [None, g.kc])
-    sch.reorder(jo, io, ko, ii, ji, ki)
-    blk = sch.fuse(jo, io)
+    sch.reorder(*batch, jo, io, ko, ii, ji, ki)
+    blk = sch.fuse(*batch, jo, io)
     st, ip = sch.split(ii, [None, g.ms])
     rb, pr = sch.split(ip, [None, g.pw])
     vb, vl = sch.split(ji, [None, g.kv * g.L])

@@ -32,7 +32,7 @@ def _attention_model(path, b=1, h=2, s=24, d=16, mask=True):
     return path
 
 
-@pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim", "dsp-sim"])
 @pytest.mark.parametrize("mask", [True, False])
 def test_fused_plan_is_one_attention_kernel(tmp_path, target, mask):
     g = load(_attention_model(tmp_path / "attn.onnx", mask=mask))

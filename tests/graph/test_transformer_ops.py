@@ -70,8 +70,18 @@ def test_layer_normalization(tmp_path, target):
     p = _model(tmp_path / "ln.onnx", [helper.make_node("LayerNormalization", ["x", "g", "b"], ["y"], epsilon=1e-5)],
                [_c("g", LN_W[0]), _c("b", LN_W[1])])
     run = _run(p, target)
-    ops = [k.op for k in run.kernels if k.op != "view"]
-    assert ops.count("reduce_mean") == 2
+    assert [k.op for k in run.kernels if k.op != "view"] == ["layer_norm"]  # one kernel, fp32 statistics
+
+
+@pytest.mark.parametrize("target", TARGETS)
+def test_residual_add_and_layer_norm_fuse(tmp_path, target):
+    """Add then LayerNormalization (a transformer layer's residual): one add_layer_norm kernel fused,
+    add and layer_norm apart unfused; both against onnxruntime."""
+    p = _model(tmp_path / "skip.onnx", [helper.make_node("Add", ["x", "x2"], ["s"]),
+                                         helper.make_node("LayerNormalization", ["s", "g", "b"], ["y"])],
+               [_c("g", LN_W[0]), _c("b", LN_W[1])], inputs=("x", "x2"))
+    assert [k.op for k in _run(p, target).kernels if k.op != "view"] == ["add_layer_norm"]
+    assert [k.op for k in _run(p, target, mode="unfused").kernels if k.op != "view"] == ["add", "layer_norm"]
 
 
 @pytest.mark.parametrize("target", TARGETS)

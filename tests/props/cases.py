@@ -84,6 +84,10 @@ def shapes(draw, op: str) -> dict[str, Any]:
         return {"m": draw(st.sampled_from(ROWS)), "k": draw(st.sampled_from(COLS)),
                 "n": draw(st.sampled_from(COLS)), "trans_a": draw(st.sampled_from((0, 1))),
                 "trans_b": draw(st.sampled_from((0, 1)))}
+    if op == "batch_matmul":
+        return {"b": draw(st.sampled_from((1, 2, 3))), "m": draw(st.sampled_from(ROWS)),
+                "k": draw(st.sampled_from(COLS)), "n": draw(st.sampled_from(COLS)),
+                **{f: draw(st.sampled_from((0, 1))) for f in ("trans_a", "trans_b", "bcast_b")}}
     if op == "pad":
         return {**_ew(draw), **{k: draw(st.sampled_from((0, 0, 1, 2))) for k in ("pt", "pl", "pb", "pr")},
                 "fill": draw(st.sampled_from(("zero", "lowest")))}
@@ -94,6 +98,13 @@ def shapes(draw, op: str) -> dict[str, Any]:
                 "mode": draw(st.sampled_from(("max", "avg")))}
     if op in ROWWISE:
         return {"m": draw(st.sampled_from(ROWS)), "n": draw(st.sampled_from(COLS))}
+    if op == "attention":
+        return {"b": draw(st.sampled_from((1, 2))), "h": draw(st.sampled_from((1, 2, 3))),
+                "sq": draw(st.sampled_from((1, 2, 7, 16, 17, 33))), "skv": draw(st.sampled_from((1, 3, 16, 17, 31, 33))),
+                "d": draw(st.sampled_from((1, 3, 8, 16, 17))), "causal": draw(st.sampled_from((0, 1))),
+                "mask": draw(st.sampled_from((0, 1, 2))), "layout": draw(st.sampled_from(("bhsd", "sbhd")))}
+    if op in ("layer_norm", "add_layer_norm"):
+        return {"rows": draw(st.sampled_from(ROWS)), "cols": draw(st.sampled_from(COLS))}
     if op in ("slice", "transpose"):
         dims = draw(st.lists(st.sampled_from((1, 2, 3, 4, 5, 8, 16, 17)), min_size=1 if op == "slice" else 2,
                              max_size=5))
@@ -124,7 +135,7 @@ class Case:
     def sizes(self) -> list[int]:
         """The tensor sizes drawn (not strides, pads or axes): the extents of a `dims` too."""
         out = [int(v) for k, v in self.params.items()
-               if k in ("n", "c", "c1", "h", "w", "k", "m", "r", "s") and isinstance(v, int)]
+               if k in ("n", "c", "c1", "h", "w", "k", "m", "r", "s", "rows", "cols") and isinstance(v, int)]
         if "dims" in self.params:
             out += [int(d) for d in str(self.params["dims"]).split("x")]
         return out

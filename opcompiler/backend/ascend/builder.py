@@ -15,8 +15,8 @@ import numpy as np
 from ...errors import OpcFailure
 from ...sim.buffers import Arena
 from ...sim.program import SimProgram
-from .isa import (VEC_OPS, Barrier, Buf, ConvGeom, DataMove, Instr, Load3D, Mmad, Scalar, Vec, VOp,
-                  region_bursts)
+from .isa import (TRANS_BLOCKS, VEC_OPS, Barrier, Buf, ConvGeom, DataMove, Instr, Load3D, Mmad, Scalar, Vec,
+                  VecTrans, VOp, region_bursts)
 from .machine import Machine
 
 
@@ -247,6 +247,56 @@ class KernelBuilder:
                 return VOp(v.buf, v.offset + o, bpr, 8 * bpr)
 
             self.vec_raw(op, at(dst), tuple(at(s) for s in srcs), ceil_div(rows, 8), scalar=scalar)
+
+    def transpose(self, dst: Buf, dst_off: int, dst_row: int, src: Buf, src_off: int, src_row: int, rows: int,
+                  cols: int, batch: tuple[int, int, int] = (1, 0, 0)) -> None:
+        """A rows x cols matrix in UB (`src`: rows `src_row` elements apart, columns contiguous)
+        transposed into cols x rows (`dst`: rows `dst_row` apart), `batch` = (count, source
+        stride, destination stride) such matrices, by vnchwconv (`VecTrans`): blocks of 16 rows x
+        one 32 B block of columns (16 fp16, 8 fp32), one repeat each, over the matrix padded to
+        whole blocks (rows to 16, columns to 32 B): both buffers must hold the padding (its lanes
+        move whatever UB holds there). The repeats run along the longest of the batch, row-band
+        and column-block axes (at most 255 an instruction); one instruction per position of the
+        other two. Every address is a whole 32 B block."""
+        isz = src.itemsize
+        if dst.itemsize != isz or isz not in (2, 4):
+            raise OpcFailure(f"vnchwconv transposes 2- or 4-byte elements of one width, not {src.dtype} -> {dst.dtype}")
+        if src.level != "UB" or dst.level != "UB":
+            raise OpcFailure(f"vnchwconv works on UB, not {src.level} -> {dst.level}")
+        epb = self.m.vec_block_bytes // isz
+        per_row = TRANS_BLOCKS // epb  # destination blocks per transposed row (1 fp16, 2 fp32)
+        nb, sb, db = batch
+        nr, nc = ceil_div(rows, TRANS_BLOCKS), ceil_div(cols, epb)
+        if any(v % epb for v in (dst_off, dst_row, src_off, src_row, sb, db)):
+            raise OpcFailure(f"vnchwconv {src.name} -> {dst.name}: offsets and strides "
+                             f"{src_off, src_row, dst_off, dst_row} are not whole 32 B blocks")
+        s_top = src_off + (nb - 1) * sb + (nr * TRANS_BLOCKS - 1) * src_row + nc * epb
+        d_top = dst_off + (nb - 1) * db + (nc * epb - 1) * dst_row + nr * TRANS_BLOCKS
+        size = lambda b: int(np.prod(b.shape))  # noqa: E731
+        if min(src_off, dst_off) < 0 or s_top > size(src) or d_top > size(dst):
+            raise OpcFailure(f"vnchwconv of {rows} x {cols} (padded to {nr * 16} x {nc * epb}) overruns "
+                             f"{src.name}{src.shape} or {dst.name}{dst.shape}")
+        i = np.arange(TRANS_BLOCKS)
+        s_rows = i * src_row  # block i of a repeat: source row i
+        d_rows = (i // per_row) * dst_row + (i % per_row) * epb  # block i: its transposed row's part
+        # (count, source step, destination step) in elements of the batch, row-band, column-block axes
+        axes = [(nb, sb, db), (nr, TRANS_BLOCKS * src_row, TRANS_BLOCKS), (nc, epb, epb * dst_row)]
+        k = max(range(3), key=lambda a: axes[a][0])
+        others = [a for a in range(3) if a != k]
+        n_rep, s_step, d_step = axes[k]
+        for u in range(axes[others[0]][0]):
+            for v in range(axes[others[1]][0]):
+                so = src_off + u * axes[others[0]][1] + v * axes[others[1]][1]
+                do = dst_off + u * axes[others[0]][2] + v * axes[others[1]][2]
+                done = 0
+                while done < n_rep:
+                    rep = min(n_rep - done, self.m.vec_max_repeat)
+                    a, b = so + done * s_step, do + done * d_step
+                    ins = VecTrans(dst=dst, dst_addrs=tuple(int(x) for x in b + d_rows), src=src,
+                                   src_addrs=tuple(int(x) for x in a + s_rows), repeat=rep, dst_rep=d_step // epb,
+                                   src_rep=s_step // epb)
+                    self._emit(ins, "V", (src,), (dst,))
+                    done += rep
 
     def loop(self, iterations: int = 1) -> None:
         """Scalar cost of loop control for one iteration (counter, addresses, branch)."""

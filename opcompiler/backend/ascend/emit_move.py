@@ -9,6 +9,15 @@ vector dup of the fill over the tile then the move of the box where `cond` holds
 every module, views of one axis included (`emit_insn.lower` would stream those as flat
 tensors). Anything it cannot map is a one-line `OpcFailure` naming the nest.
 
+A `vector_transpose` nest (a transpose that moves the innermost axis: the op's block between
+the tile read into UB and its transposed copy, both `local.UB`) is vnchwconv
+(`KernelBuilder.transpose`): the nest's source and destination indices pair the buffers' axes
+(the source's last axis is a destination axis, the destination's last a source axis, the others
+batch axes), per iteration the box it transposes; both buffers are laid out with the rows axis
+padded to 16 and the columns axis to whole 32 B blocks (the instruction's 16 x 32 B blocks; the
+padding lanes hold whatever UB holds and are never copied out), and each its own buffer (a
+transpose never writes in place).
+
 Tile loops in sequence (concat: per image, a tile loop per input, each `opc.ascend.item_tiles`)
 under the loop that carries the cores: their iterations, in walk order, are the kernel's items
 (what the cores share, one ping-pong slot each). Each tile loop's body is lowered over all the
@@ -18,14 +27,17 @@ loop's moves only.
 """
 from __future__ import annotations
 
+import itertools
+from dataclasses import dataclass, fields
+
 import numpy as np
 
 from opcompiler.errors import OpcFailure
 
 from . import emit_insn
-from .emit_insn import CORES, SLOTS, VectorKernel, _seq, _ShapedLowering
+from .emit_insn import CORES, SLOTS, VectorKernel, _nest_parts, _Op, _SCtx, _seq, _ShapedLowering
 
-from .intrin import ITEM_TILES  # noqa: E402 (a tile loop of a sequence under the cores loop: concat)
+from .intrin import ITEM_TILES, VEC_TRANSPOSE  # noqa: E402 (concat's tile loops; the transpose nest's pragma)
 _CACHE: dict[int, VectorKernel] = {}
 _CACHE_MAX = 256
 
@@ -43,6 +55,51 @@ class _ItemEnv(dict):
         if f is not None:
             return f(dict.__getitem__(self, self.tile))
         return dict.__getitem__(self, k)
+
+
+@dataclass
+class _Trans(_Op):
+    """A vector transpose nest: `pairs` the (source axis, destination axis) that carry the same
+    index, the rows first (the source axis that is the destination's last), the columns second
+    (the source's last axis), then batch axes; per iteration the box's start and size per pair."""
+
+    pairs: tuple[tuple[int, int], ...] = ()
+    lo: np.ndarray | None = None  # (iterations, pairs)
+    size: np.ndarray | None = None
+
+
+def _strides(shape: tuple[int, ...]) -> list[int]:
+    out, acc = [], 1
+    for n in reversed(shape):
+        out.append(acc)
+        acc *= int(n)
+    return out[::-1]
+
+
+class _TransposeKernel(VectorKernel):
+    """A kernel with vector transposes: those nests emitted by `KernelBuilder.transpose` on the
+    physical (padded) buffers, the rest as any shaped kernel's."""
+
+    def _emit(self, kb, ops, it, buf) -> None:
+        for o in ops:
+            if not isinstance(o, _Trans):
+                super()._emit(kb, [o], it, buf)
+                continue
+            if int(o.cnt[it]) == 0:
+                continue
+            src, dst = buf(o.srcs[0]), buf(o.dst)
+            ss, ds = _strides(src.shape), _strides(dst.shape)
+            lo, size = o.lo[it], o.size[it]
+            s0 = sum(int(lo[k]) * ss[s] for k, (s, _) in enumerate(o.pairs))
+            d0 = sum(int(lo[k]) * ds[d] for k, (_, d) in enumerate(o.pairs))
+            (s_rows, _), (_, d_cols) = o.pairs[:2]
+            batch = list(range(2, len(o.pairs)))
+            inner = batch.pop() if batch else None  # the innermost batch pair: the builder's batch axis
+            bt = (1, 0, 0) if inner is None else (int(size[inner]), ss[o.pairs[inner][0]], ds[o.pairs[inner][1]])
+            for idx in itertools.product(*(range(int(size[k])) for k in batch)):
+                so = s0 + sum(i * ss[o.pairs[k][0]] for i, k in zip(idx, batch))
+                do = d0 + sum(i * ds[o.pairs[k][1]] for i, k in zip(idx, batch))
+                kb.transpose(dst, do, ds[d_cols], src, so, ss[s_rows], int(size[0]), int(size[1]), batch=bt)
 
 
 class _ItemsLowering(_ShapedLowering):
@@ -103,6 +160,89 @@ class _ItemsLowering(_ShapedLowering):
                             phys_shapes=[self.shapes.get(name, (n,)) for name, n, _ in phys])
 
 
+    def _snest(self, pragma: str, stmt, outer: dict) -> None:
+        """A `vector_transpose` nest becomes a `_Trans` op; any other nest is the shaped lowering's."""
+        if pragma != VEC_TRANSPOSE:
+            return super()._snest(pragma, stmt, outer)
+        from tvm.ir.expr import TensorLoad
+
+        loops, pred, stmt, name = _nest_parts(self.T, pragma, stmt, len(self.nests))
+        ctx = _SCtx(self, loops, pred, name, outer)
+        self.nests.append(name)
+        self.counts.append(ctx.counts)
+        val = stmt.value
+        if not isinstance(val, TensorLoad):
+            raise OpcFailure(f"emit_insn: {name} is not a copy")
+        dname, sname = self._name(stmt.buffer, ctx), self._name(val.source, ctx)
+        if dname in self.gm or sname in self.gm or str(val.source.dtype) != str(stmt.buffer.dtype):
+            raise OpcFailure(f"emit_insn: {name}: a vector transpose moves UB to UB in one dtype ({sname} -> {dname})")
+        ss, ds = self.shape_of(val.source), self.shape_of(stmt.buffer)
+        sr = ctx._raw(val.source, val.indices, sname, None)
+        dr = ctx._raw(stmt.buffer, stmt.indices, dname, None)
+
+        def same(a: np.ndarray, b: np.ndarray) -> bool:
+            sh = np.broadcast_shapes(a.shape, b.shape)
+            return np.array_equal(np.broadcast_to(a, sh), np.broadcast_to(b, sh))
+
+        pair: dict[int, int] = {}  # destination axis -> the source axis with the same index
+        for d in (k for k, n in enumerate(ds) if n > 1):
+            s = next((s for s, n in enumerate(ss) if n > 1 and s not in pair.values() and same(sr[s], dr[d])), None)
+            if s is None:
+                raise OpcFailure(f"emit_insn: {name}: axis {d} of {dname} is no axis of {sname} (not a transpose)")
+            pair[d] = s
+        sl, dl = len(ss) - 1, len(ds) - 1
+        if len(pair) != sum(n > 1 for n in ss) or dl not in pair or sl not in pair.values() or pair[dl] == sl:
+            raise OpcFailure(f"emit_insn: {name}: {sname} -> {dname} does not swap the last axis with another")
+        d_cols = next(d for d, s in pair.items() if s == sl)
+        pairs = [(pair[dl], dl), (sl, d_cols)] + [(s, d) for d, s in pair.items() if d not in (dl, d_cols)]
+        U, m = ctx.U, ctx.mask.reshape(ctx.U, -1)
+        whole = ctx.counts == ctx.n_el
+        part = np.flatnonzero(~whole)
+        lo = np.zeros((U, len(pairs)), np.int64)
+        size = np.zeros((U, len(pairs)), np.int64)
+        axes = tuple(range(1, len(ctx.shape)))
+        for k, (s, _) in enumerate(pairs):
+            r = sr[s]
+            lo[:, k] = np.broadcast_to(r.min(axis=axes), (U,))
+            size[:, k] = np.broadcast_to(r.max(axis=axes), (U,)) - lo[:, k] + 1
+            if part.size:
+                c = np.broadcast_to(r, ctx.shape)[part].reshape(part.size, -1)
+                mp = m[part]
+                lo[part, k] = np.where(mp, c, np.iinfo(np.int64).max).min(axis=1)
+                size[part, k] = np.where(mp, c, -1).max(axis=1) - lo[part, k] + 1
+        size[ctx.counts == 0] = 0
+        lo[ctx.counts == 0] = 0
+        if not np.array_equal(np.prod(size, axis=1), ctx.counts):
+            raise OpcFailure(f"emit_insn: {name}: {sname} -> {dname} is not one box per iteration")
+        self.ops.append(_Trans("trans", len(self.nests) - 1, emit_insn._Access(dname, None),
+                               [emit_insn._Access(sname, None)], op="vnchwconv", cnt=ctx.counts,
+                               pairs=tuple(pairs), lo=lo, size=size))
+
+    def _fit(self) -> None:
+        """The shaped lowering's fit, then each transposed buffer padded to vnchwconv's blocks:
+        the rows axis to 16, the columns axis to whole 32 B blocks (in both buffers)."""
+        super()._fit()
+        for o in self.ops:
+            if isinstance(o, _Trans):
+                (sr, dr), (sc, dc) = o.pairs[:2]
+                for name, rows, cols in ((o.srcs[0].buf, sr, sc), (o.dst.buf, dr, dc)):
+                    h = next(h for h, v in self.ub.items() if v[0] == name)
+                    dt = self.ub[h][2]
+                    epb = 32 // np.dtype(dt).itemsize
+                    shape = list(self.shapes[name])
+                    shape[rows] = -(-shape[rows] // 16) * 16
+                    shape[cols] = -(-shape[cols] // epb) * epb
+                    self.shapes[name] = tuple(shape)
+                    self.ub[h] = (name, int(np.prod(shape)), dt)
+
+    def _assign(self, skip=()):
+        """A kernel with a vector transpose keeps every UB buffer its own (vnchwconv never
+        writes in place); any other kernel's buffers by liveness."""
+        if not any(isinstance(o, _Trans) for o in self.ops):
+            return super()._assign(skip)
+        phys = [v for v in self.ub.values() if v[0] not in skip]
+        return phys, {name: i for i, (name, _, _) in enumerate(phys)}
+
     def _share(self, per_loop: list[list[int]]) -> None:
         """The j-th UB tile of every tile loop at one shape (the largest, when they differ only in
         their last axis), so the liveness assignment gives them one physical buffer: one tile
@@ -129,6 +269,8 @@ def lower(mod) -> VectorKernel:
     if hit is not None:
         return hit
     vk = _ItemsLowering(emit_insn.lower_module(mod, flatten=False)).run()
+    if any(isinstance(o, _Trans) for o in vk.ops):
+        vk = _TransposeKernel(**{f.name: getattr(vk, f.name) for f in fields(vk)})
     if len(_CACHE) >= _CACHE_MAX:
         _CACHE.pop(next(iter(_CACHE)))
     _CACHE[key] = vk

@@ -1,5 +1,6 @@
 """Lower a scheduled row-reduction kernel (TIR) to the AI Core program: reduce_sum / reduce_max /
-softmax over the last axis of an (m, n) tensor, the TBE way (UB tiles of rows, pragma'd nests).
+softmax over the last axis of an (m, n) tensor, and layer_norm / add_layer_norm over the last axis
+of (rows, cols), the TBE way (UB tiles of rows, pragma'd nests).
 
 The template hands over an `s_tir.Schedule` module in which
 
@@ -10,7 +11,11 @@ The template hands over an `s_tir.Schedule` module in which
       loop over the tile's rows (a row loop) whose body holds, per row, `vector_reduce` nests
       (the pragma on the reduction loop: `acc = acc + x[r, k]` or `acc = max(acc, x[r, k])`)
       and `vector_auto` nests over one row (a broadcast of a reduced scalar, sub, exp, div);
-    * 2-D UB buffers of the tile have their rows aligned (storage_align) to 16 elements.
+    * 2-D UB buffers of the tile have their rows aligned (storage_align) to 16 elements;
+    * before the tile loop, UB buffers and nests that run once per core (layer norm: gamma and
+      beta GM -> UB, their fp32 casts), before the core's first tile;
+    * a tile may hold several row loops (layer norm: three), element-wise nests between them
+      over a (rows, 1) tile buffer of per-row values (its statistics: `x * s`, `x + s`, sqrt, 1 / x).
 
 `lower` evaluates every nest's predicate and indices for all tile iterations at once (numpy),
 so each instruction's element count and offsets are known per iteration. A `vector_reduce`
@@ -21,8 +26,9 @@ until one repeat is left, the last instruction writes the result; the init of th
 is a `dups` (vector_dup of a scalar loaded from UB). Buffers allocated in the row loop are
 placed by liveness at the granularity of one row: a (1, 1) buffer in the shared scalar buffer,
 a (1, n) buffer in the current row of a tile buffer whose row is free there (the row loop's
-output row before it is written, an input row after its last read), an element-wise result in
-the row of an operand that dies at it (in place). Each row costs one loop-control step.
+output row before it is written, an input row after its last read in the tile: in this row loop,
+and by nothing after it), an element-wise result in the row of an operand that dies at it (in
+place). Each row costs one loop-control step.
 
 Anything else raises a one-line `OpcFailure` naming the nest.
 """
@@ -79,6 +85,7 @@ class RowKernel:
     tile_bufs: list[tuple[str, tuple[int, ...], str]]
     shared: list[tuple[str, tuple[int, ...], str]]
     nests: int = 0
+    pre: list[_Step] = field(default_factory=list)  # once per core, before its first tile (layer norm's gamma)
     info: dict[str, Any] = field(default_factory=dict)
 
     @property
@@ -93,6 +100,9 @@ class RowKernel:
         slots = [{name: kb.alloc("UB", f"{name}_{s}", shp, dt) for name, shp, dt in self.tile_bufs}
                  for s in range(self.slots)]
         lo, hi = split_even(self.iterations, active, core)
+        if hi > lo:
+            for st in self.pre:
+                _issue(kb, st, lo, lambda name: gm.get(name) or shared[name], shared)
         for j, it in enumerate(range(lo, hi)):
             ub = slots[j % self.slots]
 
@@ -100,23 +110,28 @@ class RowKernel:
                 return gm.get(name) or shared.get(name) or ub[name]
 
             for st in self.steps:
-                cnt = int(st.cnt[it])
-                if cnt == 0:
-                    continue
-                if st.kind == "loop":
-                    kb.loop()
-                elif st.kind == "dma":
-                    (dn, dlo, dsz), (sn, slo, ssz) = st.dst, st.srcs[0]
-                    kb.data_move(buf(dn), tuple(slice(int(a), int(a + z)) for a, z in zip(dlo[it], dsz[it])),
-                                 buf(sn), tuple(slice(int(a), int(a + z)) for a, z in zip(slo[it], ssz[it])))
-                elif st.kind == "fold":
-                    fold(kb, st.op, buf(st.srcs[0].buf), int(st.srcs[0].off[it]), cnt, shared[SCRATCH],
-                         buf(st.dst.buf), int(st.dst.off[it]))
-                else:
-                    kb.vec(st.op, VOp(buf(st.dst.buf), int(st.dst.off[it])),
-                           tuple(VOp(buf(s.buf), int(s.off[it])) for s in st.srcs), cnt, st.scalar)
+                _issue(kb, st, it, buf, shared)
             kb.loop()
         return kb.finish(gm_inputs=self.inputs, lowering="emit_insn (row reductions)")
+
+
+def _issue(kb: KernelBuilder, st: _Step, it: int, buf, shared: dict) -> None:
+    """One step at tile iteration `it` (nothing where it has no element there)."""
+    cnt = int(st.cnt[it])
+    if cnt == 0:
+        return
+    if st.kind == "loop":
+        kb.loop()
+    elif st.kind == "dma":
+        (dn, dlo, dsz), (sn, slo, ssz) = st.dst, st.srcs[0]
+        kb.data_move(buf(dn), tuple(slice(int(a), int(a + z)) for a, z in zip(dlo[it], dsz[it])),
+                     buf(sn), tuple(slice(int(a), int(a + z)) for a, z in zip(slo[it], ssz[it])))
+    elif st.kind == "fold":
+        fold(kb, st.op, buf(st.srcs[0].buf), int(st.srcs[0].off[it]), cnt, shared[SCRATCH],
+             buf(st.dst.buf), int(st.dst.off[it]))
+    else:
+        kb.vec(st.op, VOp(buf(st.dst.buf), int(st.dst.off[it])),
+               tuple(VOp(buf(s.buf), int(s.off[it])) for s in st.srcs), cnt, st.scalar)
 
 
 def fold(kb: KernelBuilder, op: str, src, soff: int, count: int, scratch, dst, doff: int) -> None:
@@ -175,6 +190,7 @@ class _RowLowering:
             self.bufs[hash(b)] = _Buf(b.name, shape, _dense(shape), str(b.dtype), "gm")
         self.steps: list[_Step] = []
         self.tile_bufs: list[tuple[str, tuple[int, ...], str]] = []
+        self.shared_bufs: list[tuple[str, tuple[int, ...], str]] = []
         self.scratch: tuple[int, str] | None = None
         self.scalar_dt: str | None = None
         self.nests = 0
@@ -184,12 +200,16 @@ class _RowLowering:
     def run(self) -> RowKernel:
         T = self.T
         tile = None
+        prologue = []  # before the tile loop: UB buffers and nests run once per core
         for s in _seq(self.f.body):
             if isinstance(s, T.For) and CORES in s.annotations and tile is None:
                 tile = s
             elif isinstance(s, T.For):
                 raise OpcFailure("emit_reduce: no loop carries opc.ascend.block_dim (the tile loop) "
                                  f"around the nest over {s.loop_var.name}")
+            elif tile is None and (isinstance(s, T.AllocBuffer) or (isinstance(s, T.AttrStmt)
+                                                                     and s.attr_key == PRAGMA)):
+                prologue.append(s)
             else:
                 raise OpcFailure(f"emit_reduce: statement outside the tile loop: {type(s).__name__}")
         if tile is None:
@@ -198,26 +218,32 @@ class _RowLowering:
         self.tile = hash(tile.loop_var)
         body = _seq(tile.body)
         names = set(self.gm)
+        for s in prologue:
+            if isinstance(s, T.AllocBuffer):
+                self._alloc(s.buffer, "shared", names)
+            else:
+                self._nest(_pragma(s), s.body, {})
+        pre, self.steps = self.steps, []
         for s in body:
             if isinstance(s, T.AllocBuffer):
                 self._alloc(s.buffer, "tile", names)
-        self.after_rows: set[str] = set()  # tile buffers read by nests after a row loop
-        seen_rows = False
-        for s in body:
+        # per row loop: the tile buffers read by what follows it (their rows stay live in it)
+        after: list[set[str]] = []
+        for i, s in enumerate(body):
             if isinstance(s, T.For) and PRAGMA not in s.annotations:
-                seen_rows = True
-            elif seen_rows and isinstance(s, T.AttrStmt):
-                self.after_rows |= self._reads(s.body)
+                after.append(set().union(*(self._reads(x) for x in body[i + 1:] if not isinstance(x, T.AllocBuffer))))
+        rows = iter(after)
         for s in body:
             if isinstance(s, T.AllocBuffer):
                 continue
             if isinstance(s, T.AttrStmt) and s.attr_key == PRAGMA:
                 self._nest(_pragma(s), s.body, {})
             elif isinstance(s, T.For):
+                self.after_rows = next(rows)
                 self._rows(s, names)
             else:
                 raise OpcFailure(f"emit_reduce: cannot map {type(s).__name__} inside the tile loop")
-        shared = []
+        shared = list(self.shared_bufs)
         if self.scratch is not None:
             shared.append((SCRATCH, (self.scratch[0],), self.scratch[1]))
         if self.scalar_dt is not None:
@@ -225,7 +251,7 @@ class _RowLowering:
         params = list(self.gm)
         return RowKernel(gm=self.gm, inputs=tuple(params[:-1]), output=params[-1], iterations=self.U,
                          cores=int(tile.annotations[CORES]), slots=2 if int(tile.annotations.get(SLOTS, 0)) else 1,
-                         steps=self.steps, tile_bufs=self.tile_bufs, shared=shared, nests=self.nests)
+                         steps=self.steps, tile_bufs=self.tile_bufs, shared=shared, nests=self.nests, pre=pre)
 
     def _alloc(self, b, where: str, names: set) -> None:
         if b.scope() != UB_SCOPE:
@@ -237,9 +263,9 @@ class _RowLowering:
         shape = tuple(int(x) for x in b.shape)
         strides = tuple(int(x) for x in b.strides) if len(b.strides) else _dense(shape)
         self.bufs[hash(b)] = _Buf(name, shape, strides, str(b.dtype), where)
-        if where == "tile":  # physical: the rows at their aligned stride
+        if where in ("tile", "shared"):  # physical: the rows at their aligned stride
             phys = (shape[0], strides[0]) if len(shape) == 2 else shape
-            self.tile_bufs.append((name, phys, str(b.dtype)))
+            (self.tile_bufs if where == "tile" else self.shared_bufs).append((name, phys, str(b.dtype)))
 
     def _reads(self, stmt) -> set[str]:
         out: set[str] = set()
@@ -471,8 +497,12 @@ class _RowLowering:
             if not isinstance(e.value, self.TensorLoad):
                 raise OpcFailure(f"emit_reduce: {name}: a cast of a load")
             return "conv", [self._load(e.value, env, mask, name, rows)], 0.0
-        if isinstance(e, self.Call) and e.op.name in ("tirx.exp", "tirx.log") and isinstance(e.args[0], self.TensorLoad):
-            return {"tirx.exp": "exp", "tirx.log": "ln"}[e.op.name], [self._load(e.args[0], env, mask, name, rows)], 0.0
+        unary = {"tirx.exp": "exp", "tirx.log": "ln", "tirx.sqrt": "sqrt"}
+        if isinstance(e, self.Call) and e.op.name in unary and isinstance(e.args[0], self.TensorLoad):
+            return unary[e.op.name], [self._load(e.args[0], env, mask, name, rows)], 0.0
+        if isinstance(e, T.Div) and isinstance(e.a, (T.FloatImm, T.IntImm)) and float(e.a.value) == 1.0 \
+                and isinstance(e.b, self.TensorLoad):
+            return "rec", [self._load(e.b, env, mask, name, rows)], 0.0  # layer norm's 1 / sqrt(var + eps)
         kinds = {T.Add: "add", T.Sub: "sub", T.Mul: "mul", T.Div: "div", T.Max: "max", T.Min: "min"}
         if type(e) in kinds and isinstance(e.a, self.TensorLoad) and isinstance(e.b, self.TensorLoad):
             return kinds[type(e)], [self._load(e.a, env, mask, name, rows), self._load(e.b, env, mask, name, rows)], 0.0

@@ -6,11 +6,13 @@ Timing mode (`scheduler.schedule`) costs what a program *declares* (each instruc
 
 * its own figures, read here from the target description (not from `Machine`): per data
   path the bytes per cycle, the latency and the cost per extra burst; the cube's start-up and
-  fractals per cycle; the vector unit's start-up, cycles per repeat and slow ops; the scalar
-  issue, flag (set_flag/wait_flag) and launch costs; HBM and L2 bandwidth and L2 capacity;
+  fractals per cycle; the vector unit's start-up, cycles per repeat, slow ops and bytes per
+  repeat; the scalar issue, flag (set_flag/wait_flag) and launch costs; HBM and L2 bandwidth
+  and L2 capacity;
 * its own cost of each executed instruction, from what the execution did: the levels the
   memory saw it read and write, the bytes it moved, the contiguous runs of the regions it
-  touched, the fractal products the cube computed, the repeats the vector unit ran;
+  touched, the fractal products the cube computed, the repeats the vector unit ran, the bytes a
+  vector transpose moved;
 * its own shared-bandwidth rounds (how many cores read HBM / L2 at once) from the GM bytes the
   execution moved and the input tensors that were really packed into GM;
 * its own dependence tracking and list scheduling (`opcompiler.sim.trace`, from the buffers
@@ -42,6 +44,7 @@ class AscendClock:
     vec_startup: int
     vec_per_repeat: int
     vec_slow: Mapping[str, int]
+    vec_repeat_bytes: int  # bytes one repeat of the vector datapath moves (a transpose's unit)
     issue: int
     sync: int
     launch: int
@@ -66,6 +69,11 @@ class AscendClock:
 
     def vector(self, op: str, repeats: int) -> int:
         return self.vec_startup + repeats * (self.vec_per_repeat + self.vec_slow.get(op, 0))
+
+    def transpose(self, nbytes: int) -> int:
+        """A vector transpose (vnchwconv) the execution ran: the bytes it moved through the
+        vector datapath, a repeat's bytes per repeat time."""
+        return self.vec_startup + ceil(nbytes / self.vec_repeat_bytes) * self.vec_per_repeat
 
     # -- the shared off-chip bandwidth -----------------------------------------------------------
 
@@ -140,6 +148,7 @@ def _read(target: Target) -> AscendClock:
         fractals_per_cycle=float(cube.get("fractals_per_cycle", 1)),
         vec_startup=int(vec["startup_cycles"]), vec_per_repeat=int(vec["cycles_per_repeat"]),
         vec_slow=MappingProxyType({k: int(v) for k, v in dict(vec.get("slow_ops", {})).items()}),
+        vec_repeat_bytes=int(vec["repeat_bytes"]),
         issue=int(sc["issue_cycles"]), sync=int(sc["sync_cycles"]), launch=int(sc["kernel_launch_cycles"]),
         hbm_bpc=hbm.bandwidth_gbps / target.clock_ghz, l2_bpc=l2.bandwidth_gbps / target.clock_ghz,
         l2_bytes=l2.capacity_bytes)

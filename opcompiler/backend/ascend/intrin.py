@@ -3,8 +3,8 @@
 
 * buffer scopes (`L1`, `L0A`, `L0B`, `L0C`, `UB_SCOPE`, `GM`);
 * the loop annotations and pragmas the vector lowerings read: `PRAGMA` (`pragma_emit_insn`, with
-  the values `DMA_COPY`, `VECTOR_AUTO`, `REDUCE`), `CORES` (the loop the cores share), `SLOTS`
-  (ping-pong buffers), `ITEM_TILES` (a tile loop of a sequence under the cores loop);
+  the values `DMA_COPY`, `VECTOR_AUTO`, `REDUCE`, `VEC_TRANSPOSE`), `CORES` (the loop the cores
+  share), `SLOTS` (ping-pong buffers), `ITEM_TILES` (a tile loop of a sequence under the cores loop);
 * the instruction callback `EVENT` and the tensor intrinsics, parameterised by tile shape, scopes
   and dtypes (`intrin_mmad`, `intrin_init`, `intrin_copy`). Each TVMScript description is parsed
   once per process with symbolic extents and `specialize`d per tile shape (parsing costs about
@@ -33,6 +33,7 @@ SLOTS = "opc.ascend.double_buffer"  # 1: ping-pong buffers for the nests under t
 PRAGMA = "pragma_emit_insn"  # a nest that is one instruction, of the kind its value names
 DMA_COPY, VECTOR_AUTO = "dma_copy", "vector_auto"
 REDUCE = "vector_reduce"  # a row reduction nest (vcadd / vcmax folds)
+VEC_TRANSPOSE = "vector_transpose"  # a UB -> UB nest that swaps a tile's last axis with another (vnchwconv)
 ITEM_TILES = "opc.ascend.item_tiles"  # a tile loop of a sequence under the cores loop (concat)
 
 
@@ -115,8 +116,34 @@ def _tpl_copy(lead: bool, dtype: str, src: str, dst: str, tag: str, offset: str)
     return desc2, impl2
 
 
-def _tpl_mmad(lead: int, in_dt: str, acc_dt: str):
+def _tpl_mmad(lead: int, in_dt: str, acc_dt: str, b_lead: int = -1):
     from tvm.script import tirx as T
+
+    if lead == 1 and b_lead == 1:  # batched GEMM: A, B and C each lead with the batch
+        @T.prim_func(s_tir=True)
+        def desc(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+            A = T.match_buffer(a, (1, mt, kt), in_dt, offset_factor=1, scope="local.L0A")
+            B = T.match_buffer(b, (1, kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+            C = T.match_buffer(c, (1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C")
+            with T.sblock("root"):
+                T.reads(C[0, 0:mt, 0:nt], A[0, 0:mt, 0:kt], B[0, 0:kt, 0:nt])
+                T.writes(C[0, 0:mt, 0:nt])
+                for i, j, k in T.grid(mt, nt, kt):
+                    with T.sblock("update"):
+                        vi, vj, vk = T.axis.remap("SSR", [i, j, k])
+                        C[0, vi, vj] = C[0, vi, vj] + T.Cast(acc_dt, A[0, vi, vk]) * T.Cast(acc_dt, B[0, vk, vj])
+
+        @T.prim_func(s_tir=True)
+        def impl(a: T.handle, b: T.handle, c: T.handle, mt: T.int32, kt: T.int32, nt: T.int32) -> None:
+            sa, sb, sc0, sc1 = T.int32(), T.int32(), T.int32(), T.int32()
+            A = T.match_buffer(a, (1, mt, kt), in_dt, offset_factor=1, scope="local.L0A", strides=[sa, sb, 1])
+            B = T.match_buffer(b, (1, kt, nt), in_dt, offset_factor=1, scope="local.L0B")
+            C = T.match_buffer(c, (1, mt, nt), acc_dt, offset_factor=1, scope="local.L0C", strides=[sc0, sc1, 1])
+            with T.sblock("root"):
+                T.reads(C[0, 0:mt, 0:nt], A[0, 0:mt, 0:kt], B[0, 0:kt, 0:nt])
+                T.writes(C[0, 0:mt, 0:nt])
+                T.evaluate(T.call_packed(EVENT, "mmad", C.elem_offset, sc1))
+        return desc, impl
 
     if lead == 2:  # grouped conv: A, C (image, group, M, .), B (group, K, N)
         @T.prim_func(s_tir=True)
@@ -294,12 +321,15 @@ def intrin_copy(rows: int, cols: int, dtype: str, src: str, dst: str, tag: str, 
 
 
 def intrin_mmad(mt: int, kt: int, nt: int, in_dtype: str = "float16", acc_dtype: str = "float32",
-                lead: int = 0) -> str:
+                lead: int = 0, b_lead: int | None = None) -> str:
     """C[L0C] += A[L0A] x B[L0B] over one (mt, kt, nt) chunk; the event carries the chunk's element
     offset in the L0C tile and the tile's row stride (its first output channel). `lead` unit
     axes lead A and C (conv: the image; grouped conv: image and group, B then leads with the
-    group)."""
-    return _register("mmad", (int(lead), in_dtype, acc_dtype), (mt, kt, nt))
+    group); `b_lead`, when given, the unit axes leading B (batch_matmul: 1 with lead 1, each
+    operand leads with the batch; 0 when every batch shares B)."""
+    if b_lead is None or b_lead == max(0, lead - 1):  # the form `lead` implies
+        return _register("mmad", (int(lead), in_dtype, acc_dtype), (mt, kt, nt))
+    return _register("mmad", (int(lead), in_dtype, acc_dtype, int(b_lead)), (mt, kt, nt))
 
 
 def intrin_init(mt: int, nt: int, acc_dtype: str = "float32", lead: int = 0) -> str:

@@ -345,6 +345,46 @@ class Vec(Instr):
         return r.size  # elements computed
 
 
+TRANS_BLOCKS = 16  # vnchwconv: blocks of 32 B read (and written) per repeat
+
+
+@dataclass(eq=False)
+class VecTrans(Instr):
+    """vnchwconv, the vector unit's transpose (TBE / TIK `vnchwconv`, Ascend C `TransDataTo5HD`):
+    each repeat reads 16 blocks of 32 B of UB, the 16 rows of a 16 x E matrix (E = 32 B / element
+    size: 16 fp16, 8 fp32), and writes its transpose in C order as 16 blocks of 32 B (fp16: 16
+    rows of 16; fp32: 8 rows of 16, each row two blocks). The 16 source and 16 destination block
+    addresses are element offsets into their buffers; each repeat advances them by `src_rep` /
+    `dst_rep` blocks. A repeat moves 512 B through the vector datapath: it costs what two 256 B
+    repeats of the datapath cost (16 blocks x block bytes / repeat bytes, from the figures)."""
+
+    dst: Buf
+    dst_addrs: tuple[int, ...]
+    src: Buf
+    src_addrs: tuple[int, ...]
+    repeat: int
+    dst_rep: int
+    src_rep: int
+
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        return ceil(m.vec_startup + self.repeat * m.vec_cycles_per_repeat * TRANS_BLOCKS * m.vec_block_bytes
+                    / m.vec_repeat_bytes)
+
+    def execute(self, mem: Memory) -> int:
+        s = mem.load(self.src).reshape(-1)
+        d = mem.store(self.dst).reshape(-1)
+        epb = 32 // s.itemsize
+        r = np.arange(self.repeat)[:, None, None]
+        e = np.arange(epb)
+        si = np.asarray(self.src_addrs)[None, :, None] + r * (self.src_rep * epb) + e
+        di = np.asarray(self.dst_addrs)[None, :, None] + r * (self.dst_rep * epb) + e
+        if si.min() < 0 or si.max() >= s.size or di.min() < 0 or di.max() >= d.size:
+            raise OpcFailure(f"vnchwconv {self.src.name} -> {self.dst.name} addresses a block outside its buffer")
+        blk = s[si]  # (repeat, 16, E): each repeat's 16 source rows
+        d[di] = blk.transpose(0, 2, 1).reshape(self.repeat, TRANS_BLOCKS, epb)
+        return blk.size  # elements moved
+
+
 @dataclass(eq=False)
 class Scalar(Instr):
     """Scalar-pipe work: loop control and address arithmetic (`n` cycles)."""
@@ -361,5 +401,5 @@ class Barrier(Instr):
     """pipe_barrier(PIPE_ALL): every pipe drains before anything after it starts."""
 
 
-__all__ = ["Buf", "Memory", "Instr", "DataMove", "Load3D", "Mmad", "Vec", "VOp", "Scalar", "Barrier", "ConvGeom",
-           "VEC_OPS", "region_bursts"]
+__all__ = ["Buf", "Memory", "Instr", "DataMove", "Load3D", "Mmad", "Vec", "VecTrans", "VOp", "Scalar", "Barrier",
+           "ConvGeom", "VEC_OPS", "TRANS_BLOCKS", "region_bursts"]

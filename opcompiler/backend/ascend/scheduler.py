@@ -34,7 +34,7 @@ from ...sim.trace import STALL, WORK as EV_WORK, Event, Trace
 from . import fclock
 from .builder import Plan, Program
 from .fclock import AscendClock
-from .isa import Barrier, DataMove, Load3D, Memory, Mmad, Scalar, Vec
+from .isa import TRANS_BLOCKS, Barrier, DataMove, Load3D, Memory, Mmad, Scalar, Vec, VecTrans
 from .machine import PIPES
 
 GB = 1e9
@@ -124,6 +124,8 @@ def counters(prog: Program) -> dict:
             fractals += ins.m1 * ins.k1 * ins.n1
         elif isinstance(ins, Vec):
             vec_el += ins.repeat * ins.mask
+        elif isinstance(ins, VecTrans):
+            vec_el += ins.repeat * TRANS_BLOCKS * (32 // ins.src.itemsize)
     return {"bytes_by_path": by_path, "gm_read_bytes": gm_r, "gm_write_bytes": gm_w, "cube_fractals": fractals,
             "vec_elements": vec_el}
 
@@ -218,6 +220,9 @@ def replay(prog: Program, mem: Memory, fc: AscendClock | None = None) -> Timing:
         elif isinstance(ins, Vec):
             vec_el += work
             done.append(("vector", ins.op, work // ins.mask if ins.mask else 0))
+        elif isinstance(ins, VecTrans):
+            vec_el += work
+            done.append(("transpose", work * next(b for b, mode in log if mode == "r").itemsize))
         else:  # pragma: no cover - every instruction class is one of the above
             raise TypeError(f"the functional clock has no cost for {type(ins).__name__}")
     n = max(prog.active_cores, 1)
@@ -262,6 +267,8 @@ def _fcost(fc: AscendClock, d: tuple, read_bpc: float, write_bpc: float) -> int:
         return fc.cube(d[1])
     if kind == "vector":
         return fc.vector(d[1], d[2])
+    if kind == "transpose":
+        return fc.transpose(d[1])
     if kind == "scalar":
         return d[1]
     return 0

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...errors import OpcFailure
 from .builder import KernelBuilder, Program, split_even
 from .intrin import EVENT, intrin_copy, intrin_init, intrin_mmad, l0c_slots, substitute  # noqa: F401 (re-exported)
 from .isa import ConvGeom, VOp
@@ -56,17 +57,35 @@ class GemmLowering:
     (M1, K1, 16, K0) or ND (M1*16, K1*K0) converted to zZ by Load2D (`a_nd`), B FRACTAL_Z
     (K1, N1, 16, K0), C NZ (N1, M1*16, 16), bias (N1, 16); K0 = 16 for fp16 (fp32 accumulation,
     fp16 out), 32 for int8 (int32 accumulation and out, no cast). Fractals past the padded shape
-    (the tile padding pad_einsum adds) are not issued."""
+    (the tile padding pad_einsum adds) are not issued.
+
+    A batched GEMM (`batch` > 0, batch_matmul): the events of A, C and the epilogue (and of B
+    unless every batch shares it, `bcast_b`) lead with the batch coordinate, which is the same
+    for every event of an output tile; each GM tensor leads with the batch axis (B not when
+    shared), and a tile's instructions are its batch's GEMM's."""
 
     EPILOGUE = ("bias", "cast", "relu")
 
     def __init__(self, m: Machine, events: Sequence[tuple], dims: tuple[int, int, int],
                  tiles: tuple[int, int, int], chunks: tuple[int, int], slots: int, has_bias: bool, a_nd: bool,
-                 group: int, dtype: str = "float16"):
+                 group: int, dtype: str = "float16", batch: int = 0, bcast_b: bool = False):
         self.m, self.dims, self.tiles, self.chunks, self.dtype = m, dims, tiles, chunks, dtype
         self.slots, self.has_bias, self.a_nd, self.g = slots, has_bias, a_nd, group // 16
+        self.batch, self.bcast_b = batch, bcast_b
         self.groups = [g for _, g in split_groups(events)]
+        self.batch_of = [0] * len(self.groups)
+        if batch:
+            self.batch_of, self.groups = map(list, zip(*(self._unbatch(g) for g in self.groups)))
         self.cslots = l0c_slots(m, slots == 2, tiles[0] * tiles[2] * 4)
+
+    def _unbatch(self, events: Sequence[tuple]) -> tuple[int, list[tuple]]:
+        """An output tile's batch and its events with the batch coordinate taken off (the events
+        of the unbatched GEMM)."""
+        lead = ("dma_a", "ld_a", "l0c", "out", *self.EPILOGUE) + (() if self.bcast_b else ("dma_b", "ld_b"))
+        seen = {ev[1] for ev in events if ev[0] in lead}
+        if len(seen) != 1:
+            raise OpcFailure(f"a batched GEMM tile's events name batches {sorted(seen)}, not one")
+        return seen.pop(), [(ev[0], *ev[2:]) if ev[0] in lead else ev for ev in events]
 
     def program(self, core: int, active: int) -> Program:
         dt = self.dtype
@@ -78,9 +97,10 @@ class GemmLowering:
         k0c, n0c = self.chunks[0] // k0, self.chunks[1] // 16
         slots, groups, nd = self.slots, self.groups, self.a_nd
         kb = KernelBuilder(self.m, core, active)
-        A = kb.gm("A", (M1 * 16, K1 * k0) if nd else (M1, K1, 16, k0), dt)
-        B = kb.gm("B", (K1, N1, 16, k0), dt)
-        C = kb.gm("C", (N1, M1 * 16, 16), out_dt)
+        lead = (self.batch,) if self.batch else ()  # the GM tensors' batch axis (B's unless shared)
+        A = kb.gm("A", (*lead, M1 * 16, K1 * k0) if nd else (*lead, M1, K1, 16, k0), dt)
+        B = kb.gm("B", (() if self.bcast_b else lead) + (K1, N1, 16, k0), dt)
+        C = kb.gm("C", (*lead, N1, M1 * 16, 16), out_dt)
         a1 = [kb.alloc("L1", f"A_L1_{s}", (mt, kt) if nd else (mt1, kt1, 16, k0), dt) for s in range(slots)]
         b1 = [kb.alloc("L1", f"B_L1_{s}", (kt1, nt1, 16, k0), dt) for s in range(slots)]
         l0a = [kb.alloc("L0A", f"A_L0A_{s}", (mt1, k0c, 16, k0), dt) for s in range(slots)]
@@ -105,10 +125,12 @@ class GemmLowering:
             mm1, nn_t = mt1, nt1
             al, bl = a1[0], b1[0]
             pending: tuple | None = None
+            pa = (self.batch_of[lo + gi],) if self.batch else ()  # the tile's batch in A and C
+            pb = () if self.bcast_b else pa  # and in B
 
             def flush(pend: tuple, n1s: int) -> None:  # a channel group's last epilogue block wrote GM (MTE3)
                 pj, pn, pbuf, pm1s, pmm1 = pend
-                kb.data_move(C, (slice(n1s + pj, n1s + pj + pn), slice(pm1s * 16, (pm1s + pmm1) * 16)), pbuf,
+                kb.data_move(C, (*pa, slice(n1s + pj, n1s + pj + pn), slice(pm1s * 16, (pm1s + pmm1) * 16)), pbuf,
                              (slice(0, pn), slice(0, pmm1 * 16)))
                 kb.loop()
 
@@ -125,15 +147,15 @@ class GemmLowering:
                         nl1 += 1
                         if nd:
                             kb.data_move(al, (slice(0, mm1 * 16), slice(0, kq * k0)), A,
-                                         (slice(m1s * 16, (m1s + mm1) * 16), slice(qstep * k0, (qstep + kq) * k0)))
+                                         (*pa, slice(m1s * 16, (m1s + mm1) * 16), slice(qstep * k0, (qstep + kq) * k0)))
                         else:
                             kb.data_move(al, (slice(0, mm1), slice(0, kq)), A,
-                                         (slice(m1s, m1s + mm1), slice(qstep, qstep + kq)))
+                                         (*pa, slice(m1s, m1s + mm1), slice(qstep, qstep + kq)))
                 elif tag == "dma_b" and kq > 0:  # the step's B: GM (FRACTAL_Z) -> L1
                     n1s = ev[2] // 16
                     nn_t = min(nt1, N1 - n1s)
                     kb.data_move(bl, (slice(0, kq), slice(0, nn_t)), B,
-                                 (slice(qstep, qstep + kq), slice(n1s, n1s + nn_t)))
+                                 (*pb, slice(qstep, qstep + kq), slice(n1s, n1s + nn_t)))
                 elif tag == "ld_a":  # one L0 chunk of K: L1 -> L0A (Load2D; ND -> zZ on the way)
                     kc = ev[2] // k0 - qstep
                     kn = min(k0c, K1 - ev[2] // k0)

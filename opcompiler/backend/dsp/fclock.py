@@ -63,7 +63,8 @@ __all__ = ["DspClock", "clock", "for_machine", "replay", "runs"]
 
 F32 = 4
 FMAC_OPS = frozenset({"vadd", "vsub", "vmul", "vfma", "vfnma"})
-VALU_OPS = frozenset({"vmax", "vmin", "vmov", "vfloor", "vldexp", "vgetexp", "vgetmant", "vrcpe", "vrot"})
+VALU_OPS = frozenset({"vmax", "vmin", "vmov", "vfloor", "vldexp", "vgetexp", "vgetmant", "vrcpe", "vrsqrte",
+                       "vrot"})
 
 
 @dataclass(frozen=True, kw_only=True, eq=False)  # hashed by identity (the nest cache keys on it)

@@ -46,11 +46,14 @@ MK_WS = "mk_ws"  # the weight-stationary pass per input channel
 MK_EW = "mk_ew"  # the element-wise epilogue pass over a tile
 MK_GEMM = "mk_gemm"  # the blocked GEMM's register block
 INTRINSICS = (DMA, DMA_SHARED, VEC, GCONV, MK, MK_WS, MK_EW, MK_GEMM)
+# a kernel written as a TIR loop nest of stage events (attention: `schedules/dsp/attention.py`):
+# each stage one `T.call_packed(EVENT, stage, ...)`, turned into its ops by the lowering it names
+EVENT = "opc.dsp.event"
 
 # epilogue blocks of the conv / matmul computes, in order, by the lowerings' names for them
 # ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM)
 EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vadd": "res", "vrelu": "relu"}
 
-__all__ = ["MkCost", "mk_ew", "mk_out", "mk_ws", "sum_costs", "ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine", "EPI_BLOCKS", "EPI_REGS", "F32", "F32_NAME", "GCONV",
+__all__ = ["MkCost", "mk_ew", "mk_out", "mk_ws", "sum_costs", "ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine", "EPI_BLOCKS", "EPI_REGS", "EVENT", "F32", "F32_NAME", "GCONV",
            "INTRINSICS", "ITEMS", "MK", "MK_EW", "MK_GEMM", "MK_WS", "OP", "SCOPES", "SCOPE_AM", "SCOPE_GSM",
            "SCOPE_REG", "SCOPE_SM", "STAGE", "VEC", "machine"]

@@ -14,6 +14,7 @@ the program (relayouts, host work, core groups); the backend decides functional 
     vector     tir_vector.VecLowerer            element-wise chains, pooling, reductions, softmax
     gconv      tir_gconv.GConvLowerer           grouped / depthwise convolution
     move       tir_move.MoveLowerer             slice, pad, transpose, concat (DMA only)
+    attention  tir_attention.AttentionLowerer   flash attention (a TIR nest of stage events)
 
 `params` (all plain data):
   inputs      ((name, shape), ...) of the op's inputs (host copies in copy mode, `Program.inputs`)
@@ -140,6 +141,16 @@ REWRITES: dict[str, Callable] = {"ksplit": lambda f, p, t: balance_parts(f, p["k
 
 LOWERINGS: dict[str, Callable] = {"direct": _direct, "gemm": _gemm, "ksplit": _ksplit, "vector": _vector,
                                   "gconv": _gconv, "move": _move}
+
+
+def _attention(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
+    from .tir_attention import AttentionLowerer
+
+    low = AttentionLowerer(m, func, p, fn)
+    return low, low.core_ops, low.group_key, [], []
+
+
+LOWERINGS["attention"] = _attention
 
 
 def lower(sched: Scheduled, target: Target, functional: bool) -> Program:

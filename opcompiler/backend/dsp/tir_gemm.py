@@ -24,7 +24,8 @@ with the shared `Lowerer`'s pieces (compiled index expressions, copy windows) an
   element is read and written at the same index); the output tile leaves AM -> DDR stage by stage
   of the last K block.
 * `opc.dsp.tiles` on the block loop: the on-chip tiles' shapes (rows x pitch) the template lays
-  out (TVM's compaction over-approximates the regions of a split that does not divide).
+  out (TVM's compaction over-approximates the regions of a split that does not divide). A tile
+  of more dimensions leads with unit ones (batch_matmul: the batch, one per C block).
 
 The program order is the libraries' software pipeline: B for the next K step into the other AM
 buffer while this step computes, B slices for step i + 2 into GSM after this step's first A
@@ -189,12 +190,17 @@ class GemmLowerer(Lowerer):
         self.gsm_alloc, self.gsm_size = gsm, size.get("b", 0)
         self.role = role
         self.base_of = base
+        self.lead: dict[int, int] = {}  # unit dimensions leading a tile (a batch_matmul block's batch)
         for bk, b in self.allocs.items():
             r = role.get(bk)
             if r is None:
                 raise OpcFailure(f"tir lowering: buffer {b.name} has no place in the GEMM")
             self.names[bk] = b.name
-            self.shapes[bk] = tiles["b" if r == "g" else r]
+            tile = tiles["b" if r == "g" else r]
+            self.lead[bk] = len(b.shape) - len(tile)
+            if self.lead[bk] < 0 or any(int(x) != 1 for x in b.shape[:self.lead[bk]]):
+                raise OpcFailure(f"tir lowering: buffer {b.name} {tuple(b.shape)} is not its tile {tile}")
+            self.shapes[bk] = (1,) * self.lead[bk] + tile
             self.space[bk] = (r,)
 
     def _store(self, body):
@@ -280,15 +286,16 @@ class GemmLowerer(Lowerer):
         if k not in self._cache:
             loops, _, store = self._nest(lp)
             onchip = store if self._sp(_bkey(store))[0] != "DDR" else store.value
+            lead = self.lead.get(_bkey(onchip), 0)  # the tile's dimensions are counted after its unit lead
             dims = []
             for d, x in enumerate(loops):
                 at = [i for i, e in enumerate(onchip.indices) if _key(x.loop_var) in _vars(e, set())]
                 if not at and int(x.extent) == 1:  # a unit loop the schedule added back (a tile of one
                     dims.append(len(onchip.indices))  # element, e.g. n=1's bias): no dimension, no limit
                     continue
-                if len(at) != 1:
+                if len(at) != 1 or at[0] < lead:
                     raise OpcFailure(f"tir lowering: copy loop {x.loop_var.name} must walk one dimension of the tile")
-                dims.append(at[0])
+                dims.append(at[0] - lead)
             self._cache[k] = dims
         return self._cache[k]
 

@@ -42,11 +42,17 @@ filled as (planes, rows, pixels x channels), whole pixels); tiles get their own 
 
 A vector nest marked `opc.dsp.rows` (softmax, `schedules/dsp/softmax_tir.py`) is a row nest:
 loops (rows, vectors / acc, acc, lanes) over one element-wise store, optionally followed by a
-reduction of the stored element reverse_compute_at its lanes loop. One `vector.Nest` per row
-block: per-row operands (loads that do not move along the row) issued once per row, the `acc`
+reduction of the stored element (or a sum of its square: layer norm's variance, one FMA a
+vector) reverse_compute_at its lanes loop. One `vector.Nest` per row block: per-row operands (loads that do not move along the row) issued once per row, the `acc`
 vectors of a step unrolled, the fused reduction kept in `acc` accumulators, combined, lanes
 reduced by rotate-and-combine, one lane stored; a reduced value that every other reader divides
 by is stored as its reciprocal (`emit_rcp`, once per row) and those divisions become multiplies.
+With `opc.dsp.mask_tail` (`schedules/dsp/norm.py`), the lanes past the row's end that the
+store's block predicate excludes are multiplied by 0 before they are reduced: a column table (1 on
+the row, 0 past it) the lowering computes from the predicate, a host constant DMAed once per core;
+the slack columns of the stage tiles the nest loads are zero-filled, so the lanes it masks hold
+finite values: once per buffer (copies never write them), or every stage where a vector nest's
+result takes the tile (its whole-vector stores write them).
 The vector nests of one stage are one VPU pass (their loop nests in order, `_merge_vpu`).
 
 `VecLowerer` is the DSP lowering (`tir_lower.Lowerer`) for kernels made of such nests: buffers
@@ -106,6 +112,7 @@ class VecLowerer(Lowerer):
         self._table_ops: list[tuple] = []
         self._deferred: list[tuple] = []
         self._vec_outs: set[int] = set()
+        self._masks: dict[int, int] = {}  # masked row nest (its loop) -> AM offset of its column table
         super().__init__(m, func, ddr_names, ddr_shapes, 1, dbuf, False, functional)
 
     # ---- buffers --------------------------------------------------------------------------
@@ -247,6 +254,35 @@ class VecLowerer(Lowerer):
             w = _window(self, st)
             if w is not None:
                 window_space(self, w, am, sm)
+            elif int(st.annotations.get("opc.dsp.mask_tail", 0)):
+                self._mask_table(st, am)
+
+    def _mask_table(self, st, am: Allocator) -> None:
+        """A masked row nest's column table (`opc.dsp.mask_tail`): 1.0 where the store's block
+        predicate holds along (vectors / acc, acc, lanes) of a row, else 0; none when every lane
+        of the row's vectors is on the row. Equal tables are one."""
+        loops, s = [], st
+        while type(s).__name__ == "For":
+            loops.append(s)
+            s = s.body
+        s = s.seq[0] if type(s).__name__ == "SeqStmt" else s
+        if len(loops) != 4 or type(s).__name__ != "SBlockRealize":
+            raise OpcFailure("tir lowering: opc.dsp.mask_tail marks a row nest (rows, vectors / acc, acc, lanes)")
+        ext = [(lp.loop_var, 1 if d == 0 else int(lp.extent)) for d, lp in enumerate(loops)]
+        shape = tuple(n for _, n in ext[1:])
+        keep = _full(self.comp.fn(s.predicate)(_Zero(_grid(ext, {})), None), (1,) + shape).reshape(-1)
+        if keep.all():
+            return
+        vals = keep.astype(np.float32)
+        for nm, v in self.tables.items():
+            if nm.startswith("row_mask") and np.array_equal(v, vals):
+                self._masks[_key(st)] = next(off for t, _, off, _ in self._table_ops if t == nm)
+                return
+        nm = f"row_mask{sum(1 for t in self.tables if t.startswith('row_mask'))}"
+        self.tables[nm] = vals
+        off = am.alloc(f"{nm} (tail mask)", len(vals))
+        self._table_ops.append((nm, "AM", off, len(vals)))
+        self._masks[_key(st)] = off
 
     def _tight(self, bk: int, shape: tuple, strides: tuple, dma_loops: list) -> tuple[tuple, tuple]:
         """A stage tile filled by a copy nest is as large as that nest writes along each axis
@@ -505,6 +541,21 @@ class VecLowerer(Lowerer):
         if ext[3][1] != L:
             raise OpcFailure(f"tir lowering: {rs.name}: the innermost loop must be the {L} lanes")
         self._flush_deferred(E, stage, {})
+        slot = E.get("slot", 0)
+        mask = self._masks.get(_key(st))
+        if mask is not None:  # the loaded tiles' slack columns: finite (0)
+            for bk in dict.fromkeys(a[0] for a in rs.accesses[1:]):
+                shape, strides = self.shapes[bk], self._strides(bk)
+                sp = self._sp(bk)
+                if sp[0] != "AM" or len(sp) < 3 or not sp[2] or len(shape) != 2 or strides[0] <= shape[1] \
+                        or ("ident", bk, slot) in self.zeroed:
+                    continue
+                if not any(self._sp(o)[:2] == sp[:2] for o in self._vec_outs):  # else: every stage
+                    self.zeroed[("ident", bk, slot)] = np.ones(1, bool)
+                base = self._base(bk, slot)[1]
+                kern = vx.VKernel(tuple(vx.fill_nests(0.0, base + shape[1], (1, shape[0], strides[0] - shape[1]),
+                                                      (0, strides[0]), L)), "slack fill")
+                self._emit(self._intern(self._vpu_op(kern, (), (f"pad{slot}",), "slack fill")), stage, 0)
         g = _Zero(_grid(ext[:1], E))
         valid = _full(rs.pred(g, None), (ext[0][1],)).astype(bool) if rs.pred is not None else np.ones(ext[0][1], bool)
         boxes = _boxes(valid)
@@ -513,7 +564,6 @@ class VecLowerer(Lowerer):
         if len(boxes) > 1 or boxes[0][0][0] != 0:
             raise OpcFailure(f"tir lowering: {rs.name}: the rows that exist are not one range from 0")
         nr = boxes[0][0][1]
-        slot = E.get("slot", 0)
         J, A = ext[1][1], ext[2][1]
         keys = [_key(v) for v, _ in ext]
         box = (nr, J, A, L)
@@ -562,7 +612,7 @@ class VecLowerer(Lowerer):
         wr = [rs.accesses[0][0]]
         red = rs.red
         if red is not None:
-            rbk, racc, rload, op, ident = red
+            rbk, racc, rload, op, ident, square = red
             (b0, s0), (b1, s1) = ms[0], mem(rload)
             if b0 != b1 or any(x != y for x, y, n in zip(s0, s1, box) if n > 1):
                 raise OpcFailure(f"tir lowering: {rs.name}: the reduction must read the element just stored")
@@ -578,10 +628,19 @@ class VecLowerer(Lowerer):
         stored = rs.code[-1].srcs[0]
         for a in range(A):
             body += [inst(ins, a) for ins in code]
-            if red is not None:
+            if red is None:
+                continue
+            if mask is not None:  # the lanes past the row's end times 0 (the column table)
+                body.append(vx.VI("vld", "mk", (vx.Mem("AM", mask + a * L, (0, A * L)),)))
+            if square and mask is not None:
+                body += [vx.VI("vmul", "mx", (stored, "mk")), vx.VI("vfma", f"s{a}", ("mx", stored, f"s{a}"))]
+            elif square or mask is not None:
+                body.append(vx.VI("vfma", f"s{a}", (stored, "mk" if mask is not None else stored, f"s{a}")))
+            else:
                 body.append(vx.VI(red[3], f"s{a}", (f"s{a}", stored)))
         kern = vx.VKernel((vx.Nest(outer=(nr,), inner=(J,), pre=tuple(pre), body=tuple(body), post=tuple(post)),),
                           "row nest")
-        rd = tuple(dict.fromkeys(t for t in (self._tag(a[0], slot) for a in rs.accesses[1:]) if t))
+        rd = tuple(dict.fromkeys(t for t in (self._tag(a[0], slot) for a in rs.accesses[1:]) if t)) + \
+            (("const", f"pad{slot}") if mask is not None else ())
         o = self._vpu_op(kern, rd, tuple(dict.fromkeys(self._tag(b, slot) for b in wr)), f"{rs.name}: {nr} rows")
         self._emit(self._intern(o), stage, 1)

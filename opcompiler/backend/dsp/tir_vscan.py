@@ -7,7 +7,8 @@ and the selected instructions (`tir_vselect.py`):
 
 * `_static` -> `_Nest`: an element-wise vector nest (loops over one store);
 * `_rowstatic` -> `_Rows`: a row nest (`opc.dsp.rows`: (rows, vectors / acc, acc, lanes) over
-  one element-wise store, optionally a fused `+` / `max` reduction of the stored element);
+  one element-wise store, optionally a fused `+` / `max` reduction of the stored element, or a
+  `+` of its square);
 * `_window` -> `_Win` or None: a window reduction (a store reducing a load of its own buffer
   over loops its index does not mention: pooling, `opc.dsp.reduce_lanes` lane reductions), its
   spatial and tap loops, the reducing instruction, avg's divisor and `opc.dsp.separable`.
@@ -28,7 +29,7 @@ from .tir_vselect import NestContext, _isload, _RowSelect, _Select
 class _Rows:
     """What a row nest lowers to: its four loops, the rows' predicate, the element-wise store's
     accesses and instructions (as `_Nest`), the fused reduction (buffer, store access, load of
-    the stored element, opcode, identity) or None."""
+    the stored element, opcode, identity, whether it sums the element's square) or None."""
 
     def __init__(self, **kw):
         self.__dict__.update(kw)
@@ -78,18 +79,23 @@ def _rowstatic(low: NestContext, st) -> _Rows:
         v = R.value if R is not None else None
         ops = {"Add": "vadd", "Max": "vmax"}
         ok = v is not None and type(v).__name__ in ops and len(inits) == 1 and inits[0] is not None
-        ld = None
+        ld, square = None, False
         if ok:
             for a, b in ((v.a, v.b), (v.b, v.a)):
                 if _isload(a) and _bkey(a) == _bkey(R) and _isload(b) and _bkey(b) == _bkey(S):
                     ld = b
+                elif _isload(a) and _bkey(a) == _bkey(R) and type(v).__name__ == "Add" and \
+                        type(b).__name__ == "Mul" and all(_isload(x) and _bkey(x) == _bkey(S) for x in (b.a, b.b)) \
+                        and str(b.a.indices) == str(b.b.indices):  # + x * x: a sum of squares (one FMA)
+                    ld, square = b.a, True
         if ld is None:
             raise OpcFailure(f"tir lowering: {label}: after the store only a reduction (+ / max with a constant "
-                             "init) of the stored element maps")
+                             "init) of the stored element, or a + of its square, maps")
         c = low.comp
         rb = _bkey(R)
         red = (rb, (rb, c.flat_fn(rb, R.indices), low._sp(rb)[0]),
-               (_bkey(ld), c.flat_fn(_bkey(ld), ld.indices), low._sp(_bkey(ld))[0]), ops[type(v).__name__], inits[0])
+               (_bkey(ld), c.flat_fn(_bkey(ld), ld.indices), low._sp(_bkey(ld))[0]), ops[type(v).__name__], inits[0],
+               square)
     sel = _RowSelect(low, label + f" ({low.names.get(_bkey(S), '?')})", S)
     sel.run()
     pf = None if pred is None or (type(pred).__name__ == "IntImm" and int(pred.value)) else low.comp.fn(pred)

@@ -3,15 +3,15 @@
 `_Select` walks the expression a vector nest stores and emits `vector.VI`s with ("mem", i)
 placeholders for the nest's accesses (the store first): loads (`vld` from AM, `sld` from SM,
 broadcast), constants as immediates, `a * b + c` as one vfma (b and c both immediates or both
-per-channel loads), `+ - * max min` as vadd / vsub / vmul / vmax / vmin, `exp`, `log` and `1 / x`
-as the math-library sequences (`vector.emit_exp`, `emit_log`, `emit_rcp`). Inner nodes live in
-pool temporaries v0, v1, ... (freed when their last reader has issued; a one-instruction node
-overwrites an operand that dies there); a binary node's second operand, when a load, gets a
-register named by its role (full-shape vectors alternate f0 / f1, a per-channel operand p), an
-FMA's two per-channel operands two temporaries. `_RowSelect` is the row nests' variant (a
-division by a buffer holding its reciprocal is a multiplication). `_reduce` and `_combine` are
-the reduction sequences the window and row nests append (taps through rotating registers; a
-tree over accumulators).
+per-channel loads), `+ - * max min` as vadd / vsub / vmul / vmax / vmin, `exp`, `log`, `1 / x` and
+`1 / sqrt(x)` as the math-library sequences (`vector.emit_exp`, `emit_log`, `emit_rcp`,
+`emit_rsqrt`). Inner nodes live in pool temporaries v0, v1, ... (freed when their last reader has
+issued; a one-instruction node overwrites an operand that dies there); a binary node's second
+operand, when a load, gets a register named by its role (full-shape vectors alternate f0 / f1, a
+per-channel operand p), an FMA's two per-channel operands two temporaries. `_RowSelect` is the row
+nests' variant (a division by a buffer holding its reciprocal is a multiplication). `_reduce` and
+`_combine` are the reduction sequences the window and row nests append (taps through rotating
+registers; a tree over accumulators).
 
 It knows the lowering only through what it is given (`NestContext`: the buffers' spaces, shapes,
 names and index functions, the per-nest cache, the reciprocal buffers), so it imports nothing above
@@ -210,9 +210,16 @@ class _Select:
         return self.is_load(m) and self.is_load(c) and not self.full(m) and not self.full(c)
 
     def rcp(self, d) -> str:
-        src = self.reg(d)
+        """1 / d: the reciprocal sequence, or 1 / sqrt(x) the reciprocal square root's."""
+        root = type(d).__name__ == "Call" and d.op.name == "tirx.sqrt"
+        src = self.reg(d.args[0] if root else d)
         dst, scratch = self.temp(), self.temp()
-        self.code += vx.emit_rcp(src, dst, scratch)
+        if root:
+            half = self.temp()
+            self.code += vx.emit_rsqrt(src, dst, scratch, half)
+            self.free(half)
+        else:
+            self.code += vx.emit_rcp(src, dst, scratch)
         self.free(scratch)
         self.free(src)
         return dst

@@ -27,11 +27,12 @@ ISA figures that seed 004 does not publish (assumed, named here so they can be c
   (L = the stride) takes L load/store slots. Stores write 32 contiguous lanes, predicated to
   the first `lanes` lanes.
 * `vrot` rotates the lanes through the VPEs' shuffle network in one vector-ALU slot;
-  `vrcpe` is an 8-bit reciprocal estimate (as ARM FRECPE), `vfloor`, `vldexp`, `vgetexp`,
-  `vgetmant` are vector-ALU conversions on the exponent field (as AVX-512's). There is no
+  `vrcpe` / `vrsqrte` are 8-bit reciprocal / reciprocal square root estimates (as ARM FRECPE /
+  FRSQRTE), `vfloor`, `vldexp`, `vgetexp`, `vgetmant` are vector-ALU conversions on the exponent field (as AVX-512's). There is no
   hardware exp, log or divide: `emit_exp`, `emit_log` and `emit_rcp` expand them into these
   instructions (Cody-Waite reduction + degree-6 polynomial; exponent / mantissa split + degree-9
-  polynomial; two Newton steps), as a math library for the VPU does.
+  polynomial; two Newton steps), and `emit_rsqrt` 1 / sqrt(x) (estimate, two Newton steps), as a
+  math library for the VPU does.
 """
 from __future__ import annotations
 
@@ -105,6 +106,12 @@ def _rcpe(a):
     return np.ldexp(np.round(mant * 256.0) / 256.0, ex).astype(np.float32)
 
 
+def _rsqrte(a):
+    r = 1.0 / np.sqrt(np.asarray(a, np.float64))
+    mant, ex = np.frexp(r)
+    return np.ldexp(np.round(mant * 256.0) / 256.0, ex).astype(np.float32)
+
+
 def _ldexp(a, b):
     return np.ldexp(np.asarray(a, np.float32), np.asarray(np.nan_to_num(b), np.float64).astype(np.int32))
 
@@ -136,6 +143,7 @@ SEM: dict[str, tuple[str, Any]] = {
     "vgetexp": ("valu", _getexp),
     "vgetmant": ("valu", _getmant),
     "vrcpe": ("valu", _rcpe),
+    "vrsqrte": ("valu", _rsqrte),
     "vrot": ("valu", _rot),
 }
 MEMOPS = {"vld": "ldst", "vst": "ldst", "sld": "sld"}
@@ -385,6 +393,15 @@ def emit_rcp(d: str, y: str, e: str) -> list[VI]:
     out = [VI("vrcpe", y, (d,))]
     for _ in range(2):
         out += [VI("vfnma", e, (d, y, 2.0)), VI("vmul", y, (y, e))]
+    return out
+
+
+def emit_rsqrt(d: str, y: str, e: str, h: str) -> list[VI]:
+    """y = 1 / sqrt(d) for d > 0: 8-bit estimate, two Newton steps y <- y (1.5 - (d / 2) y^2).
+    Registers e and h are scratch; d is kept."""
+    out = [VI("vrsqrte", y, (d,)), VI("vmul", h, (d, 0.5))]
+    for _ in range(2):
+        out += [VI("vmul", e, (y, y)), VI("vfnma", e, (h, e, 1.5)), VI("vmul", y, (y, e))]
     return out
 
 

@@ -8,6 +8,8 @@
     movement.py     concat, pad, transpose, slice              transpose_dims, slice_geometry
     pool.py         pool2d                                     pool_out_hw
     reduce.py       reduce_sum / max / mean, softmax
+    norm.py         layer_norm, add_layer_norm (SkipLayerNorm)
+    batched.py      batch_matmul
     attention.py    attention (softmax(Q K^T * scale + mask) V)
 
 The geometry helpers in the right-hand column are public: schedules import them from here.
@@ -17,7 +19,9 @@ the CLI answers from; it hashes this folder). See docs/adding_an_operator.md.
 from __future__ import annotations
 
 from . import conv, matmul, elementwise, movement, pool, reduce  # noqa: F401  (registration order: fusions' order)
+from . import batched  # noqa: F401  (batch_matmul)
 from . import attention  # noqa: F401
+from . import norm  # noqa: F401  (layer_norm, add_layer_norm)
 from .conv import CONV_DEFAULTS, conv_out_hw, conv_out_shape
 from .elementwise import chain_op
 from .movement import slice_geometry, transpose_dims
