@@ -267,7 +267,8 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
     for g, b in tqdm(built, desc=f"run {plan.kind}", unit="kernel", disable=not progress, leave=False):
         if g.op == "view":
             if check:
-                values[g.outputs[0]] = values[g.inputs[0]].reshape(plan.shape(g.outputs[0]))
+                src = values[g.inputs[0]] if g.inputs[0] in values else plan.constants[g.inputs[0]]  # a constant's view
+                values[g.outputs[0]] = src.reshape(plan.shape(g.outputs[0]))
             reports.append(_report(g, plan, "view", "-"))
         elif g.op == "host":
             reports.append(_run_host(plan, g, values, check))

@@ -99,6 +99,8 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
             if fn is None:
                 raise Unsupported(node, f"op {node.op_type} is not supported (supported: {', '.join(SUPPORTED)})")
             ints = [v for v in node.inputs if v and v not in ctx.consts and graph.dtype(v).startswith("int")]
+            if node.op_type == "Gather" and node.inputs[0] in ctx.consts:  # an embedding lookup: `gather` takes the ids
+                ints = [v for v in ints if v != node.inputs[1]]
             if ints:  # token ids, masks and what is computed from them: no target kernel takes integers
                 raise Unsupported(node, f"{node.op_type} of the integer tensor {ints[0]!r} ({graph.dtype(ints[0])}): "
                                         "integer tensors run on the host")
@@ -359,7 +361,7 @@ def _binary_rows(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str, osh
             if kind != "add" or len(readers) != 1 or readers[0].op_type != "Softmax":
                 return False
             # an additive mask on attention scores (causal, padding): the full (rows, keys) constant
-            full_c = np.broadcast_to(c, oshape).reshape(m, n)
+            full_c = np.maximum(np.broadcast_to(c, oshape).reshape(m, n), -3.0e4)  # -inf: finite in fp16, exp is 0
             y2 = ctx.const(f"{node.name}:{y}:rows", full_c)
         else:
             y2 = ctx.const(f"{node.name}:{y}:row", c.reshape(1, lead[-1]))
@@ -794,11 +796,29 @@ def _slice(ctx: _Ctx, node: Node) -> None:
 def _gather(ctx: _Ctx, node: Node) -> None:
     """Gather with constant indices that are one contiguous run (the packed-QKV split of
     nn.MultiheadAttention: index 0, 1 or 2 of the stacked projections): a `slice` kernel, then a
-    view that drops the axis for a scalar index. Runtime indices (an embedding lookup) are not
-    lowered yet."""
-    x = _runtime(ctx, node, node.inputs[0], "data")
+    view that drops the axis for a scalar index. Runtime int32 / int64 indices into a constant
+    2-D table on axis 0 (nn.Embedding) are one `gather` kernel: the ids viewed as (n,), the rows
+    (n, d) viewed back as ids.shape + (d,)."""
     if node.inputs[1] not in ctx.consts:
-        raise Unsupported(node, "Gather with runtime indices (an embedding lookup) is not lowered yet")
+        table, ids, out = node.inputs[0], node.inputs[1], node.outputs[0]
+        if table not in ctx.consts:
+            raise Unsupported(node, "Gather with runtime indices from a runtime tensor (a constant table, an "
+                                    "embedding lookup, is lowered)")
+        ts, ish, idt = ctx.shape(table), tuple(ctx.shape(ids)), ctx.graph.dtype(ids)
+        if len(ts) != 2 or int(node.attrs.get("axis", 0)) % 2 != 0 or idt not in ("int32", "int64"):
+            raise Unsupported(node, f"Gather with runtime {idt} indices into a {len(ts)}-D table on axis "
+                                    f"{node.attrs.get('axis', 0)} (lowered: int32 / int64 ids, a 2-D table, axis 0)")
+        n, d = int(np.prod(ish, dtype=np.int64)), int(ts[1])
+        flat = ids if ish == (n,) else ctx.emit("view", {}, (ids,), f"{out}:ids", node, (n,))
+        oshape = (*ish, d)
+        rows = ctx.emit("gather", {"rows": int(ts[0]), "cols": d, "n": n, "idx": idt}, (table, flat),
+                        out if oshape == (n, d) else f"{out}:rows", node, (n, d))
+        if rows != out:
+            ctx.emit("view", {}, (rows,), out, node, oshape)
+            ctx.rows[out] = rows  # the 2-D rows a following MatMul (a Linear) can take directly
+            ctx.row_views.add(out)
+        return
+    x = _runtime(ctx, node, node.inputs[0], "data")
     xs = list(ctx.shape(x))
     axis = int(node.attrs.get("axis", 0)) % len(xs)
     d = xs[axis]

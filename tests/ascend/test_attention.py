@@ -68,3 +68,13 @@ def test_fp32_is_refused_in_one_line(backend):
     with pytest.raises(OpcError, match="float16") as e:
         backend.build(workload("attention", "b=1,h=1,sq=32,skv=32,d=16", dtype="float32"))
     assert "\n" not in str(e.value)
+
+
+def test_causal_tiles_are_balanced_and_core_0_is_the_heaviest(backend):
+    """Under the causal bound query tiles differ in work (tile i has i + 1 key tiles here); they are
+    dealt longest first to the least loaded core, and core 0 (the one the timing replays) carries
+    the most: 16 tiles of 1..16 key tiles over 4 cores, 136 pairs, 34 per core."""
+    wl = workload("attention", "b=1,h=1,sq=1024,skv=1024,d=64,causal=1", dtype="float16")
+    plan = backend.build(wl, {"q_tile": 64, "kv_tile": 64, "double_buffer": 1, "block_dim": 4}).artifact.plan
+    pairs = [sum(isinstance(i, Mmad) for i in plan.make_program(c).instrs) // 2 for c in range(4)]
+    assert sorted(pairs) == [34, 34, 34, 34] and pairs[0] == max(pairs)

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .builder import KernelBuilder, Program, split_even
+from .builder import KernelBuilder, Program
 from .isa import Buf, VOp
 from .machine import Machine
 
@@ -91,6 +91,21 @@ class AttentionLowering:
             elif self.groups:
                 self.groups[-1].append(ev)
 
+    def share(self, core: int, active: int) -> list[list[tuple]]:
+        """The query tiles core `core` of `active` runs. Under the causal bound tiles differ in their
+        number of key tiles, so they are dealt longest first to the least loaded core (LPT), and
+        the cores are numbered by load, heaviest first: core 0, the one the timing replays, is
+        the last to finish. Without the bound this is an even contiguous split."""
+        loads = [sum(ev[0] == "qk" for ev in g) for g in self.groups]
+        bins: list[list[int]] = [[] for _ in range(active)]
+        totals = [0] * active
+        for gi in sorted(range(len(self.groups)), key=lambda i: (-loads[i], i)):
+            c = min(range(active), key=lambda k: (totals[k], k))
+            bins[c].append(gi)
+            totals[c] += loads[gi] + 1  # + 1: the tile's Q load, normalisation and write
+        order = sorted(range(active), key=lambda k: (-totals[k], k))
+        return [self.groups[gi] for gi in sorted(bins[order[core]])]
+
     def program(self, core: int, active: int) -> Program:  # noqa: C901 (one stage per branch)
         p = self.p
         bh, sqp, skvp, dp = p["bh"], p["sqp"], p["skvp"], p["dp"]
@@ -132,8 +147,7 @@ class AttentionLowering:
         bc = kb.alloc("UB", "bcast_UB", (mq, 8), "float32")
         mk16 = kb.alloc("UB", "mask_UB", (mq, nk), "float16") if mb else None
         band = kb.alloc("UB", "band_UB", (mq, nk), "float32") if (mb or p["causal"]) else None
-        lo, hi = split_even(len(self.groups), active, core)
-        for events in self.groups[lo:hi]:
+        for events in self.share(core, active):
             _, b_h, q0 = events[0][:3]
             rows = min(mq, -(-(sq - q0) // 16) * 16)  # the tile's rows, 16-aligned (pad rows: zeros)
             r1 = rows // 16

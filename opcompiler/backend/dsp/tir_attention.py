@@ -402,11 +402,22 @@ class AttentionLowerer:
 
     # ---- per core ---------------------------------------------------------------------------
     def share(self, core: int) -> list[_Tile]:
+        """Core `core`'s query tiles: under the causal bound tiles differ in their key tiles, so
+        they are dealt longest first to the least loaded core (LPT); without it every tile is
+        equal and the split is even and contiguous."""
         k = max(1, min(int(self.p["cores"]), self.m.cores))
         if core >= k:
             return []
-        n = len(self.tiles)
-        return self.tiles[core * n // k:(core + 1) * n // k]
+        if not self.causal:
+            n = len(self.tiles)
+            return self.tiles[core * n // k:(core + 1) * n // k]
+        bins: list[list[int]] = [[] for _ in range(k)]
+        totals = [0] * k
+        for ti in sorted(range(len(self.tiles)), key=lambda i: (-len(self.tiles[i].k0s), i)):
+            c = min(range(k), key=lambda j: (totals[j], j))
+            bins[c].append(ti)
+            totals[c] += len(self.tiles[ti].k0s) + 1
+        return [self.tiles[ti] for ti in sorted(bins[core])]
 
     def group_key(self, core: int) -> tuple:
         """What a core's timing depends on: per query tile its rows and, per key / value tile,
