@@ -901,6 +901,48 @@ def _layer_norm(ctx: _Ctx, node: Node) -> None:
     _back_to_nd(ctx, node, y, out, tuple(xs))
 
 
+def _lstm(ctx: _Ctx, node: Node) -> None:
+    """LSTM (forward, one direction, sequence first, ONNX's default activations) as one `lstm`
+    kernel: W, R and B constant (B zero when absent), the initial states constant, runtime or
+    zero. Y is the kernel's (t, b, h) viewed as (t, 1, b, h); Y_h, the last step's h, a slice of
+    it; Y_c (the last cell state) is not produced."""
+    a = node.attrs
+    if str(a.get("direction", "forward")) != "forward" or int(a.get("layout", 0)) != 0:
+        raise Unsupported(node, "LSTM other than forward and sequence-first (reverse / bidirectional / layout=1)")
+    if a.get("clip") is not None or int(a.get("input_forget", 0)) or a.get("activations") not in (
+            None, ["Sigmoid", "Tanh", "Tanh"], [b"Sigmoid", b"Tanh", b"Tanh"]):
+        raise Unsupported(node, "LSTM with clip, input_forget or non-default activations")
+    ins = list(node.inputs) + [""] * (8 - len(node.inputs))
+    if ins[4] or ins[7]:
+        raise Unsupported(node, "LSTM with sequence_lens or peepholes (P)")
+    outs = list(node.outputs) + [""] * (3 - len(node.outputs))
+    if outs[2] and ctx.uses[outs[2]]:
+        raise Unsupported(node, "LSTM's last cell state Y_c is read")
+    x = _runtime(ctx, node, ins[0], "X")
+    t, b, i = (int(v) for v in ctx.shape(x))
+    w, r = _need_const(ctx, node, ins[1], "W"), _need_const(ctx, node, ins[2], "R")
+    if w.shape[0] != 1:
+        raise Unsupported(node, f"LSTM with {w.shape[0]} directions")
+    h = int(r.shape[-1])
+    bias = _need_const(ctx, node, ins[3], "B") if ins[3] else np.zeros((1, 8 * h), np.float32)
+    names = [ctx.const(f"{node.name}:{k}", v) for k, v in (("W", w), ("R", r), ("B", bias.reshape(1, 8 * h)))]
+    states = []
+    for k, v in (("h0", ins[5]), ("c0", ins[6])):
+        if not v:
+            states.append(ctx.const(f"{node.name}:{k}", np.zeros((1, b, h), np.float32)))
+        elif v in ctx.consts:
+            states.append(ctx.const(f"{node.name}:{k}", ctx.consts[v].reshape(1, b, h)))
+        else:
+            states.append(v)
+    y = ctx.emit("lstm", {"t": t, "b": b, "i": i, "h": h}, (x, *names, *states), f"{node.name}:Y", node, (t, b, h))
+    if outs[0]:
+        ctx.emit("view", {}, (y,), outs[0], node, (t, 1, b, h))
+    if outs[1]:
+        last = ctx.emit("slice", {"dims": f"{t}x{b}x{h}", "axis": 0, "start": t - 1, "end": t}, (y,),
+                        f"{node.name}:Y_h", node, (1, b, h))
+        ctx.emit("view", {}, (last,), outs[1], node, (1, b, h))
+
+
 def _lrn(ctx: _Ctx, node: Node) -> None:
     """LRN as the hardware would run it: x*x (vector), the sum over the channel window as a 1x1
     convolution with a banded weight scaled by alpha/size (cube), (bias + s)**-beta (vector),
@@ -951,6 +993,6 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "LRN": _lrn,
     "Identity": _view, "Dropout": _dropout, "Sub": _sub, "Div": _div, "Pow": _pow, "Erf": _chain("erf"),
     "Tanh": _chain("tanh"), "Gelu": _gelu, "Sqrt": _chain("pow:0.5"), "Reciprocal": _chain("rec"),
-    "LayerNormalization": _layer_norm, "Gather": _gather,
+    "LayerNormalization": _layer_norm, "Gather": _gather, "LSTM": _lstm,
 }
 SUPPORTED = (*_LOWER, "Constant", "ConstantOfShape")  # what `lower` takes, as its error message lists it

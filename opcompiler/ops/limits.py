@@ -24,7 +24,7 @@ def _nhwc(p: Mapping[str, Any], dt: str) -> bool:
 
 
 LIMITS: tuple[Limit, ...] = (
-    Limit(("conv2d*", "matmul*", "batch_matmul", "attention"), "ascend", lambda p, dt: dt == "float32", "float32",
+    Limit(("conv2d*", "matmul*", "batch_matmul", "attention", "lstm"), "ascend", lambda p, dt: dt == "float32", "float32",
           "the cube takes float16 or int8 operands; fp32 matrix work would fall to the vector unit"),
     Limit(("conv2d*",), "dsp", lambda p, dt: _nhwc(p, dt) and int(p.get("groups", 1)) > 1,
           "grouped or depthwise in NHWC", "the DSP's grouped convolution runs NCHW"),
@@ -33,6 +33,7 @@ LIMITS: tuple[Limit, ...] = (
           "the grouped convolution has no residual epilogue"),
     Limit(("attention",), "dsp", lambda p, dt: dt != "float32", "float16",
           "the DSP's VPEs compute fp32 only: its products and the online softmax run in fp32"),
+    Limit(("lstm",), "dsp", lambda p, dt: True, "any shape", "no dsp-sim LSTM template yet (cpu and ascend-sim run it)"),
 )
 
 

@@ -4,3 +4,5 @@ from . import conv2d, elemwise, matmul, pool, reduce  # noqa: F401
 from . import batch_matmul  # noqa: F401
 from . import attention  # noqa: F401
 from . import norm  # noqa: F401  (layer_norm, add_layer_norm)
+from . import gather  # noqa: F401  (embedding lookup: indirect row DMAs)
+from . import recurrent  # noqa: F401  (lstm: the fused persistent cell)

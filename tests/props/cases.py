@@ -103,6 +103,9 @@ def shapes(draw, op: str) -> dict[str, Any]:
                 "sq": draw(st.sampled_from((1, 2, 7, 16, 17, 33))), "skv": draw(st.sampled_from((1, 3, 16, 17, 31, 33))),
                 "d": draw(st.sampled_from((1, 3, 8, 16, 17))), "causal": draw(st.sampled_from((0, 1))),
                 "mask": draw(st.sampled_from((0, 1, 2))), "layout": draw(st.sampled_from(("bhsd", "sbhd")))}
+    if op == "lstm":
+        return {"t": draw(st.sampled_from((1, 2, 3))), "b": draw(st.sampled_from((1, 3, 17))),
+                "i": draw(st.sampled_from((1, 5, 16, 20))), "h": draw(st.sampled_from((1, 7, 16)))}
     if op in ("layer_norm", "add_layer_norm"):
         return {"rows": draw(st.sampled_from(ROWS)), "cols": draw(st.sampled_from(COLS))}
     if op in ("slice", "transpose"):
@@ -114,6 +117,9 @@ def shapes(draw, op: str) -> dict[str, Any]:
             start = draw(st.integers(0, dims[axis] - 1))
             return {**p, "axis": axis, "start": start, "end": draw(st.integers(start + 1, dims[axis]))}
         return {**p, "perm": "".join(map(str, draw(st.permutations(range(len(dims))))))}
+    if op == "gather":
+        return {"rows": draw(st.sampled_from((1, 2, 7, 16, 17, 100))), "cols": draw(st.sampled_from(COLS)),
+                "n": draw(st.sampled_from((1, 2, 3, 16, 17, 33, 128))), "idx": draw(st.sampled_from(("int32", "int64")))}
     raise KeyError(f"no shape strategy for op {op!r}: add one to tests/props/cases.py")
 
 

@@ -15,8 +15,8 @@ import numpy as np
 from ...errors import OpcFailure
 from ...sim.buffers import Arena
 from ...sim.program import SimProgram
-from .isa import (TRANS_BLOCKS, VEC_OPS, Barrier, Buf, ConvGeom, DataMove, Instr, Load3D, Mmad, Scalar, Vec,
-                  VecTrans, VOp, region_bursts)
+from .isa import (TRANS_BLOCKS, VEC_OPS, Barrier, Buf, ConvGeom, DataMove, IndirectMove, Instr, Load3D, Mmad,
+                  Scalar, Vec, VecTrans, VOp, region_bursts)
 from .machine import Machine
 
 
@@ -114,6 +114,23 @@ class KernelBuilder:
         ins = DataMove(dst=dst, dst_idx=dst_idx, src=src, src_idx=src_idx, path=(path.src, path.dst),
                        nbytes=nbytes, bursts=max(src_runs, dst_runs), transform=transform)
         self._emit(ins, path.pipe, (src,), (dst,))
+
+    def indirect_move(self, dst: Buf, dst_idx: tuple, table: Buf, row_idx: tuple, index: Buf, pos: int) -> None:
+        """An indirect DMA (`IndirectMove`): the box `row_idx` of `table` (a region of row 0,
+        the row taken at execute time from `index[pos]`) into `dst[dst_idx]`; bytes, bursts and
+        pipe as `data_move` of that box. It reads `index`: it waits for the move that filled it."""
+        if table.level != "GM" or index.level == "GM" or row_idx[0] != slice(0, 1):
+            raise OpcFailure(f"indirect_move reads rows of a GM table by an on-chip index, not "
+                             f"{table.name} ({table.level}) {row_idx} by {index.name} ({index.level})")
+        path = self.m.path("GM", dst.level)
+        elems, src_runs = region_bursts(table.shape, row_idx)
+        delems, dst_runs = region_bursts(dst.shape, dst_idx)
+        if elems != delems:
+            raise OpcFailure(f"indirect_move {table.name} -> {dst.name}: {elems} elements into a "
+                             f"{delems}-element region")
+        ins = IndirectMove(dst=dst, dst_idx=dst_idx, src=table, src_idx=row_idx, path=(path.src, path.dst),
+                           nbytes=elems * table.itemsize, bursts=max(src_runs, dst_runs), index=index, index_pos=pos)
+        self._emit(ins, path.pipe, (table, index), (dst,))
 
     def load3d(self, dst: Buf, src: Buf, geom: ConvGeom, h0: int, c1_0: int, p0: int, mt: int, q0: int,
                kt1: int) -> None:

@@ -170,6 +170,35 @@ class DataMove(Instr):
         return s.size * s.itemsize  # bytes moved
 
 
+@dataclass(eq=False)
+class IndirectMove(DataMove):
+    """An indirect DMA (a gather's row fetch): a `DataMove` whose source rows are chosen at
+    execute time by an index the kernel reads from simulated memory (`index[index_pos]`, the
+    scalar unit's read of the index tile in UB). `src_idx` is the region of row 0 (a box of one
+    row): the moved region is that box with its row replaced by the index. Same bytes, bursts and
+    cost as the `DataMove` of that box (the sizes never depend on the value). An index outside
+    [0, rows) is a one-line OpcFailure naming it and the table size: nothing is read."""
+
+    index: Buf | None = None
+    index_pos: int = 0
+
+    def execute(self, mem: Memory) -> int:
+        table = mem.load(self.src)
+        r = int(mem.load(self.index).reshape(-1)[self.index_pos])
+        rows = table.shape[0]
+        if not 0 <= r < rows:
+            raise OpcFailure(f"gather: index {r} is out of range for a table of {rows} rows (valid: 0..{rows - 1})")
+        idx = (slice(r, r + 1), *self.src_idx[1:])
+        s = table[idx]
+        d = mem.store(self.dst)
+        tgt = d[self.dst_idx]
+        if s.size != tgt.size:
+            raise OpcFailure(f"indirect data_move {self.src.name}[{r}] -> {self.dst.name}{self.dst_idx}: "
+                             f"{s.size} elements into {tgt.size}")
+        d[self.dst_idx] = s.reshape(tgt.shape).astype(d.dtype, copy=False)
+        return s.size * s.itemsize  # bytes moved
+
+
 @dataclass(frozen=True)
 class ConvGeom:
     """Convolution geometry Load3D needs (padding top/left; input H, W; output Ho, Wo)."""
@@ -401,5 +430,5 @@ class Barrier(Instr):
     """pipe_barrier(PIPE_ALL): every pipe drains before anything after it starts."""
 
 
-__all__ = ["Buf", "Memory", "Instr", "DataMove", "Load3D", "Mmad", "Vec", "VecTrans", "VOp", "Scalar", "Barrier",
-           "ConvGeom", "VEC_OPS", "TRANS_BLOCKS", "region_bursts"]
+__all__ = ["Buf", "Memory", "Instr", "DataMove", "IndirectMove", "Load3D", "Mmad", "Vec", "VecTrans", "VOp", "Scalar",
+           "Barrier", "ConvGeom", "VEC_OPS", "TRANS_BLOCKS", "region_bursts"]

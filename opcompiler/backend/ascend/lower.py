@@ -12,8 +12,10 @@ the lowering by `sched.lowering` and assembles the plan:
     vector       `emit_insn` (pragma'd nests: DMA and vector instructions)
     move         `emit_move` (MTE2 / MTE3 boxes, a vector dup for padding)
     reduce       `emit_reduce` (per row vcadd / vcmax folds; softmax's stages per row)
+    gather       `emit_gather` (indices into UB, an indirect DMA per row, row tiles out)
     attention    the capacity dry-run, the flash-attention nest traced once per key, each stage
                  turned into its instructions (`tir_attention.AttentionLowering`)
+    lstm         the same for the LSTM nest (`tir_lstm.LstmLowering`)
 
 The vector lowerings read the GM tensors' names and shapes from the module: a host layout
 without `pack` sends the op's inputs in the module's argument order, each reshaped to its GM
@@ -95,6 +97,14 @@ def _attention(sched: Scheduled, m: Machine) -> Plan:
     return _cube_plan(sched, m, low, "TIR flash-attention nest -> AI Core instructions (backend/ascend/tir_attention.py)")
 
 
+def _lstm(sched: Scheduled, m: Machine) -> Plan:
+    from .tir_lstm import LstmLowering
+
+    fit(sched, m)
+    low = LstmLowering(m, tl.trace(sched.key, sched.module), dict(sched.params))
+    return _cube_plan(sched, m, low, "TIR LSTM nest (persistent cell) -> AI Core instructions (backend/ascend/tir_lstm.py)")
+
+
 def _module(sched: Scheduled):
     built = sched.module()
     return built[0] if isinstance(built, tuple) else built
@@ -124,8 +134,21 @@ def _reduce(sched: Scheduled, m: Machine) -> Plan:
     return _vector_plan(sched, m, rk, "TVM s_tir schedule -> emit_reduce (backend/ascend/emit_reduce.py)", rk.nests)
 
 
+def _gather(sched: Scheduled, m: Machine) -> Plan:
+    from . import emit_gather
+
+    fit(sched, m)
+    gk = emit_gather.lower(_module(sched), sched.params)
+    h = sched.host
+    return Plan(active_cores=gk.active_cores, make_program=lambda core: gk.program(m, core), pack=h.pack,
+                out_name=gk.oname, out_shape=(gk.n, gk.cols), out_dtype=gk.dtype, unpack=h.unpack or (lambda y: y),
+                flops=0, unit="vector",
+                info={**sched.info, "lowering": "TVM s_tir schedule -> emit_gather (backend/ascend/emit_gather.py)"})
+
+
 LOWERINGS: dict[str, Callable[[Scheduled, Machine], Plan]] = {
-    "gemm": _gemm, "conv": _conv, "vector": _vector, "move": _move, "reduce": _reduce, "attention": _attention}
+    "gemm": _gemm, "conv": _conv, "vector": _vector, "move": _move, "reduce": _reduce, "attention": _attention,
+    "gather": _gather, "lstm": _lstm}
 
 
 def lower(sched: Scheduled, m: Machine) -> Plan:

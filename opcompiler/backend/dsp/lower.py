@@ -15,6 +15,7 @@ the program (relayouts, host work, core groups); the backend decides functional 
     gconv      tir_gconv.GConvLowerer           grouped / depthwise convolution
     move       tir_move.MoveLowerer             slice, pad, transpose, concat (DMA only)
     attention  tir_attention.AttentionLowerer   flash attention (a TIR nest of stage events)
+    gather     tir_gather.GatherLowerer         embedding lookup (index tile to SM, a row DMA per index)
 
 `params` (all plain data):
   inputs      ((name, shape), ...) of the op's inputs (host copies in copy mode, `Program.inputs`)
@@ -151,6 +152,15 @@ def _attention(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
 
 
 LOWERINGS["attention"] = _attention
+
+
+def _gather(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
+    from .tir_gather import make
+
+    return make(m, func, p, ddr, names, fn)
+
+
+LOWERINGS["gather"] = _gather
 
 
 def lower(sched: Scheduled, target: Target, functional: bool) -> Program:

@@ -1,0 +1,118 @@
+"""Embedding lookup (gather) on the AI Core: a data-movement kernel, no vector work.
+
+    FOR tile of `rows_tile` indices (the tiles split over `block_dim` cores, double-buffered):
+        indices GM -> UB                          MTE2, one DMA
+        FOR each index r of the tile:             the scalar unit reads idx_UB[r] ...
+            table[idx_UB[r], :] GM -> rows_UB[r]  ... and issues an indirect DMA (MTE2) of that row
+        rows_UB[:cnt] -> out GM                   MTE3, one DMA
+
+The indirect DMA's source row comes from the index the kernel read from simulated UB
+(`isa.IndirectMove`), so a functional run fetches the rows the indices name, and an index
+outside the table is a one-line error naming it and the table size. Its cost is a DMA of that
+row's bytes (timing mode needs no values). The table never enters UB whole; the machine has no
+GM -> GM path, so rows stage through UB. A row longer than a UB slot (fp16 rows above ~64K
+elements) moves in column chunks, one tile per index.
+
+`apply` returns the TVM schedule of the op's own compute (the index loop split by rows_tile,
+the indices cache_read into UB, the gather block cache_written into a UB row tile, pragmas
+`dma_copy` / `dma_gather`) for the backend's "gather" lowering (`emit_gather`).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE
+from opcompiler.ops import op_prim_func
+from opcompiler.target import Target
+from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
+from opcompiler.workload import Workload
+
+from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
+
+ROWS_TILES = (1, 2, 4, 8, 16, 32, 64, 128)
+GATHER = "dma_gather"  # the backend's `emit_gather.GATHER`
+
+
+def _tiled(wl: Workload, rows_tile: int):
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(op_prim_func(wl))
+    blk = sch.get_sblock("gather")
+    i, _ = sch.get_loops(blk)
+    to, _ = sch.split(i, [None, rows_tile])
+    rb = sch.cache_write(blk, 0, UB_SCOPE)
+    sch.reverse_compute_at(rb, to, preserve_unit_loops=True)
+    ib = sch.cache_read(blk, 1, UB_SCOPE)  # reads: table[indices[i], j], indices[i]
+    sch.compute_at(ib, to, preserve_unit_loops=True)
+    sch.annotate(sch.get_loops(ib)[1], PRAGMA, DMA_COPY)
+    sch.annotate(sch.get_loops(blk)[1], PRAGMA, GATHER)
+    sch.annotate(sch.get_loops(rb)[1], PRAGMA, DMA_COPY)
+    return sch.mod
+
+
+@register_template
+class AscendGather(AscendTemplate):
+    """Rows of a GM table by runtime indices: indirect row DMAs through UB row tiles."""
+
+    name = "ascend.gather"
+    op_families = ("gather",)
+    version = 1
+
+    def space(self, wl: Workload, target: Target) -> list[Knob]:
+        rows = tuple(v for v in ROWS_TILES if v < 2 * wl["n"]) or (1,)
+        return [Knob("rows_tile", rows, "indices (rows) per UB tile"),
+                Knob("double_buffer", (1, 0), "ping-pong index and row tiles"),
+                Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over")]
+
+    def preferred(self, wl: Workload, target: Target) -> list[dict]:
+        """Fewest rows per core first (the tiles spread over every core), then larger tiles."""
+        cores = target.cores
+        per_core = lambda t: ceil_div(ceil_div(wl["n"], t), cores) * t  # noqa: E731
+        order = sorted(self.space(wl, target)[0].values, key=lambda t: (per_core(t), -t))
+        return [{"rows_tile": t, "double_buffer": 1, "block_dim": cores} for t in order]
+
+    def col_chunk(self, wl: Workload, target: Target, cfg: Mapping) -> int:
+        """Columns per indirect DMA: the whole row, or (one index per tile) as much of it as a
+        UB slot holds when a row does not fit."""
+        isz = np.dtype(wl.dtype).itemsize
+        epb = 32 // isz
+        slots = 2 if cfg["double_buffer"] else 1
+        room = machine(target).level("UB").capacity // slots - 64
+        if cfg["rows_tile"] > 1 or ceil_div(wl["cols"], epb) * epb * isz <= room:
+            return wl["cols"]
+        return max(epb, room // isz // epb * epb)
+
+    def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
+        isz = np.dtype(wl.dtype).itemsize
+        epb = 32 // isz
+        rt = cfg["rows_tile"]
+        cpad = ceil_div(self.col_chunk(wl, target, cfg), epb) * epb
+        iisz = np.dtype(str(wl["idx"])).itemsize
+        out = []
+        for s in range(2 if cfg["double_buffer"] else 1):
+            out.append(("UB", f"idx_{s}", ceil_div(rt * iisz, 32) * 32))
+            out.append(("UB", f"rows_{s}", rt * cpad * isz))
+        return out
+
+    def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
+        cfg = self.config(wl, target, config)
+        tiles = ceil_div(wl["n"], cfg["rows_tile"])
+        cores = min(cfg["block_dim"], tiles)
+        isz = np.dtype(wl.dtype).itemsize
+        occ = sum(b for _, _, b in self.buffers(wl, target, cfg)) / machine(target).level("UB").capacity
+        return {"gm_read_bytes": wl["n"] * wl["cols"] * isz, "tiles": tiles, "active_cores": cores,
+                "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ}
+
+    def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
+        idt = str(wl["idx"])
+        pack = lambda ins: {"table": np.ascontiguousarray(ins[0], dtype=wl.dtype),  # noqa: E731
+                            "indices": np.ascontiguousarray(np.asarray(ins[1]).reshape(-1), dtype=idt)}
+        return Scheduled(lowering="gather", key=(wl.key_str(), tuple(sorted(cfg.items()))),
+                         module=lambda: (on_cores(_tiled(wl, int(cfg["rows_tile"])), "indices_local.UB", cfg), ()),
+                         params={"col_chunk": self.col_chunk(wl, target, cfg)},
+                         host=HostLayout(pack=pack, out_dtype=wl.dtype),
+                         buffers=self.buffers(wl, target, cfg), flops=0.0,
+                         info={"gm_layouts": {"table": "ND (rows, cols)", "indices": f"({wl['n']},) {idt}"},
+                               "layout_change": "none"})

@@ -1,0 +1,73 @@
+"""Token-id models (nn.Embedding) import whole: the ONNX Gather of runtime int64 ids into a
+constant table is one `gather` kernel on cpu, ascend-sim and dsp-sim, no --fallback; the model's
+output matches onnxruntime. Any other node reading an integer tensor is still refused."""
+from __future__ import annotations
+
+import numpy as np
+import onnx
+import pytest
+from onnx import TensorProto, helper, numpy_helper
+
+from opcompiler.errors import OpcError
+from opcompiler.graph import load, make_plan, run_plan
+
+torch = pytest.importorskip("torch")
+
+
+class _Imdb(torch.nn.Module):
+    """IMDB-style: token ids (batch, tokens) -> nn.Embedding(1000, 64) -> a Linear per kind."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.emb = torch.nn.Embedding(1000, 64)
+        self.fc = torch.nn.Linear(64 * 32 if kind == "flatten" else 64, 2)
+
+    def forward(self, ids):
+        e = self.emb(ids)
+        return self.fc(e.flatten(1) if self.kind == "flatten" else e)
+
+
+@pytest.fixture(scope="module", params=["linear", "flatten"])
+def imdb(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("emb") / f"imdb_{request.param}.onnx"
+    torch.onnx.export(_Imdb(request.param).eval(), (torch.randint(0, 1000, (4, 32), dtype=torch.int64),), str(path),
+                      opset_version=17, dynamo=False, input_names=["ids"], output_names=["logits"])
+    return path
+
+
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim", "dsp-sim"])
+def test_an_embedding_model_runs_whole_on_the_target(imdb, target):
+    g = load(imdb)
+    assert g.dtype("ids") == "int64"
+    plan = make_plan(g, target)  # no fallback
+    run = run_plan(plan)
+    assert run.correct, run.max_abs_err
+    assert not run.on_host()
+    ops = [k.op for k in run.on_target()]
+    assert ops[0] == "gather" and any(o.startswith("matmul") for o in ops[1:])  # the Linear reads the rows
+
+
+def _ids_model(path, second: str):
+    rng = np.random.default_rng(0)
+    nodes = [helper.make_node("Gather", ["table", "ids"], ["e"], axis=0, name="embed")]
+    if second == "unsqueeze":  # an integer tensor computed from the ids
+        nodes.append(helper.make_node("Unsqueeze", ["ids", "ax"], ["y"], name="second"))
+        out = helper.make_tensor_value_info("y", TensorProto.INT64, [2, 8, 1])
+    else:  # a lookup into a runtime (computed) tensor
+        nodes += [helper.make_node("Relu", ["e"], ["r"], name="relu"),
+                  helper.make_node("Gather", ["r", "ids"], ["y"], axis=0, name="second")]
+        out = helper.make_tensor_value_info("y", TensorProto.FLOAT, [2, 8, 8, 16])
+    table = numpy_helper.from_array(rng.standard_normal((50, 16)).astype(np.float32), "table")
+    g = helper.make_graph(nodes, "emb", [helper.make_tensor_value_info("ids", TensorProto.INT64, [2, 8])], [out],
+                          initializer=[table, numpy_helper.from_array(np.array([2], np.int64), "ax")])
+    onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)]), str(path))
+    return path
+
+
+@pytest.mark.parametrize("second,op", [("unsqueeze", "Unsqueeze"), ("gather", "Gather")])
+def test_other_nodes_reading_integer_tensors_stay_refused(tmp_path, second, op):
+    """Only a Gather of a constant table takes the ids; any other reader is refused in one line."""
+    with pytest.raises(OpcError, match=rf"node 'second' \({op}\): {op} of the integer tensor 'ids'"):
+        make_plan(load(_ids_model(tmp_path / "ids.onnx", second)), "ascend-sim")
