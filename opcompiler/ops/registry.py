@@ -89,8 +89,9 @@ class OpDef:
                 out.append(rng.integers(-8, 8, size=shape).astype(dt))
             elif name in ("scale", "bn_scale"):
                 out.append(rng.uniform(0.5, 1.5, size=shape).astype(dt))
-            elif name in ("W", "R", "B") and self.family == "recurrent":  # torch's init, U(-1/sqrt(h), 1/sqrt(h)):
-                bound = 1.0 / np.sqrt(shape[1] // 4 if name != "B" else shape[1] // 8)  # N(0, 1) weights are chaotic
+            elif name in ("W", "R", "B") and shape[0] == 1:  # ONNX recurrent weights, as torch initialises
+                # them, U(-1/sqrt(h), 1/sqrt(h)): N(0, 1) recurrent weights are chaotic over many steps
+                bound = 1.0 / np.sqrt(shape[1] // 4 if name != "B" else shape[1] // 8)
                 out.append(rng.uniform(-bound, bound, size=shape).astype(dt))
             else:
                 out.append(rng.standard_normal(size=shape).astype(dt))
