@@ -144,10 +144,16 @@ def test_an_interrupted_remote_run_resumes_losing_nothing(farm, tmp_path):
             time.sleep(0.01)
         _thread.interrupt_main()
 
+    # Ctrl-C as a user's shell delivers it: Python's own SIGINT handler (interrupt_main does nothing
+    # when a library loaded earlier in this worker process left SIGINT ignored or at its default)
+    previous = signal.signal(signal.SIGINT, signal.default_int_handler)
     t = threading.Thread(target=interrupt_when_running, daemon=True)
     t.start()
-    with pytest.raises(KeyboardInterrupt):
-        tune("conv2d", "ascend-sim", **common)
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            tune("conv2d", "ascend-sim", **common)
+    finally:
+        signal.signal(signal.SIGINT, previous)
     t.join(timeout=5)
     before = _lines(log)
     assert 3 <= len(before) < N
