@@ -93,9 +93,13 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
     ctx = _Ctx(graph=graph, consts=dict(graph.constants), shapes=dict(graph.shapes))
     ctx.uses.update(v for n in graph.nodes for v in n.inputs if v)
     ctx.uses.update(graph.outputs)
+    written_ln, skip = _written_out_layer_norms(ctx)
     for node in graph.nodes:
+        if node.name in skip:
+            continue
         try:
-            fn = _LOWER.get(node.op_type)
+            fn = (lambda c, n: _emit_layer_norm(c, n, *written_ln[n.name])) if node.name in written_ln else \
+                _LOWER.get(node.op_type)
             if fn is None:
                 raise Unsupported(node, f"op {node.op_type} is not supported (supported: {', '.join(SUPPORTED)})")
             ints = [v for v in node.inputs if v and v not in ctx.consts and graph.dtype(v).startswith("int")]
@@ -878,13 +882,22 @@ def _layer_norm(ctx: _Ctx, node: Node) -> None:
     if len(node.outputs) > 1 and any(node.outputs[1:]):
         raise Unsupported(node, "LayerNormalization's mean / inv_std_dev outputs are read (training only)")
     eps = float(node.attrs.get("epsilon", 1e-5))
-    m, n = int(np.prod(xs[:-1], dtype=np.int64)), int(xs[-1])
+    n = int(xs[-1])
     out = node.outputs[0]
     gamma = _need_const(ctx, node, node.inputs[1], "scale").reshape(-1)
     beta = (_need_const(ctx, node, node.inputs[2], "B").reshape(-1) if len(node.inputs) > 2 and node.inputs[2]
             else np.zeros(n, np.float32))
     if gamma.size != n or beta.size != n:
         raise Unsupported(node, f"LayerNormalization scale / B of {gamma.size} / {beta.size} values for {n} columns")
+    _emit_layer_norm(ctx, node, x, gamma, beta, eps, out)
+
+
+def _emit_layer_norm(ctx: _Ctx, node: Node, x: str, gamma: np.ndarray, beta: np.ndarray, eps: float, out: str
+                     ) -> None:
+    """One `layer_norm` over the rows of `x` into `out` (a residual Add of two N-D values read by it
+    alone is re-emitted on their rows, so the partitioner fuses the two into add_layer_norm)."""
+    xs = ctx.shape(x)
+    m, n = int(np.prod(xs[:-1], dtype=np.int64)), int(xs[-1])
     add = _producer(ctx, x)
     if x not in ctx.rows and add is not None and add.kind == "add" and ctx.uses[x] == 1 and \
             all(v not in ctx.consts and tuple(ctx.shape(v)) == tuple(xs) for v in add.inputs):
@@ -899,6 +912,75 @@ def _layer_norm(ctx: _Ctx, node: Node) -> None:
     g, b = ctx.const(f"{node.name}:gamma", gamma), ctx.const(f"{node.name}:beta", beta)
     y = ctx.emit("layer_norm", {"rows": m, "cols": n, "eps": repr(eps)}, (rows, g, b), f"{out}:2d", node, (m, n))
     _back_to_nd(ctx, node, y, out, tuple(xs))
+
+
+def _written_out_layer_norms(ctx: _Ctx) -> tuple[dict[str, tuple], set[str]]:
+    """LayerNorm as older exporters write it (opset < 17: ReduceMean, Sub, Pow 2, ReduceMean, Add
+    eps, Sqrt, Div, Mul gamma, Add beta over the last axis), found before lowering: {name of its
+    last node: (x, gamma, beta, eps, output)} and the names of the nodes it replaces. Every
+    intermediate is read only inside the pattern (x - mean twice); gamma and beta constants."""
+    g = ctx.graph
+    by_out = {o: n for n in g.nodes for o in n.outputs}
+    readers: dict[str, list[Node]] = {}
+    for n in g.nodes:
+        for v in n.inputs:
+            readers.setdefault(v, []).append(n)
+
+    def only(v: str, op: str, count: int = 1) -> list[Node] | None:
+        r = readers.get(v, [])
+        return r if len(r) == count and all(x.op_type == op for x in r) and v not in g.outputs else None
+
+    def scalar(v: str) -> float | None:
+        c = ctx.consts.get(v)
+        return float(c.reshape(-1)[0]) if c is not None and c.size == 1 else None
+
+    def other(node: Node, v: str) -> str:
+        return node.inputs[1] if node.inputs[0] == v else node.inputs[0]
+
+    def last_axis(node: Node, x: str) -> bool:
+        axes = node.attrs.get("axes")
+        if axes is None and len(node.inputs) > 1 and node.inputs[1] in ctx.consts:
+            axes = ctx.consts[node.inputs[1]].reshape(-1).tolist()
+        nd = len(ctx.shape(x)) if x in ctx.shapes or x in ctx.consts else 0
+        return nd > 0 and axes is not None and [int(a) % nd for a in axes] == [nd - 1] and \
+            int(node.attrs.get("keepdims", 1)) == 1
+
+    found: dict[str, tuple] = {}
+    skip: set[str] = set()
+    for mean in (n for n in g.nodes if n.op_type == "ReduceMean"):
+        try:
+            x = mean.inputs[0]
+            if not last_axis(mean, x) or not (sub := only(mean.outputs[0], "Sub")) or sub[0].inputs != (x, mean.outputs[0]):
+                continue
+            xc = sub[0].outputs[0]
+            r = readers.get(xc, [])
+            pw = next((q for q in r if q.op_type == "Pow"), None)
+            dv = next((q for q in r if q.op_type == "Div"), None)
+            if len(r) != 2 or pw is None or dv is None or scalar(pw.inputs[1]) != 2.0 or dv.inputs[0] != xc:
+                continue
+            var = only(pw.outputs[0], "ReduceMean")
+            if not var or not last_axis(var[0], pw.outputs[0]):
+                continue
+            add = only(var[0].outputs[0], "Add")
+            eps = scalar(other(add[0], var[0].outputs[0])) if add else None
+            sq = only(add[0].outputs[0], "Sqrt") if eps is not None else None
+            if not sq or by_out.get(dv.inputs[1]) is not sq[0] or not only(sq[0].outputs[0], "Div"):
+                continue
+            nodes, y = [mean, sub[0], pw, var[0], add[0], sq[0], dv], dv.outputs[0]
+            n_cols = int(ctx.shape(x)[-1])
+            gamma, beta = np.ones(n_cols, np.float32), np.zeros(n_cols, np.float32)
+            if (mul := only(y, "Mul")) and other(mul[0], y) in ctx.consts and ctx.consts[other(mul[0], y)].size == n_cols:
+                gamma, y = ctx.consts[other(mul[0], y)].reshape(-1), mul[0].outputs[0]
+                nodes.append(mul[0])
+                if (badd := only(y, "Add")) and other(badd[0], y) in ctx.consts and \
+                        ctx.consts[other(badd[0], y)].size == n_cols:
+                    beta, y = ctx.consts[other(badd[0], y)].reshape(-1), badd[0].outputs[0]
+                    nodes.append(badd[0])
+        except (KeyError, IndexError):
+            continue
+        found[nodes[-1].name] = (x, gamma.astype(np.float32), beta.astype(np.float32), float(eps), y)
+        skip.update(q.name for q in nodes[:-1])
+    return found, skip
 
 
 def _lstm(ctx: _Ctx, node: Node) -> None:

@@ -94,7 +94,10 @@ def test_layer_norm_written_out(tmp_path, target):
              helper.make_node("Add", ["ng", "b"], ["y"])]
     p = _model(tmp_path / "lnw.onnx", nodes, [_c("two", 2.0), _c("eps", 1e-5), _c("g", LN_W[0]), _c("b", LN_W[1])],
                opset=14)
-    _run(p, target)
+    run = _run(p, target)  # recognised as one op: one layer_norm kernel, fp32 statistics
+    assert [k.op for k in run.kernels if k.op != "view"] == ["layer_norm"]
+    (g,) = [g for g in run.plan.groups if g.op == "layer_norm"]
+    assert float(g.params["eps"]) == pytest.approx(1e-5)
 
 
 @pytest.mark.parametrize("target", TARGETS)
