@@ -12,14 +12,27 @@ facts both carry.
 `listing()` prints a program for reading: one line per instruction with its unit (pipe), kind,
 operands (buffers read -> written, bytes, path), declared cycles; a `Repeat` block (the same
 instructions issued `count` times in a row: timing programs only) shows its body once with its
-count. `expand` unrolls repeat blocks.
+count. `expand` unrolls repeat blocks. `deal` shares work items of unequal size among cores.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 from typing import Any
 
-__all__ = ["SimProgram", "Repeat", "expand", "instruction_line"]
+__all__ = ["SimProgram", "Repeat", "expand", "instruction_line", "deal"]
+
+
+def deal(loads: list[int], parts: int) -> list[list[int]]:
+    """Items of the given loads shared among `parts` cores longest first, each to the least loaded
+    core (LPT); each core's items in their own order, the cores numbered heaviest first (core 0,
+    the one a timing replay of one core times, finishes last)."""
+    bins: list[list[int]] = [[] for _ in range(parts)]
+    totals = [0] * parts
+    for i in sorted(range(len(loads)), key=lambda j: (-loads[j], j)):
+        c = min(range(parts), key=lambda k: (totals[k], k))
+        bins[c].append(i)
+        totals[c] += loads[i]
+    return [sorted(bins[c]) for c in sorted(range(parts), key=lambda k: (-totals[k], k))]
 
 
 @dataclass(frozen=True)

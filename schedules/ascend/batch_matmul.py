@@ -31,10 +31,11 @@ from opcompiler.workload import Workload
 
 from .common import CUBE_DTYPES, ceil_div, cube_chunks, epilogue_channels, pad_to, tir_epilogue_at
 from .matmul import AscendMatmul, _dims
+from .matmul_tir import stage_operands
 from .matmul_tir import tir_buffers  # noqa: F401  (the same buffers: a batch adds none on chip)
 
 EPI_TAGS = {"matmul_out": "cast", "matmul_pad": "out"}
-L1, L0A, L0B, L0C, UB = intrin.L1, intrin.L0A, intrin.L0B, intrin.L0C, intrin.UB_SCOPE
+L0C, UB = intrin.L0C, intrin.UB_SCOPE
 
 
 def unsupported(wl: Workload) -> str | None:
@@ -71,23 +72,7 @@ def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int
     if epi:
         sch.set_scope(l0c, 0, UB)
     tir_epilogue_at(sch, l0c, [blk for _, blk in epi], i0, nt, g16)
-    l1 = []
-    for idx, name in ((0, "tensor_a_pad"), (1, "tensor_b_pad")):
-        if has_block(sch, name):  # the padding copy is the GM -> L1 DMA
-            blk = sch.get_sblock(name)
-            sch.set_scope(blk, 0, L1)
-        else:
-            blk = sch.cache_read(mm, idx, L1)
-        l1.append(blk)
-    a0, b0 = sch.cache_read(mm, 0, L0A), sch.cache_read(mm, 1, L0B)
-    sch.compute_at(a0, k1)
-    sch.compute_at(b0, j1)
-    sch.compute_at(l1[0], k0)
-    sch.compute_at(l1[1], k0)
-    init = sch.decompose_reduction(mm, k0)
-    ij = sch.get_loops(init)[-3:]
-    sch.reorder(ij[1], ij[0])
-    sch.fuse(ij[0], ij[2])
+    l1, a0, b0, init = stage_operands(sch, mm, k0, k1, j1)
     _, acc, _ = CUBE_DTYPES[wl.dtype]
     sch.tensorize(sch.get_loops(init)[-2], intrin.intrin_init(mt, nt, acc, lead=1))
     sch.tensorize(sch.get_loops(mm)[-3], intrin.intrin_mmad(mt, kc, nc, wl.dtype, acc, lead=1, b_lead=0 if bc else 1))

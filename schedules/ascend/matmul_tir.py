@@ -22,6 +22,7 @@ program.
 from __future__ import annotations
 
 from collections.abc import Mapping
+from typing import Any
 
 import numpy as np
 
@@ -84,6 +85,33 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
 L1, L0A, L0B, L0C, UB = intrin.L1, intrin.L0A, intrin.L0B, intrin.L0C, intrin.UB_SCOPE
 
 
+def stage_operands(sch, mm, k0, k1, j1) -> tuple[list, Any, Any, Any]:
+    """A and B through the cube's levels, for matmul and batch_matmul alike: GM -> L1 at the k step
+    `k0` (pad_einsum's padding copy where it made one, else a cache_read), L1 -> L0A at the k chunk
+    `k1`, L1 -> L0B at the n chunk `j1`; then the reduction init split off at the k step as one
+    (mt, nt) init of the whole tile. ([A's L1 block, B's], the L0A block, the L0B block, the init)."""
+    from tvm.s_tir.schedule.analysis import has_block
+
+    l1 = []
+    for idx, name in ((0, "tensor_a_pad"), (1, "tensor_b_pad")):
+        if has_block(sch, name):  # the padding copy is the GM -> L1 DMA
+            blk = sch.get_sblock(name)
+            sch.set_scope(blk, 0, L1)
+        else:
+            blk = sch.cache_read(mm, idx, L1)
+        l1.append(blk)
+    a0, b0 = sch.cache_read(mm, 0, L0A), sch.cache_read(mm, 1, L0B)
+    sch.compute_at(a0, k1)  # consumers first
+    sch.compute_at(b0, j1)
+    sch.compute_at(l1[0], k0)  # A's DMA first in the k step, then B's (as the direct template)
+    sch.compute_at(l1[1], k0)
+    init = sch.decompose_reduction(mm, k0)
+    ij = sch.get_loops(init)[-3:]  # (n chunk, row, n in chunk): one (mt, nt) init of the whole tile
+    sch.reorder(ij[1], ij[0])
+    sch.fuse(ij[0], ij[2])
+    return l1, a0, b0, init
+
+
 def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int, kc: int, nc: int, g16: int):
     """The (16-padded) matmul's s_tir schedule; (module, argument specs)."""
     import tvm
@@ -114,23 +142,7 @@ def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int
     tir_epilogue_at(sch, l0c, [blk for _, blk in epi], i0, nt, g16)  # producers first
     for _, blk in epi[:-1]:  # the last epilogue block writes GM
         sch.set_scope(blk, 0, UB)
-    l1 = []
-    for idx, name in ((0, "tensor_a_pad"), (1, "tensor_b_pad")):
-        if has_block(sch, name):  # the padding copy is the GM -> L1 DMA
-            blk = sch.get_sblock(name)
-            sch.set_scope(blk, 0, L1)
-        else:
-            blk = sch.cache_read(mm, idx, L1)
-        l1.append(blk)
-    a0, b0 = sch.cache_read(mm, 0, L0A), sch.cache_read(mm, 1, L0B)
-    sch.compute_at(a0, k1)  # consumers first
-    sch.compute_at(b0, j1)
-    sch.compute_at(l1[0], k0)  # A's DMA first in the k step, then B's (as the direct template)
-    sch.compute_at(l1[1], k0)
-    init = sch.decompose_reduction(mm, k0)
-    ij = sch.get_loops(init)[-3:]  # (n chunk, row, n in chunk): one (mt, nt) init of the whole tile
-    sch.reorder(ij[1], ij[0])
-    sch.fuse(ij[0], ij[2])
+    l1, a0, b0, init = stage_operands(sch, mm, k0, k1, j1)
     _, acc, _ = DTYPES[wl.dtype]
     sch.tensorize(sch.get_loops(init)[-2], intrin.intrin_init(mt, nt, acc))
     sch.tensorize(sch.get_loops(mm)[-3], intrin.intrin_mmad(mt, kc, nc, wl.dtype, acc))

@@ -24,6 +24,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
+from ...sim.program import deal
 from .builder import KernelBuilder, Program
 from .isa import Buf, VOp
 from .machine import Machine
@@ -96,15 +97,8 @@ class AttentionLowering:
         number of key tiles, so they are dealt longest first to the least loaded core (LPT), and
         the cores are numbered by load, heaviest first: core 0, the one the timing replays, is
         the last to finish. Without the bound this is an even contiguous split."""
-        loads = [sum(ev[0] == "qk" for ev in g) for g in self.groups]
-        bins: list[list[int]] = [[] for _ in range(active)]
-        totals = [0] * active
-        for gi in sorted(range(len(self.groups)), key=lambda i: (-loads[i], i)):
-            c = min(range(active), key=lambda k: (totals[k], k))
-            bins[c].append(gi)
-            totals[c] += loads[gi] + 1  # + 1: the tile's Q load, normalisation and write
-        order = sorted(range(active), key=lambda k: (-totals[k], k))
-        return [self.groups[gi] for gi in sorted(bins[order[core]])]
+        loads = [1 + sum(ev[0] == "qk" for ev in g) for g in self.groups]  # 1: Q in, normalise, write
+        return [self.groups[gi] for gi in deal(loads, active)[core]]
 
     def program(self, core: int, active: int) -> Program:  # noqa: C901 (one stage per branch)
         p = self.p

@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.program import deal
 from opcompiler.sim.tir_expr import Compiler
 
 from . import vector as vx
@@ -411,13 +412,7 @@ class AttentionLowerer:
         if not self.causal:
             n = len(self.tiles)
             return self.tiles[core * n // k:(core + 1) * n // k]
-        bins: list[list[int]] = [[] for _ in range(k)]
-        totals = [0] * k
-        for ti in sorted(range(len(self.tiles)), key=lambda i: (-len(self.tiles[i].k0s), i)):
-            c = min(range(k), key=lambda j: (totals[j], j))
-            bins[c].append(ti)
-            totals[c] += len(self.tiles[ti].k0s) + 1
-        return [self.tiles[ti] for ti in sorted(bins[core])]
+        return [self.tiles[ti] for ti in deal([len(t.k0s) + 1 for t in self.tiles], k)[core]]
 
     def group_key(self, core: int) -> tuple:
         """What a core's timing depends on: per query tile its rows and, per key / value tile,
