@@ -103,3 +103,88 @@ def test_the_default_config_runs(target):
     dtype = "float16" if target == "ascend-sim" else "float32"
     wl, be, k, ins, res = _run(target, "rows=1000,cols=64,n=128,idx=int64", dtype)
     assert np.array_equal(np.asarray(res.outputs[0]), ins[0][ins[1]])
+
+
+# -- per-field offsets (`fields`: DeepFM's ids + offsets folded into the lookup) --------------------
+
+OFFSET_CASES = [(t, dt, shape) for t, dt in (("cpu", "float32"), ("ascend-sim", "float16"), ("dsp-sim", "float32"))
+                for shape in ("rows=37,cols=33,n=13,idx=int32,fields=3", "rows=1000,cols=16,n=80,idx=int64,fields=10")]
+
+
+def _with_offsets(wl):
+    """The op's own inputs (each id in its field's vocabulary) and the rows they address."""
+    ins = get_op("gather").make_inputs(wl, 1)
+    rows = ins[1].astype(np.int64) + ins[2].astype(np.int64)[np.arange(wl["n"]) % wl["fields"]]
+    return ins, rows
+
+
+@pytest.mark.parametrize("target,dtype,shape", OFFSET_CASES, ids=lambda v: str(v))
+def test_offsets_values_match_numpy(target, dtype, shape):
+    """fields=3 with n=13: the last field's period is cut short (13 = 4 x 3 + 1)."""
+    wl = workload("gather", shape, dtype=dtype)
+    ins, rows = _with_offsets(wl)
+    assert rows.max() >= wl["rows"] // wl["fields"]  # the offsets do move the reads
+    *_, res = _run(target, shape, dtype, ins=ins)
+    assert np.array_equal(np.asarray(res.outputs[0]), ins[0][rows])
+
+
+@pytest.mark.parametrize("target,dtype", [("ascend-sim", "float16"), ("dsp-sim", "float32")])
+def test_an_offset_index_outside_the_table_is_one_line(target, dtype):
+    """The bound is on index + offset: id 30 of field 2 (offset 24) is row 54 of 37."""
+    shape = "rows=37,cols=33,n=13,idx=int64,fields=3"
+    wl = workload("gather", shape, dtype=dtype)
+    ins, _ = _with_offsets(wl)
+    ins[1][5] = 30  # field 5 % 3 = 2
+    with pytest.raises(OpcFailure) as e:
+        _run(target, shape, dtype, ins=ins)
+    msg = str(e.value)
+    assert "\n" not in msg and "index 54 " in msg and "table of 37 rows" in msg
+
+
+@pytest.mark.parametrize("config", [{"rows_tile": 4, "double_buffer": 1, "block_dim": 4},
+                                    {"rows_tile": 8, "double_buffer": 0, "block_dim": 2}])
+def test_ascend_offsets_clocks_agree(config):
+    shape = "rows=1000,cols=16,n=80,idx=int64,fields=10"
+    wl = workload("gather", shape, dtype="float16")
+    ins, rows = _with_offsets(wl)
+    _, be, k, _, res = _run("ascend-sim", shape, "float16", config, ins=ins)
+    assert np.array_equal(np.asarray(res.outputs[0]), ins[0][rows])
+    assert res.metrics["functional_cycles"] == res.metrics["timing_cycles"] == be.measure(k).cycles
+
+
+@pytest.mark.parametrize("config", [{"tile": 8, "path": "am", "dbuf": 1, "cores": 8},
+                                    {"tile": 8, "path": "ddr", "dbuf": 0, "cores": 4}])
+def test_dsp_offsets_clocks_agree(config):
+    shape = "rows=1000,cols=16,n=80,idx=int64,fields=10"
+    wl = workload("gather", shape, dtype="float32")
+    ins, rows = _with_offsets(wl)
+    _, be, k, _, res = _run("dsp-sim", shape, "float32", config, ins=ins)
+    assert np.array_equal(np.asarray(res.outputs[0]), ins[0][rows])
+    assert res.cycles == be.measure(k).cycles == res.metrics["functional_cycles"] == res.metrics["timing_cycles"]
+
+
+# -- cost: what one more row costs on ascend-sim (benchmarks/gather_bandwidth.py) -------------------
+
+@pytest.mark.parametrize("fields", [0, 4])
+def test_ascend_one_more_row_costs_one_row_dma_and_its_copy_out(fields):
+    """One core, one tile, no ping-pong: the rows' DMAs run back to back on MTE2, then one copy
+    out on MTE3. A tenth row adds one row DMA, ceil(latency + B / GM->UB rate), and B / UB->GM rate
+    to the copy out: for 1 KiB rows on the 910 file ceil(200 + 1024 / 110) + 1024 / 64 = 226
+    cycles. The offset add (a scalar op) is off that path: the same with offsets. This per-DMA
+    latency, paid once per row on each core's in-order MTE2, is what bounds a gather of short
+    rows (benchmarks/gather_bandwidth.py: 10.5 % of the HBM figure for 4,096 rows of 1 KiB)."""
+    from math import ceil
+
+    from opcompiler.backend.ascend.machine import _machine
+
+    m = _machine(TARGETS["ascend-sim"])
+    cfg = {"rows_tile": 16, "double_buffer": 0, "block_dim": 1}
+    cyc = {}
+    for n in (9, 10):
+        wl = workload("gather", f"rows=100000,cols=512,n={n},idx=int64,fields={fields}", dtype="float16")
+        be = get_backend(TARGETS["ascend-sim"])
+        cyc[n] = be.measure(be.build(wl, cfg)).cycles
+    rd, wr = m.path("GM", "UB"), m.path("UB", "GM")
+    want = ceil(rd.latency_cycles + 1024 / rd.bytes_per_cycle) + ceil(1024 / wr.bytes_per_cycle)
+    assert want == 226  # the 910 file's figures: 200 cycles, 110 and 64 B / cycle
+    assert cyc[10] - cyc[9] == want

@@ -1,4 +1,5 @@
-"""The lstm op: its numpy reference against torch.nn.LSTM, the cpu template and the fused
+"""The lstm op: its numpy reference against torch.nn.LSTM (forward, and the reverse half of a
+bidirectional LSTM) and onnxruntime's LSTM node (forward and reverse), the cpu template and the fused
 ascend-sim kernel against the reference, the two clocks, and the kernel's GM traffic."""
 from __future__ import annotations
 
@@ -34,15 +35,44 @@ def test_reference_matches_torch_lstm():
     np.testing.assert_allclose(OP.reference(wl, [x, w, r, b, h0, c0]), y.numpy(), atol=1e-5, rtol=1e-5)
 
 
-def test_cpu_template():
+def test_reverse_reference_matches_torch_bidirectional_lstm():
+    torch = pytest.importorskip("torch")
+    wl = workload("lstm", "t=5,b=3,i=7,h=6,reverse=1", dtype="float32")
+    x, w, r, b, h0, c0 = _inputs(wl)
+    m = torch.nn.LSTM(7, 6, bidirectional=True)
+    hh = 6
+    perm = np.concatenate([np.arange(0, hh), np.arange(2 * hh, 3 * hh), np.arange(3 * hh, 4 * hh),
+                           np.arange(hh, 2 * hh)])
+    with torch.no_grad():
+        m.weight_ih_l0_reverse.copy_(torch.from_numpy(w[0][perm]))
+        m.weight_hh_l0_reverse.copy_(torch.from_numpy(r[0][perm]))
+        m.bias_ih_l0_reverse.copy_(torch.from_numpy(b[0, :4 * hh][perm]))
+        m.bias_hh_l0_reverse.copy_(torch.from_numpy(b[0, 4 * hh:][perm]))
+        two = lambda a: torch.from_numpy(np.concatenate([a, a]))  # noqa: E731
+        y, _ = m(torch.from_numpy(x), (two(h0), two(c0)))
+    np.testing.assert_allclose(OP.reference(wl, [x, w, r, b, h0, c0]), y.numpy()[..., hh:], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("reverse", [0, 1])
+def test_reference_matches_onnxruntime_lstm(reverse):
+    pytest.importorskip("onnxruntime")
+    from zoo.recurrent import one_node_y
+    wl = workload("lstm", f"t=4,b=2,i=5,h=6,reverse={reverse}", dtype="float32")
+    ins = _inputs(wl, seed=2)
+    got = one_node_y("LSTM", {"direction": "reverse" if reverse else "forward"}, [*ins[:4], None, *ins[4:]])
+    np.testing.assert_allclose(OP.reference(wl, ins), got, atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("shape", ["t=4,b=3,i=20,h=24", "t=5,b=2,i=9,h=16,reverse=1"])
+def test_cpu_template(shape):
     be = get_backend(load_target("cpu"))
-    wl = workload("lstm", "t=4,b=3,i=20,h=24", dtype="float32")
+    wl = workload("lstm", shape, dtype="float32")
     ins = _inputs(wl)
     np.testing.assert_allclose(be.run(be.build(wl), ins).outputs[0], OP.reference(wl, ins), atol=1e-5, rtol=1e-5)
 
 
 @pytest.mark.parametrize("shape,cfg", [
-    ("t=4,b=20,i=40,h=48", {"batch_tile": 16, "hidden_tile": 16, "block_dim": 2}),  # padding, 2 batch tiles
+    ("t=4,b=20,i=40,h=48", {"batch_tile": 16, "hidden_tile": 16, "hidden_split": 1, "block_dim": 2}),  # padding, 2 batch tiles
     ("t=3,b=16,i=64,h=64", None),  # the derived default
 ])
 def test_ascend_values_and_clocks(shape, cfg):
@@ -59,7 +89,7 @@ def test_ascend_values_and_clocks(shape, cfg):
 def test_ascend_gm_traffic_is_inputs_once_and_y():
     be = get_backend(load_target("ascend-sim"))
     wl = workload("lstm", "t=3,b=16,i=32,h=32", dtype="float16")
-    plan = be.build(wl, {"batch_tile": 16, "hidden_tile": 16, "block_dim": 1}).artifact.plan
+    plan = be.build(wl, {"batch_tile": 16, "hidden_tile": 16, "hidden_split": 1, "block_dim": 1}).artifact.plan
     gm = plan.pack(_inputs(wl))
     prog = plan.make_program(0)
     read, written = {}, {}

@@ -80,6 +80,9 @@ def attribute(run: GraphRun, unfused: GraphRun) -> list[dict[str, Any]]:
     """See `Comparison.attribution`."""
     kernels = [k for k in run.kernels if k.op != "view"]
     owner = {p: i for i, k in enumerate(kernels) for p in k.prims}
+    # an unfused plan's op-by-op kernels of a recurrent layer (`graph.unroll`) belong to the
+    # fused kernel of their node
+    by_node = {n: i for i, k in enumerate(kernels) if len(k.nodes) == 1 for n in k.nodes}
     holders: dict[str, list[str]] = {}  # ONNX node -> kernels holding one of its primitives
     for k in kernels:
         for n in k.nodes:
@@ -95,6 +98,8 @@ def attribute(run: GraphRun, unfused: GraphRun) -> list[dict[str, Any]]:
         if u.op == "view":
             continue
         i = owner.get(u.prims[0]) if u.prims else None
+        if i is None and len(u.nodes) == 1:
+            i = by_node.get(u.nodes[0])
         if i is None:
             raise OpcFailure(f"unfused kernel {u.name} ({u.op}) holds a primitive no {run.plan.kind} kernel holds")
         a = out[i]

@@ -268,7 +268,7 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
         if g.op == "view":
             if check:
                 src = values[g.inputs[0]] if g.inputs[0] in values else plan.constants[g.inputs[0]]  # a constant's view
-                values[g.outputs[0]] = src.reshape(plan.shape(g.outputs[0]))
+                values[g.outputs[0]] = _view(src, plan.shape(g.outputs[0]), int(g.params.get("offset", 0)))
             reports.append(_report(g, plan, "view", "-"))
         elif g.op == "host":
             reports.append(_run_host(plan, g, values, check))
@@ -518,6 +518,15 @@ def ort_session(model):
     m.CopyFrom(model)
     m.ir_version = min(m.ir_version, onnx.helper.find_min_ir_version_for(list(m.opset_import)))
     return ort.InferenceSession(m.SerializeToString(), providers=["CPUExecutionProvider"])
+
+
+def _view(src: np.ndarray, shape: tuple[int, ...], offset: int = 0) -> np.ndarray:
+    """A view: `src` reshaped, or (`offset`) the contiguous range of its elements from there (a
+    step's rows of a recurrent layer's input projection in the unfused plan)."""
+    size = int(np.prod(shape, dtype=np.int64))
+    if not offset and size == src.size:
+        return src.reshape(shape)
+    return src.reshape(-1)[offset:offset + size].reshape(shape)
 
 
 def reference(plan: Plan, feeds: Mapping[str, np.ndarray]) -> dict[str, np.ndarray]:

@@ -69,6 +69,10 @@ class _Ctx:
     # Linear's bias, an activation, a residual add) run on the 2-D value too, so they fuse into it
     rows: dict[str, str] = field(default_factory=dict)
     row_views: set[str] = field(default_factory=set)  # the views back to N-D it made (dropped when unread)
+    # ids + constant offsets read only by embedding lookups (DeepFM's per-field offsets): the Add's
+    # output -> (the runtime ids, the offsets broadcast to the ids' shape); no kernel of its own,
+    # each Gather that reads it is a `gather` with a per-field offsets input (`_id_offsets`)
+    id_offsets: dict[str, tuple[str, np.ndarray]] = field(default_factory=dict)
 
     def shape(self, v: str) -> tuple[int, ...]:
         return tuple(self.consts[v].shape) if v in self.consts else self.shapes[v]
@@ -105,6 +109,8 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
             ints = [v for v in node.inputs if v and v not in ctx.consts and graph.dtype(v).startswith("int")]
             if node.op_type == "Gather" and node.inputs[0] in ctx.consts:  # an embedding lookup: `gather` takes the ids
                 ints = [v for v in ints if v != node.inputs[1]]
+            if node.op_type == "Add" and _id_offsets(ctx, node) is not None:  # ids + offsets: folds into the gathers
+                ints = []
             if ints:  # token ids, masks and what is computed from them: no target kernel takes integers
                 raise Unsupported(node, f"{node.op_type} of the integer tensor {ints[0]!r} ({graph.dtype(ints[0])}): "
                                         "integer tensors run on the host")
@@ -431,7 +437,40 @@ def _per_channel(c: np.ndarray, oshape: tuple[int, ...]) -> np.ndarray | None:
 
 
 def _add(ctx: _Ctx, node: Node) -> None:
+    fold = _id_offsets(ctx, node)
+    if fold is not None:  # integer ids + constant offsets: no kernel, each reading Gather adds them
+        ctx.id_offsets[node.outputs[0]] = fold
+        return
     _binary(ctx, node, node.inputs[0], node.inputs[1], node.outputs[0], "add")
+
+
+def _id_offsets(ctx: _Ctx, node: Node) -> tuple[str, np.ndarray] | None:
+    """(the ids, the offsets broadcast to their shape) when `node` is an Add of a runtime int32 /
+    int64 tensor and a constant integer tensor that does not broadcast the ids, whose result only
+    Gathers of a constant 2-D table on axis 0 read (not a graph output): DeepFM's `x + offsets`
+    (the fields' ids into one table shared by every field). Else None: the Add is integer math,
+    refused in `lower` like any other reader of an integer tensor."""
+    if node.op_type != "Add" or len(node.inputs) != 2:
+        return None
+    out, g = node.outputs[0], ctx.graph
+    a, b = node.inputs
+    ids, c = (a, b) if b in ctx.consts else (b, a)
+    if ids in ctx.consts or c not in ctx.consts or g.dtype(ids) not in ("int32", "int64"):
+        return None
+    off = np.asarray(ctx.consts[c])
+    ish = tuple(ctx.shape(ids))
+    if not np.issubdtype(off.dtype, np.integer) or off.ndim > len(ish) or out in g.outputs:
+        return None
+    try:
+        if tuple(np.broadcast_shapes(ish, off.shape)) != ish:
+            return None
+    except ValueError:
+        return None
+    readers = [r for r in g.nodes if out in r.inputs]
+    if not readers or any(r.op_type != "Gather" or r.inputs[0] not in ctx.consts or out in (r.inputs[0], *r.inputs[2:])
+                          or len(ctx.shape(r.inputs[0])) != 2 or int(r.attrs.get("axis", 0)) % 2 != 0 for r in readers):
+        return None
+    return ids, np.broadcast_to(off, ish).astype(g.dtype(ids))
 
 
 def _mul(ctx: _Ctx, node: Node) -> None:
@@ -813,9 +852,18 @@ def _gather(ctx: _Ctx, node: Node) -> None:
             raise Unsupported(node, f"Gather with runtime {idt} indices into a {len(ts)}-D table on axis "
                                     f"{node.attrs.get('axis', 0)} (lowered: int32 / int64 ids, a 2-D table, axis 0)")
         n, d = int(np.prod(ish, dtype=np.int64)), int(ts[1])
+        params, extra = {"rows": int(ts[0]), "cols": d, "n": n, "idx": idt}, ()
+        if ids in ctx.id_offsets:  # ids + constant offsets (folded Add): the ids, offsets of one period
+            base, full = ctx.id_offsets[ids]
+            flat_off = full.reshape(-1)
+            period = next(p for p in range(1, n + 1)
+                          if n % p == 0 and np.array_equal(flat_off, np.tile(flat_off[:p], n // p)))
+            name = f"{ids}:offsets"
+            ctx.consts[name] = np.ascontiguousarray(flat_off[:period])  # integers, as they are
+            params["fields"], extra, ids = period, (name,), base
         flat = ids if ish == (n,) else ctx.emit("view", {}, (ids,), f"{out}:ids", node, (n,))
         oshape = (*ish, d)
-        rows = ctx.emit("gather", {"rows": int(ts[0]), "cols": d, "n": n, "idx": idt}, (table, flat),
+        rows = ctx.emit("gather", params, (table, flat, *extra),
                         out if oshape == (n, d) else f"{out}:rows", node, (n, d))
         if rows != out:
             ctx.emit("view", {}, (rows,), out, node, oshape)
@@ -846,7 +894,8 @@ def _gather(ctx: _Ctx, node: Node) -> None:
 
 def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
     """ReduceMean / ReduceSum / ReduceMax over trailing axes (ShuffleNet's x.mean([2, 3])): the
-    tensor viewed as (outer, inner) rows, one row reduction, a 1/inner scale for the mean."""
+    tensor viewed as (outer, inner) rows, one row reduction, a 1/inner scale for the mean. A block
+    of axes with others after it (a sum over the middle axis) is transposed to the end first."""
     def fn(ctx: _Ctx, node: Node) -> None:
         x = _runtime(ctx, node, node.inputs[0], "input")
         xs = ctx.shape(x)
@@ -854,12 +903,26 @@ def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
             axes = [int(v) for v in _need_const(ctx, node, node.inputs[1], "axes").astype(np.int64).reshape(-1)]
         else:
             axes = list(node.attrs.get("axes", range(len(xs))))
-        axes = sorted(a % len(xs) for a in axes)
-        if axes != list(range(len(xs) - len(axes), len(xs))):
-            raise Unsupported(node, f"{node.op_type} over axes {axes} of a {len(xs)}-D tensor (only trailing axes)")
-        outer = int(np.prod(xs[:len(xs) - len(axes)], dtype=np.int64))
-        inner = int(np.prod([xs[a] for a in axes], dtype=np.int64))
+        axes = sorted({a % len(xs) for a in axes})
         out = node.outputs[0]
+        kept_after = [i for i in range(axes[0], len(xs)) if i not in axes] if axes else []
+        if any(xs[i] != 1 for i in kept_after):
+            # a block of axes with non-unit axes after it (DeepFM's sum over the fields of a
+            # (batch, fields, dim) tensor): (outer, r, inner) transposed to (outer, inner, r) by a
+            # data-movement kernel, then the row reduction
+            if axes != list(range(axes[0], axes[-1] + 1)):
+                raise Unsupported(node, f"{node.op_type} over axes {axes} of a {len(xs)}-D tensor (trailing axes, or "
+                                        "one contiguous block of axes, are lowered)")
+            outer = int(np.prod(xs[:axes[0]], dtype=np.int64))
+            r = int(np.prod(xs[axes[0]:axes[-1] + 1], dtype=np.int64))
+            inner = int(np.prod(xs[axes[-1] + 1:], dtype=np.int64))
+            cube = ctx.emit("view", {}, (x,), f"{out}:3d", node, (outer, r, inner))
+            t = ctx.emit("transpose", {"dims": f"{outer}x{r}x{inner}", "perm": "021"}, (cube,), f"{out}:t", node,
+                         (outer, inner, r))
+            x, outer, inner = t, outer * inner, r
+        else:  # trailing axes (unit axes after the first reduced one count as trailing)
+            outer = int(np.prod([xs[i] for i in range(len(xs)) if i not in axes], dtype=np.int64))
+            inner = int(np.prod([xs[a] for a in axes], dtype=np.int64))
         rows = ctx.emit("view", {}, (x,), f"{out}:rows", node, (outer, inner))
         op = "reduce_max" if kind == "max" else "reduce_sum"
         red = ctx.emit(op, {"m": outer, "n": inner}, (rows,), f"{out}:red", node, (outer,))
@@ -984,45 +1047,139 @@ def _written_out_layer_norms(ctx: _Ctx) -> tuple[dict[str, tuple], set[str]]:
 
 
 def _lstm(ctx: _Ctx, node: Node) -> None:
-    """LSTM (forward, one direction, sequence first, ONNX's default activations) as one `lstm`
-    kernel: W, R and B constant (B zero when absent), the initial states constant, runtime or
-    zero. Y is the kernel's (t, b, h) viewed as (t, 1, b, h); Y_h, the last step's h, a slice of
-    it; Y_c (the last cell state) is not produced."""
+    """LSTM (ONNX's default activations) as one `lstm` kernel per direction: see `_recurrent`."""
+    _recurrent(ctx, node, "lstm")
+
+
+def _gru(ctx: _Ctx, node: Node) -> None:
+    """GRU (ONNX's default activations, linear_before_reset 0 or 1 -> `lbr`) as one `gru` kernel
+    per direction: see `_recurrent`."""
+    _recurrent(ctx, node, "gru")
+
+
+_RNN = {  # kind -> (ONNX op, gates, default activations of one direction, initial-state inputs)
+    "lstm": ("LSTM", 4, ("Sigmoid", "Tanh", "Tanh"), ("h0", "c0")),
+    "gru": ("GRU", 3, ("Sigmoid", "Tanh"), ("h0",)),
+}
+
+
+def _recurrent(ctx: _Ctx, node: Node, kind: str) -> None:
+    """An ONNX LSTM / GRU node as one kernel per direction (forward: reverse=0, reverse: reverse=1,
+    bidirectional: one of each), each with its direction's slice of W, R and B (constants; B zero
+    when absent) and of the initial states (constant, runtime or zero). Y is the kernels' (t, b, h)
+    viewed as (t, 1, b, h), for two directions concatenated into (t, 2, b, h); Y_h each direction's
+    last h (forward: step t-1, reverse: step 0), likewise. layout=1 (batch first) is a transpose of
+    X, of the initial states and of the outputs around the kernels. LSTM's Y_c is not produced."""
     a = node.attrs
-    if str(a.get("direction", "forward")) != "forward" or int(a.get("layout", 0)) != 0:
-        raise Unsupported(node, "LSTM other than forward and sequence-first (reverse / bidirectional / layout=1)")
-    if a.get("clip") is not None or int(a.get("input_forget", 0)) or a.get("activations") not in (
-            None, ["Sigmoid", "Tanh", "Tanh"], [b"Sigmoid", b"Tanh", b"Tanh"]):
-        raise Unsupported(node, "LSTM with clip, input_forget or non-default activations")
+    op, gates, acts, state_names = _RNN[kind]
+    txt = lambda v: v.decode() if isinstance(v, bytes) else str(v)  # noqa: E731
+    direction, layout = txt(a.get("direction", "forward")), int(a.get("layout", 0))
+    if direction not in ("forward", "reverse", "bidirectional") or layout not in (0, 1):
+        raise Unsupported(node, f"{op} with direction {direction!r} and layout {layout}")
+    nd = 2 if direction == "bidirectional" else 1
+    given = a.get("activations")
+    if a.get("clip") is not None or int(a.get("input_forget", 0)) or (
+            given is not None and [txt(v) for v in given] != list(acts) * nd):
+        raise Unsupported(node, f"{op} with clip{', input_forget' if kind == 'lstm' else ''} or non-default "
+                                "activations")
+    lbr = int(a.get("linear_before_reset", 0))
+    if lbr not in (0, 1):
+        raise Unsupported(node, f"GRU with linear_before_reset={lbr}")
     ins = list(node.inputs) + [""] * (8 - len(node.inputs))
-    if ins[4] or ins[7]:
-        raise Unsupported(node, "LSTM with sequence_lens or peepholes (P)")
-    outs = list(node.outputs) + [""] * (3 - len(node.outputs))
-    if outs[2] and ctx.uses[outs[2]]:
+    if ins[4] or (kind == "lstm" and ins[7]):
+        raise Unsupported(node, f"{op} with sequence_lens" + (" or peepholes (P)" if kind == "lstm" else ""))
+    outs = [v if v and ctx.uses[v] else "" for v in list(node.outputs) + [""] * (3 - len(node.outputs))]  # read
+    if outs[2]:
         raise Unsupported(node, "LSTM's last cell state Y_c is read")
     x = _runtime(ctx, node, ins[0], "X")
-    t, b, i = (int(v) for v in ctx.shape(x))
+    xs = tuple(int(v) for v in ctx.shape(x))
+    if len(xs) != 3:
+        raise Unsupported(node, f"{op} of a {len(xs)}-D X (3-D expected)")
+    if layout:  # X (b, t, i) -> (t, b, i)
+        xs = (xs[1], xs[0], xs[2])
+        x = _rnn_transpose(ctx, node, x, (xs[1], xs[0], xs[2]), (1, 0, 2), f"{node.name}:X")
+    t, b, i = xs
     w, r = _need_const(ctx, node, ins[1], "W"), _need_const(ctx, node, ins[2], "R")
-    if w.shape[0] != 1:
-        raise Unsupported(node, f"LSTM with {w.shape[0]} directions")
     h = int(r.shape[-1])
-    bias = _need_const(ctx, node, ins[3], "B") if ins[3] else np.zeros((1, 8 * h), np.float32)
-    names = [ctx.const(f"{node.name}:{k}", v) for k, v in (("W", w), ("R", r), ("B", bias.reshape(1, 8 * h)))]
-    states = []
-    for k, v in (("h0", ins[5]), ("c0", ins[6])):
-        if not v:
-            states.append(ctx.const(f"{node.name}:{k}", np.zeros((1, b, h), np.float32)))
-        elif v in ctx.consts:
-            states.append(ctx.const(f"{node.name}:{k}", ctx.consts[v].reshape(1, b, h)))
-        else:
-            states.append(v)
-    y = ctx.emit("lstm", {"t": t, "b": b, "i": i, "h": h}, (x, *names, *states), f"{node.name}:Y", node, (t, b, h))
+    if w.shape != (nd, gates * h, i) or r.shape != (nd, gates * h, h):
+        raise Unsupported(node, f"{op} W {list(w.shape)} / R {list(r.shape)} do not match {nd} direction(s) "
+                                f"of hidden size {h} over X {list(ctx.shape(ins[0]))}")
+    bias = (_need_const(ctx, node, ins[3], "B") if ins[3] else np.zeros((nd, 2 * gates * h), np.float32))
+    bias = bias.reshape(nd, 2 * gates * h)
+    states = []  # per initial state: a function of the direction giving its (1, b, h) value
+    for k, v in zip(state_names, (ins[5], ins[6])):
+        states.append(_rnn_state(ctx, node, k, v, nd, b, h, layout))
+    params = {"t": t, "b": b, "i": i, "h": h, **({"lbr": lbr} if kind == "gru" else {})}
+    ys, lasts = [], []
+    for d in range(nd):
+        rev = int(direction == "reverse" or d == 1)
+        sfx = str(d) if nd > 1 else ""
+        consts = [ctx.const(f"{node.name}:{k}{sfx}", v[d:d + 1]) for k, v in (("W", w), ("R", r), ("B", bias))]
+        y = ctx.emit(kind, {**params, "reverse": rev}, (x, *consts, *(f(d) for f in states)), f"{node.name}:Y{sfx}",
+                     node, (t, b, h))
+        ys.append(y)
+        if outs[1]:
+            step = 0 if rev else t - 1
+            lasts.append(y if t == 1 else ctx.emit(
+                "slice", {"dims": f"{t}x{b}x{h}", "axis": 0, "start": step, "end": step + 1}, (y,),
+                f"{node.name}:Y_h{sfx}", node, (1, b, h)))
     if outs[0]:
-        ctx.emit("view", {}, (y,), outs[0], node, (t, 1, b, h))
+        y = _rnn_stack(ctx, node, ys, t, b * h, outs[0] if not layout else f"{node.name}:Y_tdbh", (t, nd, b, h))
+        if layout:  # (t, D, b, h) -> (b, t, D, h)
+            _rnn_transpose(ctx, node, y, (t, nd, b, h), (2, 0, 1, 3), outs[0])
     if outs[1]:
-        last = ctx.emit("slice", {"dims": f"{t}x{b}x{h}", "axis": 0, "start": t - 1, "end": t}, (y,),
-                        f"{node.name}:Y_h", node, (1, b, h))
-        ctx.emit("view", {}, (last,), outs[1], node, (1, b, h))
+        y = _rnn_stack(ctx, node, lasts, 1, b * h, outs[1] if not layout else f"{node.name}:Y_h_dbh", (nd, b, h))
+        if layout:  # (D, b, h) -> (b, D, h)
+            _rnn_transpose(ctx, node, y, (nd, b, h), (1, 0, 2), outs[1])
+
+
+def _rnn_state(ctx: _Ctx, node: Node, k: str, v: str, nd: int, b: int, h: int, layout: int
+               ) -> Callable[[int], str]:
+    """An initial state (D, b, h) (layout 1: (b, D, h)) as a function of the direction giving its
+    (1, b, h) slice: zeros when absent, a constant, or a runtime value (transposed, sliced)."""
+    if not v or v in ctx.consts:
+        full = np.zeros((nd, b, h), np.float32) if not v else ctx.consts[v].astype(np.float32).reshape(
+            (b, nd, h) if layout else (nd, b, h))
+        full = full.transpose(1, 0, 2) if layout and v else full
+        sfx = lambda d: str(d) if nd > 1 else ""  # noqa: E731
+        return lambda d: ctx.const(f"{node.name}:{k}{sfx(d)}", full[d:d + 1])
+    vs = tuple(int(s) for s in ctx.shape(v))
+    if vs != ((b, nd, h) if layout else (nd, b, h)):
+        raise Unsupported(node, f"initial state {v!r} of shape {list(vs)}")
+    if layout:
+        v = _rnn_transpose(ctx, node, v, vs, (1, 0, 2), f"{node.name}:{k}")
+    if nd == 1:
+        return lambda d: v
+    made: dict[int, str] = {}
+
+    def part(d: int) -> str:
+        if d not in made:
+            made[d] = ctx.emit("slice", {"dims": f"{nd}x{b}x{h}", "axis": 0, "start": d, "end": d + 1}, (v,),
+                               f"{node.name}:{k}{d}", node, (1, b, h))
+        return made[d]
+    return part
+
+
+def _rnn_transpose(ctx: _Ctx, node: Node, x: str, xs: tuple[int, ...], perm: tuple[int, ...], out: str) -> str:
+    """`x` (shape `xs`) transposed by `perm` into `out`: a view when only unit axes move."""
+    oshape = tuple(xs[p] for p in perm)
+    moved = [p for p in perm if xs[p] != 1]
+    if moved == sorted(moved):
+        return ctx.emit("view", {}, (x,), out, node, oshape)
+    return ctx.emit("transpose", {"dims": "x".join(map(str, xs)), "perm": "".join(map(str, perm))}, (x,), out, node,
+                    oshape)
+
+
+def _rnn_stack(ctx: _Ctx, node: Node, parts: list[str], outer: int, inner: int, out: str,
+               shape: tuple[int, ...]) -> str:
+    """The directions' values (each `outer` x `inner`) side by side on the direction axis, viewed as
+    `shape`: one direction is a view, two a `concat` of their (outer, inner, 1, 1) views."""
+    if len(parts) == 1:
+        return ctx.emit("view", {}, (parts[0],), out, node, shape)
+    flat = [ctx.emit("view", {}, (p,), f"{out}:in{k}", node, (outer, inner, 1, 1)) for k, p in enumerate(parts)]
+    cat = ctx.emit("concat", {"n": outer, "c": inner, "c1": inner, "h": 1, "w": 1, "layout": "NCHW"}, tuple(flat),
+                   f"{out}:cat", node, (outer, 2 * inner, 1, 1))
+    return ctx.emit("view", {}, (cat,), out, node, shape)
 
 
 def _lrn(ctx: _Ctx, node: Node) -> None:
@@ -1075,6 +1232,6 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "LRN": _lrn,
     "Identity": _view, "Dropout": _dropout, "Sub": _sub, "Div": _div, "Pow": _pow, "Erf": _chain("erf"),
     "Tanh": _chain("tanh"), "Gelu": _gelu, "Sqrt": _chain("pow:0.5"), "Reciprocal": _chain("rec"),
-    "LayerNormalization": _layer_norm, "Gather": _gather, "LSTM": _lstm,
+    "LayerNormalization": _layer_norm, "Gather": _gather, "LSTM": _lstm, "GRU": _gru,
 }
 SUPPORTED = (*_LOWER, "Constant", "ConstantOfShape")  # what `lower` takes, as its error message lists it

@@ -58,6 +58,9 @@ def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True,
     if mode not in MODES:
         raise OpcError("unknown plan", arg="--plan", value=mode, expected=" | ".join(MODES))
     prims, consts, shapes = lower(graph, fallback)
+    if mode == "unfused":  # a recurrent layer as an op-by-op framework runs it, step by step
+        from .unroll import expand
+        prims = expand(prims, consts, shapes)
     groups = partition(prims, graph.outputs, mode != "unfused")
     dt = dtype or (capabilities(tgt).preferred_dtypes or ("float32",))[0]  # ascend: float16
     if mode == "cost":

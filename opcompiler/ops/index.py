@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = '1f234eebc05d194b9e52834b097e76485823551c38b81c7729edd40fa0e35e80'
+CATALOGUE_SHA256 = '012391f7c73e2fae66c9e82a30223f75141de9cb1e3f8e7112f1025041554cdc'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),
@@ -74,14 +74,16 @@ OPS: dict[str, OpInfo] = {
         _CONV, 'conv', _F),
     'ew_chain': OpInfo('elemwise', "element-wise chain in one kernel: chain='bn;relu', 'sigmoid', 'mul;clip:0:6', ...",
         {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'chain': 'sigmoid'}, '', _F),
-    'gather': OpInfo('gather', 'embedding lookup: rows of a table (rows, cols) by runtime int indices (n,)',
-        {'rows': 1000, 'cols': 64, 'n': 128, 'idx': 'int64'}, '', _F),
+    'gather': OpInfo('gather', 'embedding lookup: rows of a table (rows, cols) by runtime int indices (n,) (+ per-field offsets)',
+        {'rows': 1000, 'cols': 64, 'n': 128, 'idx': 'int64', 'fields': 0}, '', _F),
+    'gru': OpInfo('recurrent', 'one GRU layer, ONNX semantics, one direction (t, b, i, h, reverse, lbr): Y = every h_t',
+        {'t': 100, 'b': 64, 'i': 512, 'h': 512, 'reverse': 0, 'lbr': 1}, '', ('float16', 'float32')),
     'hardswish': OpInfo('elemwise', 'HardSwish: x * relu6(x + 3) / 6 (MobileNetV3), one kernel',
         _EW, '', _F),
     'layer_norm': OpInfo('norm', 'layer normalisation over the last axis of a (rows, cols) tensor, statistics in fp32',
         {'rows': 128, 'cols': 768, 'eps': '1e-5'}, '', _F),
-    'lstm': OpInfo('recurrent', 'one LSTM layer, ONNX semantics, forward (t, b, i, h): Y = every h_t',
-        {'t': 100, 'b': 64, 'i': 512, 'h': 512}, '', ('float16', 'float32')),
+    'lstm': OpInfo('recurrent', 'one LSTM layer, ONNX semantics, one direction (t, b, i, h, reverse): Y = every h_t',
+        {'t': 100, 'b': 64, 'i': 512, 'h': 512, 'reverse': 0}, '', ('float16', 'float32')),
     'matmul': OpInfo('matmul', 'C = A @ B (transpose flags; fully connected)',
         _MM, 'matmul', _C),
     'matmul_bias': OpInfo('matmul', 'fused matmul + bias, no activation (fully connected layer)',

@@ -24,7 +24,8 @@ def _nhwc(p: Mapping[str, Any], dt: str) -> bool:
 
 
 LIMITS: tuple[Limit, ...] = (
-    Limit(("conv2d*", "matmul*", "batch_matmul", "attention", "lstm"), "ascend", lambda p, dt: dt == "float32", "float32",
+    Limit(("conv2d*", "matmul*", "batch_matmul", "attention", "lstm", "gru"), "ascend",
+          lambda p, dt: dt == "float32", "float32",
           "the cube takes float16 or int8 operands; fp32 matrix work would fall to the vector unit"),
     Limit(("conv2d*",), "dsp", lambda p, dt: _nhwc(p, dt) and int(p.get("groups", 1)) > 1,
           "grouped or depthwise in NHWC", "the DSP's grouped convolution runs NCHW"),
@@ -33,7 +34,11 @@ LIMITS: tuple[Limit, ...] = (
           "the grouped convolution has no residual epilogue"),
     Limit(("attention",), "dsp", lambda p, dt: dt != "float32", "float16",
           "the DSP's VPEs compute fp32 only: its products and the online softmax run in fp32"),
-    Limit(("lstm",), "dsp", lambda p, dt: True, "any shape", "no dsp-sim LSTM template yet (cpu and ascend-sim run it)"),
+    Limit(("lstm", "gru"), "dsp", lambda p, dt: dt != "float32", "float16",
+          "the DSP's VPEs compute fp32 only: the recurrent cell's products and gates run in fp32"),
+    Limit(("gru",), "ascend", lambda p, dt: int(p.get("lbr", 1)) == 0, "lbr=0 (linear_before_reset=0)",
+          "the ascend GRU applies the reset gate to h R_n^T after the product (torch's linear_before_reset=1); "
+          "lbr=0 needs r before it: run it on cpu"),
 )
 
 

@@ -84,14 +84,17 @@ class OpDef:
     def make_inputs(self, wl: Workload, seed: int = 0) -> list[np.ndarray]:
         rng = np.random.default_rng(seed)
         out = []
-        for name, shape, dt in self.inputs(wl):
+        specs = self.inputs(wl)
+        hidden = next((s[-1] for n, s, _ in specs if n == "R" and len(s) == 3), 1)  # recurrent: R (1, gates*h, h)
+        for name, shape, dt in specs:
             if dt == "int8":
                 out.append(rng.integers(-8, 8, size=shape).astype(dt))
             elif name in ("scale", "bn_scale"):
                 out.append(rng.uniform(0.5, 1.5, size=shape).astype(dt))
             elif name in ("W", "R", "B") and shape[0] == 1:  # ONNX recurrent weights, as torch initialises
-                # them, U(-1/sqrt(h), 1/sqrt(h)): N(0, 1) recurrent weights are chaotic over many steps
-                bound = 1.0 / np.sqrt(shape[1] // 4 if name != "B" else shape[1] // 8)
+                # them, U(-1/sqrt(h), 1/sqrt(h)) (h: R's last axis, for lstm and gru alike): N(0, 1)
+                # recurrent weights are chaotic over many steps
+                bound = 1.0 / np.sqrt(hidden)
                 out.append(rng.uniform(-bound, bound, size=shape).astype(dt))
             else:
                 out.append(rng.standard_normal(size=shape).astype(dt))

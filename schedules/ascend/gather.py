@@ -1,9 +1,10 @@
 """Embedding lookup (gather) on the AI Core: a data-movement kernel, no vector work.
 
+    [offsets GM -> UB                             MTE2, one DMA per core (only with `fields`)]
     FOR tile of `rows_tile` indices (the tiles split over `block_dim` cores, double-buffered):
         indices GM -> UB                          MTE2, one DMA
-        FOR each index r of the tile:             the scalar unit reads idx_UB[r] ...
-            table[idx_UB[r], :] GM -> rows_UB[r]  ... and issues an indirect DMA (MTE2) of that row
+        FOR each index r of the tile:             the scalar unit reads idx_UB[r] (+ off_UB[i % F]) ...
+            table[that row, :] GM -> rows_UB[r]   ... and issues an indirect DMA (MTE2) of that row
         rows_UB[:cnt] -> out GM                   MTE3, one DMA
 
 The indirect DMA's source row comes from the index the kernel read from simulated UB
@@ -25,6 +26,7 @@ import numpy as np
 
 from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE
 from opcompiler.ops import op_prim_func
+from opcompiler.ops.catalogue.gather import fields
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -44,9 +46,12 @@ def _tiled(wl: Workload, rows_tile: int):
     to, _ = sch.split(i, [None, rows_tile])
     rb = sch.cache_write(blk, 0, UB_SCOPE)
     sch.reverse_compute_at(rb, to, preserve_unit_loops=True)
-    ib = sch.cache_read(blk, 1, UB_SCOPE)  # reads: table[indices[i], j], indices[i]
+    ib = sch.cache_read(blk, 1, UB_SCOPE)  # reads: table[indices[i] (+ offsets[i % F]), j], indices[i], ...
     sch.compute_at(ib, to, preserve_unit_loops=True)
     sch.annotate(sch.get_loops(ib)[1], PRAGMA, DMA_COPY)
+    if fields(wl):  # the per-field offsets: GM -> UB once per core, before the tile loop
+        ob = sch.cache_read(blk, 2, UB_SCOPE)
+        sch.annotate(sch.get_loops(ob)[0], PRAGMA, DMA_COPY)
     sch.annotate(sch.get_loops(blk)[1], PRAGMA, GATHER)
     sch.annotate(sch.get_loops(rb)[1], PRAGMA, DMA_COPY)
     return sch.mod
@@ -94,6 +99,8 @@ class AscendGather(AscendTemplate):
         for s in range(2 if cfg["double_buffer"] else 1):
             out.append(("UB", f"idx_{s}", ceil_div(rt * iisz, 32) * 32))
             out.append(("UB", f"rows_{s}", rt * cpad * isz))
+        if fields(wl):
+            out.append(("UB", "offsets", ceil_div(fields(wl) * iisz, 32) * 32))
         return out
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
@@ -108,11 +115,14 @@ class AscendGather(AscendTemplate):
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         idt = str(wl["idx"])
         pack = lambda ins: {"table": np.ascontiguousarray(ins[0], dtype=wl.dtype),  # noqa: E731
-                            "indices": np.ascontiguousarray(np.asarray(ins[1]).reshape(-1), dtype=idt)}
+                            "indices": np.ascontiguousarray(np.asarray(ins[1]).reshape(-1), dtype=idt),
+                            **({"offsets": np.ascontiguousarray(np.asarray(ins[2]).reshape(-1), dtype=idt)}
+                               if fields(wl) else {})}
         return Scheduled(lowering="gather", key=(wl.key_str(), tuple(sorted(cfg.items()))),
                          module=lambda: (on_cores(_tiled(wl, int(cfg["rows_tile"])), "indices_local.UB", cfg), ()),
                          params={"col_chunk": self.col_chunk(wl, target, cfg)},
                          host=HostLayout(pack=pack, out_dtype=wl.dtype),
                          buffers=self.buffers(wl, target, cfg), flops=0.0,
-                         info={"gm_layouts": {"table": "ND (rows, cols)", "indices": f"({wl['n']},) {idt}"},
+                         info={"gm_layouts": {"table": "ND (rows, cols)", "indices": f"({wl['n']},) {idt}",
+                                              **({"offsets": f"({fields(wl)},) {idt}"} if fields(wl) else {})},
                                "layout_change": "none"})

@@ -1,6 +1,7 @@
-"""CPU LSTM: the op's TE as written (the input projection as one GEMM over all steps, then each
-step's h R^T and cell), the element-wise gate stages inlined into the cell and h stages, the
-projection's rows in parallel."""
+"""CPU LSTM and GRU (the recurrent family): the op's TE as written (the input projection as one
+GEMM over all steps, then each step's h R^T and cell), lstm's element-wise gate stages inlined into
+its cell and h stages (gru computes its gates inside the h stage already), the projection's rows in
+parallel."""
 from __future__ import annotations
 
 from typing import Any, Mapping
@@ -24,8 +25,9 @@ class CpuLstm(Template):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]):
         sch = create_schedule(wl)
-        for s in range(wl["t"]):
-            sch.compute_inline(sch.get_sblock(f"gates{s}"))
+        if wl.op == "lstm":
+            for s in range(wl["t"]):
+                sch.compute_inline(sch.get_sblock(f"gates{s}"))
         if config["parallel_proj"]:
             sch.parallel(sch.get_loops(sch.get_sblock("x_proj"))[0])
         return sch

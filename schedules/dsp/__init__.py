@@ -7,3 +7,4 @@ from . import batch_matmul  # noqa: F401
 from . import norm  # noqa: F401  (layer_norm, add_layer_norm)
 from . import attention  # noqa: F401  (flash attention)
 from . import gather  # noqa: F401  (embedding lookup: a row DMA per index)
+from . import recurrent  # noqa: F401  (lstm, gru: the fused persistent cell)

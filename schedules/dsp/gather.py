@@ -2,7 +2,8 @@
 
 The indices are cut into tiles of `tile`, the tiles shared over `cores` cores in contiguous
 shares. Per tile the indices go DDR -> SM (one DMA); then per index the core reads it from SM and
-issues one DMA of that table row: `path=ddr` straight to the output row (a DDR -> DDR
+issues one DMA of that table row (with `fields` > 0 the row is the index plus its field's offset,
+the offsets in SM, loaded once per core): `path=ddr` straight to the output row (a DDR -> DDR
 descriptor), `path=am` into an AM row tile (two with `dbuf`) that leaves in one DMA. An index
 outside the table is a one-line error naming it and the table size.
 
@@ -15,6 +16,7 @@ from typing import Any, Mapping
 from opcompiler.backend.dsp.intrin import F32, machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import op_prim_func
+from opcompiler.ops.catalogue.gather import fields
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template, register_template
 from opcompiler.workload import Workload
@@ -65,8 +67,9 @@ class DspGather(Template):
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         m = machine(target)
         slots = 1 + int(config["dbuf"])
-        if slots * int(config["tile"]) * F32 > m.cap("SM"):
-            return f"SM needs {slots * int(config['tile']) * F32} B > {m.cap('SM')} B"
+        sm = (slots * int(config["tile"]) + fields(wl)) * F32  # index tiles (+ the per-field offsets)
+        if sm > m.cap("SM"):
+            return f"SM needs {sm} B > {m.cap('SM')} B"
         if config["path"] == "am":
             need = slots * int(config["tile"]) * wl["cols"] * F32
             if need > m.cap("AM"):

@@ -26,7 +26,8 @@ SMALL = {
 BY_OP = {"transpose": ["dims=2x3x4x5,perm=0213", "dims=3x7,perm=10", "dims=2x3x4,perm=210"],
          "slice": ["dims=2x8x3x3,axis=1,start=2,end=6", "dims=5x7,axis=0,start=1,end=5"],
          # the cpu lstm unrolls its steps in TE (create_prim_func takes no scan): a short sequence
-         "lstm": ["t=6,b=3,i=20,h=24"], "attention": ["b=1,h=2,sq=33,skv=40,d=16,causal=1,mask=2"]}
+         "lstm": ["t=6,b=3,i=20,h=24", "t=4,b=2,i=9,h=16,reverse=1"],
+         "gru": ["t=6,b=3,i=20,h=24", "t=5,b=2,i=9,h=16,reverse=1,lbr=0"], "attention": ["b=1,h=2,sq=33,skv=40,d=16,causal=1,mask=2"]}
 
 
 def cases():

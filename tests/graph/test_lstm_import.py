@@ -1,13 +1,13 @@
 """ONNX LSTM (as torch.onnx writes nn.LSTM(batch_first=True): a Transpose, the LSTM node with its
 initial states, Y_h read for the last hidden state) lowers to one `lstm` kernel: values against
-onnxruntime on cpu and ascend-sim; dsp-sim has no lstm template and says so in one line, and runs
-it on the host with --fallback cpu."""
+onnxruntime on cpu, ascend-sim and dsp-sim (skipped where `opcompiler.ops.limits` declares the
+target cannot run it). Directions, layouts, GRU and multi-layer models: test_recurrent_import.py."""
 from __future__ import annotations
 
 import pytest
 
-from opcompiler.errors import OpcError
 from opcompiler.graph import load, make_plan, run_plan
+from opcompiler.ops.limits import unsupported
 
 
 @pytest.fixture(scope="module")
@@ -30,18 +30,14 @@ def lstm_model(tmp_path_factory):
     return load(p)
 
 
-@pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim", "dsp-sim"])
 def test_lstm_is_one_kernel(lstm_model, target):
-    run = run_plan(make_plan(lstm_model, target))
+    plan = make_plan(lstm_model, target)
+    (g,) = [g for g in plan.groups if g.op == "lstm"]
+    assert dict(g.params) == {"t": 6, "b": 2, "i": 16, "h": 24, "reverse": 0}
+    if (lim := unsupported("lstm", plan.target.family, dict(g.params), plan.dtype)) is not None:
+        pytest.skip(f"lstm on {target}: {lim.text} ({lim.why})")
+    run = run_plan(plan)
     assert run.correct, run.max_abs_err
     ops = [k.op for k in run.kernels if k.op != "view"]
     assert ops.count("lstm") == 1 and "host" not in [k.where for k in run.kernels]
-    (g,) = [g for g in run.plan.groups if g.op == "lstm"]
-    assert dict(g.params) == {"t": 6, "b": 2, "i": 16, "h": 24}
-
-
-def test_dsp_refuses_in_one_line_and_falls_back(lstm_model):
-    with pytest.raises(OpcError, match="no dsp template for the recurrent family") as e:
-        run_plan(make_plan(lstm_model, "dsp-sim"))
-    assert "\n" not in str(e.value)
-    assert run_plan(make_plan(lstm_model, "dsp-sim", fallback="cpu")).correct

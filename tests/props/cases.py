@@ -103,9 +103,11 @@ def shapes(draw, op: str) -> dict[str, Any]:
                 "sq": draw(st.sampled_from((1, 2, 7, 16, 17, 33))), "skv": draw(st.sampled_from((1, 3, 16, 17, 31, 33))),
                 "d": draw(st.sampled_from((1, 3, 8, 16, 17))), "causal": draw(st.sampled_from((0, 1))),
                 "mask": draw(st.sampled_from((0, 1, 2))), "layout": draw(st.sampled_from(("bhsd", "sbhd")))}
-    if op == "lstm":
-        return {"t": draw(st.sampled_from((1, 2, 3))), "b": draw(st.sampled_from((1, 3, 17))),
-                "i": draw(st.sampled_from((1, 5, 16, 20))), "h": draw(st.sampled_from((1, 7, 16)))}
+    if op in ("lstm", "gru"):
+        p = {"t": draw(st.sampled_from((1, 2, 3))), "b": draw(st.sampled_from((1, 3, 17))),
+             "i": draw(st.sampled_from((1, 5, 16, 20))), "h": draw(st.sampled_from((1, 7, 16))),
+             "reverse": draw(st.sampled_from((0, 1)))}
+        return {**p, "lbr": draw(st.sampled_from((0, 1)))} if op == "gru" else p
     if op in ("layer_norm", "add_layer_norm"):
         return {"rows": draw(st.sampled_from(ROWS)), "cols": draw(st.sampled_from(COLS))}
     if op in ("slice", "transpose"):
@@ -118,8 +120,10 @@ def shapes(draw, op: str) -> dict[str, Any]:
             return {**p, "axis": axis, "start": start, "end": draw(st.integers(start + 1, dims[axis]))}
         return {**p, "perm": "".join(map(str, draw(st.permutations(range(len(dims))))))}
     if op == "gather":
+        n = draw(st.sampled_from((1, 2, 3, 16, 17, 33, 128)))
         return {"rows": draw(st.sampled_from((1, 2, 7, 16, 17, 100))), "cols": draw(st.sampled_from(COLS)),
-                "n": draw(st.sampled_from((1, 2, 3, 16, 17, 33, 128))), "idx": draw(st.sampled_from(("int32", "int64")))}
+                "n": n, "idx": draw(st.sampled_from(("int32", "int64"))),
+                "fields": draw(st.sampled_from(tuple(f for f in (0, 1, 3, 10) if f <= n)))}
     raise KeyError(f"no shape strategy for op {op!r}: add one to tests/props/cases.py")
 
 

@@ -16,7 +16,8 @@ COVERED = {
     1: ("conv2d", "dsp-sim", "n=1,c=4,h=5,w=5,k=4,r=3,s=3,pad=1,groups=2,layout=NHWC", "float32"),
     2: ("conv2d_bias_add_relu", "dsp-sim", "n=1,c=4,h=5,w=5,k=4,r=3,s=3,pad=1,groups=2", "float32"),
     3: ("attention", "dsp-sim", "b=1,h=1,sq=8,skv=8,d=8", "float16"),
-    4: ("lstm", "dsp-sim", "t=2,b=1,i=4,h=4", "float32"),
+    4: ("lstm", "dsp-sim", "t=2,b=1,i=4,h=4", "float16"),
+    5: ("gru", "ascend-sim", "t=2,b=16,i=16,h=16,lbr=0", "float16"),
 }
 
 

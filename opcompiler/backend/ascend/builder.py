@@ -16,7 +16,7 @@ from ...errors import OpcFailure
 from ...sim.buffers import Arena
 from ...sim.program import SimProgram
 from .isa import (TRANS_BLOCKS, VEC_OPS, Barrier, Buf, ConvGeom, DataMove, IndirectMove, Instr, Load3D, Mmad,
-                  Scalar, Vec, VecTrans, VOp, region_bursts)
+                  Scalar, SyncAll, Vec, VecTrans, VOp, region_bursts)
 from .machine import Machine
 
 
@@ -322,6 +322,12 @@ class KernelBuilder:
 
     def barrier(self) -> None:
         self._emit(Barrier(), "S", (), ())
+
+    def sync_all(self) -> None:
+        """A barrier across the active cores (Ascend C's SyncAll): this core's pipes drain, then
+        it waits for the others."""
+        self.barrier()
+        self._emit(SyncAll(), "S", (), ())
 
     def finish(self, **info: Any) -> Program:
         self.info.update(info)

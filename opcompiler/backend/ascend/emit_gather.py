@@ -8,6 +8,11 @@ loop carries `opc.ascend.block_dim` and `opc.ascend.double_buffer`), under it th
                                                row (or a chunk of it) GM -> the row tile in UB
                                                (MTE2), its address from the index the kernel
                                                read out of UB at execute time
+
+With a fourth tensor (`fields` > 0: per-field offsets, `table[indices[i] + offsets[i % F], j]`)
+an offsets copy-in nest precedes the tile loop: offsets GM -> UB once per core, and each row's
+DMA address is the index plus its field's offset (`OffsetIndirectMove`: the scalar unit reads
+both and adds them, one scalar op).
     gather_local.UB -> gather     dma_copy     the row tile UB -> GM (MTE3, one DMA)
 
 Read from the module: the GM tensors (names, shapes, dtypes: the function's parameters), the tile
@@ -20,6 +25,7 @@ rows are not whole blocks leaves in one strided DMA (a burst per row).
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Any, Mapping
 
 import numpy as np
@@ -28,6 +34,7 @@ from opcompiler.errors import OpcFailure
 
 from .builder import KernelBuilder, Program, split_even, ceil_div
 from .intrin import CORES, PRAGMA, SLOTS
+from .isa import Buf, IndirectMove, Memory, Scalar
 from .machine import Machine
 
 GATHER = "dma_gather"  # the pragma of the indirect-DMA nest
@@ -39,8 +46,8 @@ def _walk(mod) -> dict[str, Any]:
 
     f = mod["main"]
     params = list(f.params)  # the tensors themselves (TVM 0.27: buffer parameters)
-    if len(params) != 3:
-        raise OpcFailure(f"emit_gather: a gather module has table, indices, out; not {len(params)} tensors")
+    if len(params) not in (3, 4):
+        raise OpcFailure(f"emit_gather: a gather module has table, indices, [offsets,] out; not {len(params)} tensors")
     gm = [(b.name, tuple(int(s) for s in b.shape), str(b.dtype)) for b in params]
     found: dict[str, Any] = {"gm": gm, "nests": []}
 
@@ -66,10 +73,36 @@ def _walk(mod) -> dict[str, Any]:
             visit(s.block)
 
     visit(f.body)
-    if "tiles" not in found or found.get("nests") != ["dma_copy", GATHER, "dma_copy"]:
-        raise OpcFailure(f"emit_gather: expected a tile loop with index copy-in, {GATHER} and copy-out nests; "
-                         f"found {found.get('nests')}")
+    want = ["dma_copy"] * (len(params) == 4) + ["dma_copy", GATHER, "dma_copy"]
+    if "tiles" not in found or found.get("nests") != want:
+        raise OpcFailure(f"emit_gather: expected {'an offsets copy-in, ' if len(params) == 4 else ''}a tile loop "
+                         f"with index copy-in, {GATHER} and copy-out nests; found {found.get('nests')}")
     return found
+
+
+@dataclass(eq=False)
+class OffsetIndirectMove(IndirectMove):
+    """An indirect row DMA whose row is `index[index_pos] + offset[offset_pos]`: the scalar unit
+    reads both from UB and adds them into the DMA's source address (a folded per-field id offset).
+    Same bytes, bursts and cost as `IndirectMove`; the bounds check is on the sum."""
+
+    offset: Buf | None = None
+    offset_pos: int = 0
+
+    def execute(self, mem: Memory) -> int:
+        table = mem.load(self.src)
+        r = int(mem.load(self.index).reshape(-1)[self.index_pos]) + int(mem.load(self.offset).reshape(-1)[self.offset_pos])
+        rows = table.shape[0]
+        if not 0 <= r < rows:
+            raise OpcFailure(f"gather: index {r} is out of range for a table of {rows} rows (valid: 0..{rows - 1})")
+        s = table[(slice(r, r + 1), *self.src_idx[1:])]
+        d = mem.store(self.dst)
+        tgt = d[self.dst_idx]
+        if s.size != tgt.size:
+            raise OpcFailure(f"indirect data_move {self.src.name}[{r}] -> {self.dst.name}{self.dst_idx}: "
+                             f"{s.size} elements into {tgt.size}")
+        d[self.dst_idx] = s.reshape(tgt.shape).astype(d.dtype, copy=False)
+        return s.size * s.itemsize
 
 
 class GatherKernel:
@@ -77,8 +110,9 @@ class GatherKernel:
 
     def __init__(self, mod, col_chunk: int):
         w = _walk(mod)
-        (self.tname, (self.rows, self.cols), self.dtype), (self.iname, (self.n,), self.idt), \
-            (self.oname, _, _) = w["gm"]
+        (self.tname, (self.rows, self.cols), self.dtype), (self.iname, (self.n,), self.idt) = w["gm"][:2]
+        self.oname = w["gm"][-1][0]
+        self.offname, self.fields = (w["gm"][2][0], w["gm"][2][1][0]) if len(w["gm"]) == 4 else (None, 0)
         self.tiles, self.rt, self.slots = w["tiles"], w["rows_tile"], w["slots"]
         if ceil_div(self.n, self.rt) != self.tiles:
             raise OpcFailure(f"emit_gather: {self.tiles} tiles of {self.rt} indices do not cover {self.n}")
@@ -96,6 +130,12 @@ class GatherKernel:
         out = kb.gm(self.oname, (self.n, self.cols), self.dtype)
         ib = [kb.alloc("UB", f"idx_{s}", (ipad,), self.idt) for s in range(self.slots)]
         rb = [kb.alloc("UB", f"rows_{s}", (self.rt, cpad), self.dtype) for s in range(self.slots)]
+        ob = None
+        if self.fields:  # the per-field offsets, once per core
+            epi = 32 // np.dtype(self.idt).itemsize
+            ob = kb.alloc("UB", "offsets", (ceil_div(self.fields, epi) * epi,), self.idt)
+            kb.data_move(ob, (slice(0, self.fields),), kb.gm(self.offname, (self.fields,), self.idt),
+                         (slice(0, self.fields),))
         t0, t1 = split_even(self.tiles, self.active_cores, core)
         for k, t in enumerate(range(t0, t1)):
             s = k % self.slots
@@ -108,8 +148,22 @@ class GatherKernel:
                 for r in range(cnt):
                     kb.indirect_move(rb[s], (slice(r, r + 1), slice(0, wd)), table, (slice(0, 1), slice(c0, c0 + wd)),
                                      ib[s], r)
+                    if ob is not None:
+                        _add_offset(kb, ob, (i0 + r) % self.fields)
                 kb.data_move(out, (slice(i0, i0 + cnt), slice(c0, c0 + wd)), rb[s], (slice(0, cnt), slice(0, wd)))
-        return kb.finish(gm_inputs=(self.tname, self.iname), lowering="emit_gather (indirect row DMAs)")
+        gm_in = (self.tname, self.iname) + ((self.offname,) if self.offname else ())
+        return kb.finish(gm_inputs=gm_in, lowering="emit_gather (indirect row DMAs)")
+
+
+def _add_offset(kb: KernelBuilder, ob: Buf, pos: int) -> None:
+    """Turn the indirect move just emitted into one whose row is index + ob[pos]: the scalar unit
+    reads the offset too and adds it into the address (one scalar ALU op, `issue_cycles`)."""
+    mv = kb.instrs.pop()
+    kb._emit(Scalar(n=kb.m.issue_cycles, what="index + offset"), "S", (), ())
+    ins = OffsetIndirectMove(dst=mv.dst, dst_idx=mv.dst_idx, src=mv.src, src_idx=mv.src_idx, path=mv.path,
+                             nbytes=mv.nbytes, bursts=mv.bursts, index=mv.index, index_pos=mv.index_pos, offset=ob,
+                             offset_pos=pos)
+    kb._emit(ins, mv.pipe, (*mv.reads, ob), mv.writes)
 
 
 def lower(mod, params: Mapping[str, Any]) -> GatherKernel:

@@ -47,6 +47,7 @@ class AscendClock:
     vec_repeat_bytes: int  # bytes one repeat of the vector datapath moves (a transpose's unit)
     issue: int
     sync: int
+    core_sync: int  # SyncAll across the active cores
     launch: int
     hbm_bpc: float  # bytes per cycle of the whole chip
     l2_bpc: float
@@ -149,7 +150,8 @@ def _read(target: Target) -> AscendClock:
         vec_startup=int(vec["startup_cycles"]), vec_per_repeat=int(vec["cycles_per_repeat"]),
         vec_slow=MappingProxyType({k: int(v) for k, v in dict(vec.get("slow_ops", {})).items()}),
         vec_repeat_bytes=int(vec["repeat_bytes"]),
-        issue=int(sc["issue_cycles"]), sync=int(sc["sync_cycles"]), launch=int(sc["kernel_launch_cycles"]),
+        issue=int(sc["issue_cycles"]), sync=int(sc["sync_cycles"]),
+        core_sync=int(sc["core_sync_cycles"]), launch=int(sc["kernel_launch_cycles"]),
         hbm_bpc=hbm.bandwidth_gbps / target.clock_ghz, l2_bpc=l2.bandwidth_gbps / target.clock_ghz,
         l2_bytes=l2.capacity_bytes)
 

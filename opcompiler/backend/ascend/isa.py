@@ -430,5 +430,18 @@ class Barrier(Instr):
     """pipe_barrier(PIPE_ALL): every pipe drains before anything after it starts."""
 
 
+@dataclass(eq=False)
+class SyncAll(Instr):
+    """Ascend C's SyncAll: a barrier across the kernel's active cores. The builder emits it after
+    a `Barrier` (the core's own pipes drain first, so its GM writes are out); the core then waits
+    `core_sync_cycles` (its flag written to GM, the others' polled) on the scalar unit. Every
+    core's GM writes before it are visible to every core after it: the functional run executes
+    the cores in lockstep between these (`scheduler.run`). Timing replays core 0, which holds
+    the largest share of the work, so the barrier waits on no slower core."""
+
+    def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
+        return m.core_sync_cycles
+
+
 __all__ = ["Buf", "Memory", "Instr", "DataMove", "IndirectMove", "Load3D", "Mmad", "Vec", "VecTrans", "VOp", "Scalar",
-           "Barrier", "ConvGeom", "VEC_OPS", "TRANS_BLOCKS", "region_bursts"]
+           "Barrier", "SyncAll", "ConvGeom", "VEC_OPS", "TRANS_BLOCKS", "region_bursts"]

@@ -15,7 +15,7 @@ the lowering by `sched.lowering` and assembles the plan:
     gather       `emit_gather` (indices into UB, an indirect DMA per row, row tiles out)
     attention    the capacity dry-run, the flash-attention nest traced once per key, each stage
                  turned into its instructions (`tir_attention.AttentionLowering`)
-    lstm         the same for the LSTM nest (`tir_lstm.LstmLowering`)
+    recurrent    the same for the LSTM / GRU nest (`tir_recurrent.RecurrentLowering`)
 
 The vector lowerings read the GM tensors' names and shapes from the module: a host layout
 without `pack` sends the op's inputs in the module's argument order, each reshaped to its GM
@@ -97,12 +97,18 @@ def _attention(sched: Scheduled, m: Machine) -> Plan:
     return _cube_plan(sched, m, low, "TIR flash-attention nest -> AI Core instructions (backend/ascend/tir_attention.py)")
 
 
-def _lstm(sched: Scheduled, m: Machine) -> Plan:
-    from .tir_lstm import LstmLowering
+def _recurrent(sched: Scheduled, m: Machine) -> Plan:
+    from .tir_recurrent import RecurrentLowering
 
     fit(sched, m)
-    low = LstmLowering(m, tl.trace(sched.key, sched.module), dict(sched.params))
-    return _cube_plan(sched, m, low, "TIR LSTM nest (persistent cell) -> AI Core instructions (backend/ascend/tir_lstm.py)")
+    low = RecurrentLowering(m, tl.trace(sched.key, sched.module), dict(sched.params))
+    active = low.active(sched.params["block_dim"])
+    h = sched.host
+    return Plan(active_cores=active, make_program=lambda core: low.program(core, active), pack=h.pack,
+                out_name=h.out_name, out_shape=h.out_shape, out_dtype=h.out_dtype, unpack=h.unpack,
+                flops=sched.flops, unit="cube",
+                info={"lowering": "TIR recurrent nest (persistent cell) -> AI Core instructions "
+                                  "(backend/ascend/tir_recurrent.py)", "tir_tiles": len(low.groups), **sched.info})
 
 
 def _module(sched: Scheduled):
@@ -148,7 +154,7 @@ def _gather(sched: Scheduled, m: Machine) -> Plan:
 
 LOWERINGS: dict[str, Callable[[Scheduled, Machine], Plan]] = {
     "gemm": _gemm, "conv": _conv, "vector": _vector, "move": _move, "reduce": _reduce, "attention": _attention,
-    "gather": _gather, "lstm": _lstm}
+    "gather": _gather, "recurrent": _recurrent}
 
 
 def lower(sched: Scheduled, m: Machine) -> Plan:

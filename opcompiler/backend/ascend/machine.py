@@ -53,6 +53,7 @@ class Machine(Clocked):
     issue_cycles: int
     loop_cycles: int
     sync_cycles: int
+    core_sync_cycles: int  # SyncAll: a barrier across the active cores
     launch_cycles: int
     offchip_name: str
     offchip_gbps: float
@@ -133,7 +134,7 @@ def _build_machine(target: Target) -> Machine:
         vec_max_repeat=_int(vec_u["max_repeat"]), vec_cycles_per_repeat=_int(vec_u["cycles_per_repeat"]),
         vec_startup=_int(vec_u["startup_cycles"]), vec_slow_ops=MappingProxyType(dict(vec_u.get("slow_ops", {}))),
         issue_cycles=_int(sc_u["issue_cycles"]), loop_cycles=_int(sc_u["loop_cycles"]),
-        sync_cycles=_int(sc_u["sync_cycles"]), launch_cycles=_int(sc_u["kernel_launch_cycles"]),
+        sync_cycles=_int(sc_u["sync_cycles"]), core_sync_cycles=_int(sc_u["core_sync_cycles"]), launch_cycles=_int(sc_u["kernel_launch_cycles"]),
         offchip_name=off[0].name, offchip_gbps=off[0].bandwidth_gbps, offchip_latency=off[0].latency_cycles,
         offchip_bytes=off[0].capacity_bytes,
         l2_bytes=l2[0].capacity_bytes, l2_gbps=l2[0].bandwidth_gbps,

@@ -34,7 +34,7 @@ from ...sim.trace import STALL, WORK as EV_WORK, Event, Trace
 from . import fclock
 from .builder import Plan, Program
 from .fclock import AscendClock
-from .isa import TRANS_BLOCKS, Barrier, DataMove, Load3D, Memory, Mmad, Scalar, Vec, VecTrans
+from .isa import TRANS_BLOCKS, Barrier, DataMove, Load3D, Memory, Mmad, Scalar, SyncAll, Vec, VecTrans
 from .machine import PIPES
 
 GB = 1e9
@@ -97,7 +97,7 @@ def stream(prog: Program) -> list[tuple]:
     for ins in prog.instrs:
         if isinstance(ins, Barrier):
             out.append((BARRIER, "", (), ()))
-        elif isinstance(ins, Scalar):
+        elif isinstance(ins, (Scalar, SyncAll)):  # the scalar unit waits (loop control, other cores)
             out.append((ISSUE, "S", (), ()))
         else:
             out.append((WORK, ins.pipe, tuple(b.id for b in ins.reads if b.level != "GM"),
@@ -174,7 +174,7 @@ def _damped(n: float, readers: float, writers: float, busy: dict, cycles: int) -
     return max(1.0, 0.5 * readers + 0.5 * n * duty_r), max(1.0, 0.5 * writers + 0.5 * n * duty_w)
 
 
-def replay(prog: Program, mem: Memory, fc: AscendClock | None = None) -> Timing:
+def replay(prog: Program, mem: Memory, fc: AscendClock | None = None, at_sync=None) -> Timing:
     """Functional mode: execute core 0's program on `mem` and time it with the functional
     clock (`fclock`), a second accounting that shares nothing with `schedule`: the memory
     records the buffers each instruction actually read and wrote, the execution reports the
@@ -183,7 +183,8 @@ def replay(prog: Program, mem: Memory, fc: AscendClock | None = None) -> Timing:
     from `Machine` or the ISA's `cost_cycles`), and `sim.trace` derives the dependency graph
     from those accesses and evaluates it, with the clock's own bandwidth-share rounds from the
     GM bytes the execution moved. The two must agree; a dependency the program fails to
-    declare, a byte count it gets wrong, or a cost one accounting gets wrong shows."""
+    declare, a byte count it gets wrong, or a cost one accounting gets wrong shows.
+    `at_sync()` runs at each SyncAll (the other cores catch up to it: `run`)."""
     fc = fc or fclock.for_machine(prog.machine)
     tr = Trace(1)
     by_path: dict[str, int] = {}
@@ -197,6 +198,12 @@ def replay(prog: Program, mem: Memory, fc: AscendClock | None = None) -> Timing:
         if isinstance(ins, Scalar):
             tr.record(0, Event(STALL, "S"))
             done.append(("scalar", ins.n))  # loop control: the scalar unit's declared work
+            continue
+        if isinstance(ins, SyncAll):
+            if at_sync is not None:
+                at_sync()
+            tr.record(0, Event(STALL, "S"))
+            done.append(("scalar", fc.core_sync))  # the clock's own figure for the cross-core wait
             continue
         mem.log = log = []
         work = ins.execute(mem)
@@ -277,22 +284,31 @@ def _fcost(fc: AscendClock, d: tuple, read_bpc: float, write_bpc: float) -> int:
 def run(plan: Plan, program: Program, inputs) -> tuple:
     """Functional mode for a whole kernel: the host packs the inputs into GM, every active
     core's program executes on its own on-chip memories (core 0's is `program`), the host
-    unpacks the output. Returns (output, core 0's Timing by the functional accounting)."""
+    unpacks the output. The cores run in lockstep between SyncAll barriers: at each of core 0's,
+    every other core runs up to its own, so what any core wrote to GM before a barrier is there
+    for every core after it. Returns (output, core 0's Timing by the functional accounting)."""
     import numpy as np
 
     m = program.machine
     gm = plan.pack([np.asarray(x) for x in inputs])
     gm[plan.out_name] = np.zeros(plan.out_shape, plan.out_dtype)
     caps = {lvl: lv.capacity for lvl, lv in m.levels.items()}
-    t = None
-    for core in range(plan.active_cores):
-        prog = program if core == 0 else plan.make_program(core)
-        mem = Memory(caps, gm)
-        if core == 0:
-            t = replay(prog, mem)
-        else:
-            for ins in prog.instrs:
-                ins.execute(mem)
+    others = [(iter(plan.make_program(core).instrs), Memory(caps, gm)) for core in range(1, plan.active_cores)]
+
+    def catch_up() -> None:
+        """Every other core runs up to and through its next SyncAll (or to its end): lockstep."""
+        for it, mem in others:
+            for ins in it:
+                if isinstance(ins, SyncAll):
+                    break
+                if not isinstance(ins, (Barrier, Scalar)):
+                    ins.execute(mem)
+
+    t = replay(program, Memory(caps, gm), at_sync=catch_up)
+    catch_up()  # the rest of every other core's program (after its last SyncAll, or all of it)
+    for it, mem in others:
+        if next(it, None) is not None:
+            raise RuntimeError("a core's program has more SyncAll than core 0's (every core must meet each one)")
     return plan.unpack(gm[plan.out_name]), t
 
 

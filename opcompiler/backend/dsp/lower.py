@@ -16,6 +16,7 @@ the program (relayouts, host work, core groups); the backend decides functional 
     move       tir_move.MoveLowerer             slice, pad, transpose, concat (DMA only)
     attention  tir_attention.AttentionLowerer   flash attention (a TIR nest of stage events)
     gather     tir_gather.GatherLowerer         embedding lookup (index tile to SM, a row DMA per index)
+    recurrent  tir_recurrent.RecurrentLowerer   the fused LSTM / GRU cell (a TIR nest of stage events)
 
 `params` (all plain data):
   inputs      ((name, shape), ...) of the op's inputs (host copies in copy mode, `Program.inputs`)
@@ -161,6 +162,16 @@ def _gather(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
 
 
 LOWERINGS["gather"] = _gather
+
+
+def _recurrent(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
+    from .tir_recurrent import RecurrentLowerer
+
+    low = RecurrentLowerer(m, func, p, fn)
+    return low, low.core_ops, low.group_key, [], []
+
+
+LOWERINGS["recurrent"] = _recurrent
 
 
 def lower(sched: Scheduled, target: Target, functional: bool) -> Program:

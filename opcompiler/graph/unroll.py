@@ -1,0 +1,72 @@
+"""The unfused plan of a recurrent layer: its op-by-op kernels, step by step, through GM.
+
+An `lstm` / `gru` prim is one persistent kernel in a fused plan. In the unfused plan it becomes
+what an op-by-op framework runs (`opcompiler.ops.opbyop.decompose`: the input projection, then
+per step the h R^T matmul and the gate kernels, every intermediate a tensor in GM), so `compare`
+shows what the fused cell buys. The step's rows of the input projection and the reshapes are
+views (no kernel: a contiguous range of a tensor, as `x[s]` is in any framework).
+"""
+from __future__ import annotations
+
+from typing import Mapping
+
+import numpy as np
+
+from ..ops.opbyop import GATES, decompose
+from .lower import Prim
+
+INPUTS = {"lstm": ("X", "W", "R", "B", "h0", "c0"), "gru": ("X", "W", "R", "B", "h0")}
+
+
+def expand(prims: list[Prim], consts: dict[str, np.ndarray], shapes: dict[str, tuple]) -> list[Prim]:
+    """`prims` with every recurrent prim replaced by its op-by-op kernels (constants derived from
+    its weights added to `consts`, the new values' shapes to `shapes`)."""
+    out: list[Prim] = []
+    for p in prims:
+        if p.kind not in GATES:
+            out.append(p)
+            continue
+        out.extend(_expand(p, consts, shapes))
+    return out
+
+
+def _expand(p: Prim, consts: dict[str, np.ndarray], shapes: dict[str, tuple]) -> list[Prim]:
+    d = decompose(p.kind, p.params)
+    own = dict(zip(INPUTS[p.kind], p.inputs))
+    pre = f"{p.output}:"
+
+    def name(v: str) -> str:
+        if v in own:
+            return own[v]
+        return p.output if v == "Y" else pre + v
+
+    weights: Mapping[str, np.ndarray] = {k: consts[v] for k, v in own.items() if v in consts}
+    for k, fn in d.derived.items():
+        consts[name(k)] = np.ascontiguousarray(fn(weights), dtype=np.float32)
+    made: list[Prim] = []
+    seen: set[str] = set()
+
+    def view(v: str) -> None:
+        src, shape, off = d.views[v]
+        if src in d.views and src not in seen:
+            view(src)
+        seen.add(v)
+        shapes[name(v)] = tuple(shape)
+        made.append(Prim(kind="view", params={"offset": off} if off else {}, inputs=(name(src),),
+                         outputs=(name(v),), node=p.node, onnx_op=p.onnx_op))
+
+    produced = {k.output for k in d.kernels}
+    for k in d.kernels:
+        for v in k.inputs:
+            if v in d.views and v not in seen:
+                view(v)
+        shapes[name(k.output)] = tuple(k.shape)
+        made.append(Prim(kind=k.op, params=dict(k.params), inputs=tuple(name(v) for v in k.inputs),
+                         outputs=(name(k.output),), node=p.node, onnx_op=p.onnx_op))
+    for v in d.views:  # the views after the last kernel (Y and its 2-D form)
+        if v not in seen and d.views[v][0] in produced | set(d.views):
+            view(v)
+    return made
+
+
+__all__ = ["expand"]
