@@ -95,6 +95,7 @@ def decompose(op: str, params: Mapping[str, Any]) -> Decomposition:
     """The op-by-op kernels of one `lstm` or `gru` layer (see the module docstring)."""
     if op not in GATES:
         raise ValueError(f"no op-by-op decomposition of {op!r} (have: {', '.join(GATES)})")
+    params = dict(params)
     t, b, i, h = (int(params[k]) for k in ("t", "b", "i", "h"))
     reverse = int(params.get("reverse", 0))
     ng = GATES[op]
