@@ -253,7 +253,9 @@ def run_plan(plan: Plan, inputs: Mapping[str, np.ndarray] | None = None, *, chec
 
     built, compile_s = compile_plan(plan, config, progress)
     feeds = dict(inputs) if inputs is not None else make_inputs(plan, seed)
-    values: dict[str, np.ndarray] = {k: _as_stored(v, plan.dtype) for k, v in feeds.items()}
+    masks = _mask_inputs(plan)  # int / bool masks: stored as the plan's floats once, when fed
+    values: dict[str, np.ndarray] = {k: v.astype(plan.dtype) if k in masks else _as_stored(v, plan.dtype)
+                                     for k, v in feeds.items()}
     level = offchip_level(plan.target)
     reports = []
     watch: dict[str, Any] = {}
@@ -484,19 +486,46 @@ def _fp32_on_host(plan: Plan, g: Group, ins: list[np.ndarray], config: str) -> n
 
 def make_inputs(plan: Plan, seed: int = 0) -> dict[str, np.ndarray]:
     """Random inputs: float32 from a normal distribution; integer inputs (token ids) uniform over
-    the rows of the smallest table a Gather reads with them (0 or 1 when none does)."""
+    the rows of the smallest table a Gather reads with them, less the largest constant offset
+    added on the way (0 or 1 when none does); masks (int /
+    bool inputs only mask ops read) 1 over a random prefix of each last-axis row, 0 after."""
     rng = np.random.default_rng(seed)
     g = plan.graph
     out = {}
+    masks = _mask_inputs(plan)
     for n, s in g.inputs:
         dt = g.dtype(n)
-        if dt.startswith("int"):
-            rows = [g.shape(x.inputs[0])[int(x.attrs.get("axis", 0))] for x in g.nodes
-                    if x.op_type == "Gather" and len(x.inputs) > 1 and x.inputs[1] == n]
-            out[n] = rng.integers(0, min(rows) if rows else 2, size=s).astype(dt)
+        if n in masks and s:  # 1 over a random prefix of 1 .. n-1 of each last-axis row, 0 after: every
+            # row keeps and masks at least one position, whichever value masks (a row all -inf is NaN)
+            length = rng.integers(1, max(s[-1], 2), size=(*s[:-1], 1))
+            out[n] = (np.arange(s[-1]) < length).astype(dt)
+        elif dt.startswith("int") or dt == "bool":
+            rows = _id_ranges(g, n)
+            out[n] = rng.integers(0, max(1, min(rows)) if rows else 2, size=s).astype(dt)
         else:
             out[n] = rng.standard_normal(s).astype(np.float32)
     return out
+
+
+def _id_ranges(g, n: str) -> list[int]:
+    """For each Gather that reads ids `n` (directly, or through an Add of a constant offset: a
+    DeepFM's per-field offsets into one table), how many ids from 0 stay inside its table."""
+    out = []
+    for x in g.nodes:
+        if x.op_type == "Gather" and len(x.inputs) > 1 and x.inputs[1] == n:
+            out.append(g.shape(x.inputs[0])[int(x.attrs.get("axis", 0))])
+        elif x.op_type == "Add" and n in x.inputs:
+            other = next((v for v in x.inputs if v != n), None)
+            if other in g.constants:
+                top = int(np.max(g.constants[other]))
+                out += [r - top for r in _id_ranges(g, x.outputs[0])]
+    return out
+
+
+def _mask_inputs(plan: Plan) -> set[str]:
+    """The int / bool graph inputs the plan takes as floats (masks only mask ops read: `mask_values`)."""
+    from .lower import mask_values
+    return {n for n, _ in plan.graph.inputs} & mask_values(plan.graph)
 
 
 def _as_stored(v: np.ndarray, dtype: str) -> np.ndarray:

@@ -21,7 +21,9 @@ from ..errors import OpcError
 MIN_OPSET = 6  # older models are upgraded with onnx.version_converter
 UPGRADE_TO = 11  # models below NATIVE_OPSET are converted to this opset at import
 NATIVE_OPSET = 9
-SUPPORTED_DTYPES = ("float32", "int32", "int64")  # integer inputs: token ids, masks (they run on the host)
+# integer / bool inputs: token ids (a `gather` kernel), masks (stored as floats when only mask ops read
+# them: `lower.mask_values`; else their readers run on the host)
+SUPPORTED_DTYPES = ("float32", "int32", "int64", "bool")
 # In inference these forward their input: removed at import (their optional outputs unused).
 PASS_THROUGH = ("Dropout", "Identity")
 
@@ -183,7 +185,8 @@ def _check_dtype(vi: onnx.ValueInfoProto, path: str) -> str:
     name = helper.tensor_dtype_to_np_dtype(elem).name if elem else "unknown"
     if name not in SUPPORTED_DTYPES:
         raise OpcError(f"graph input {vi.name!r} is {name}", arg="MODEL", value=path,
-                       expected="float32 graph inputs (fp16 targets cast internally), or int32 / int64 ids")
+                       expected="float32 graph inputs (fp16 targets cast internally), int32 / int64 ids, "
+                                "or int32 / int64 / bool masks")
     return name
 
 

@@ -98,6 +98,7 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
     ctx.uses.update(v for n in graph.nodes for v in n.inputs if v)
     ctx.uses.update(graph.outputs)
     written_ln, skip = _written_out_layer_norms(ctx)
+    masks = mask_values(graph)  # int / bool values the plan stores as floats (runtime masks)
     for node in graph.nodes:
         if node.name in skip:
             continue
@@ -106,7 +107,7 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
                 _LOWER.get(node.op_type)
             if fn is None:
                 raise Unsupported(node, f"op {node.op_type} is not supported (supported: {', '.join(SUPPORTED)})")
-            ints = [v for v in node.inputs if v and v not in ctx.consts and graph.dtype(v).startswith("int")]
+            ints = [v for v in node.inputs if v and v not in ctx.consts and is_int(graph.dtype(v)) and v not in masks]
             if node.op_type == "Gather" and node.inputs[0] in ctx.consts:  # an embedding lookup: `gather` takes the ids
                 ints = [v for v in ints if v != node.inputs[1]]
             if node.op_type == "Add" and _id_offsets(ctx, node) is not None:  # ids + offsets: folds into the gathers
@@ -316,6 +317,12 @@ def _binary(ctx: _Ctx, node: Node, a: str, b: str, out: str, kind: str) -> None:
     if len(oshape) >= 3 and _binary_rows(ctx, node, a, b, out, kind, oshape):
         return
     if _per_row_op(ctx, node, a, b, out, kind, oshape):
+        return
+    if a not in ctx.consts and b not in ctx.consts and (tuple(ctx.shape(a)) != oshape or tuple(ctx.shape(b)) != oshape) \
+            and (kind == "sub" or not any(_per_image_channel(ctx.shape(v), oshape) for v in (a, b))):
+        # a runtime operand broadcast (a padding mask (B*H, 1, S) on the scores (B*H, S, S)): copied to full
+        a2, b2 = (_bcast_runtime(ctx, node, v, oshape, f"{out}:{t}:bc") for v, t in ((a, "a"), (b, "b")))
+        _binary(ctx, node, a2, b2, out, kind)
         return
     if kind == "sub" and (tuple(ctx.shape(a)) != tuple(oshape) or tuple(ctx.shape(b)) != tuple(oshape)):
         raise Unsupported(node, f"Sub with runtime broadcasting {list(ctx.shape(a))} - {list(ctx.shape(b))} "
@@ -714,28 +721,52 @@ def _view(ctx: _Ctx, node: Node) -> None:
     ctx.emit("view", {}, (x,), node.outputs[0], node)
 
 
-def _softmax(ctx: _Ctx, node: Node) -> None:
-    """Softmax over rows of a 2-D view: before opset 13 `axis` flattens the tensor into
-    [prod(shape[:axis]), prod(shape[axis:])]; from 13 on it must be the last axis."""
+def _softmax(ctx: _Ctx, node: Node, log: bool = False) -> None:
+    """Softmax (LogSoftmax: `log`) over rows of a 2-D view. Before opset 13 `axis` flattens the
+    tensor into [prod(shape[:axis]), prod(shape[axis:])]; from 13 on it is one axis: the last (or
+    one followed by unit axes only) is the rows, any other is moved last by a data-movement kernel
+    ((outer, r, inner) -> (outer, inner, r), as a reduction over a middle axis) and moved back after.
+    LogSoftmax is the softmax then the `ln` step (in fp16, log-probabilities below ln of fp16's
+    smallest subnormal, about -16.6, are -inf)."""
     x = _runtime(ctx, node, node.inputs[0], "input")
     xs = ctx.shape(x)
     axis = int(node.attrs.get("axis", 1 if ctx.graph.opset < 13 else -1)) % max(len(xs), 1)
-    if ctx.graph.opset >= 13 and axis != len(xs) - 1:
-        raise Unsupported(node, f"softmax over axis {axis} of a {len(xs)}-D tensor (only the last axis; "
-                                "a transpose around it is not lowered)")
-    m, n = int(np.prod(xs[:axis], dtype=np.int64)), int(np.prod(xs[axis:], dtype=np.int64))
     out = node.outputs[0]
+    if ctx.graph.opset >= 13 and any(d != 1 for d in xs[axis + 1:]):
+        outer, r = int(np.prod(xs[:axis], dtype=np.int64)), int(xs[axis])
+        inner = int(np.prod(xs[axis + 1:], dtype=np.int64))
+        cube = ctx.emit("view", {}, (x,), f"{out}:3d", node, (outer, r, inner))
+        t = ctx.emit("transpose", {"dims": f"{outer}x{r}x{inner}", "perm": "021"}, (cube,), f"{out}:t", node,
+                     (outer, inner, r))
+        y = _softmax_rows(ctx, node, t, (outer, inner, r), outer * inner, r, f"{out}:tsm", log)
+        back = ctx.emit("transpose", {"dims": f"{outer}x{inner}x{r}", "perm": "021"}, (y,), f"{out}:back", node,
+                        (outer, r, inner))
+        ctx.emit("view", {}, (back,), out, node, xs)
+        return
+    m, n = int(np.prod(xs[:axis], dtype=np.int64)), int(np.prod(xs[axis:], dtype=np.int64))
+    _softmax_rows(ctx, node, x, xs, m, n, out, log)
+
+
+def _log_softmax(ctx: _Ctx, node: Node) -> None:
+    _softmax(ctx, node, log=True)
+
+
+def _softmax_rows(ctx: _Ctx, node: Node, x: str, xs: tuple[int, ...], m: int, n: int, out: str, log: bool) -> str:
+    """`out` (shape xs) = softmax (then ln for `log`) over the rows of x viewed as (m, n)."""
+    def rows(src: str, name: str) -> str:
+        p = ctx.emit("softmax", {"m": m, "n": n}, (src,), name if not log else f"{name}:p", node, (m, n))
+        if log:
+            p = ctx.emit("ew_chain", {**ew_params((m, n)), "chain": "ln"}, (p,), name, node, (m, n))
+        return p
     x2 = ctx.rows.get(x)
     if x2 is not None and tuple(ctx.shape(x2)) == (m, n):  # the rows of a batched product (attention's scores)
-        y2 = ctx.emit("softmax", {"m": m, "n": n}, (x2,), f"{out}:rows", node, (m, n))
-        _back_to_nd(ctx, node, y2, out, xs)
-        return
-    if len(xs) == 2 and axis == 1:
-        ctx.emit("softmax", {"m": m, "n": n}, (x,), out, node)
-        return
+        _back_to_nd(ctx, node, rows(x2, f"{out}:rows"), out, xs)
+        return out
+    if tuple(xs) == (m, n):
+        return rows(x, out)
     flat = ctx.emit("view", {}, (x,), f"{out}:2d", node, (m, n))
-    mid = ctx.emit("softmax", {"m": m, "n": n}, (flat,), f"{out}:sm", node, (m, n))
-    ctx.emit("view", {}, (mid,), out, node, xs)
+    mid = rows(flat, f"{out}:sm")
+    return ctx.emit("view", {}, (mid,), out, node, xs)
 
 
 def _concat(ctx: _Ctx, node: Node) -> None:
@@ -1221,17 +1252,240 @@ def _hard_sigmoid(ctx: _Ctx, node: Node) -> None:
              node.outputs[0], node)
 
 
+# Masks given at run time: an int / bool graph input that only mask ops read (through int / bool
+# values: Cast, Equal, Not, the condition of Where, views and Expand) is a mask input. The executor
+# stores it as the plan's float dtype when it is fed (`mask_values`), and every int / bool value
+# computed from it is a float 0/1 (bool) or integer-valued (int) tensor: Cast is a view (int -> bool
+# is clip(x*x, 0, 1)), Equal with a constant c is 1 - clip((x - c)^2, 0, 1), Not is 1 - x, and
+# Where(c, a, b) is b + c * (a - b), an `ew_chain`; `-inf` (masked_fill) is kept finite at -3e4.
+MASK_OPS = ("Cast", "Equal", "Not", "Where", "Unsqueeze", "Reshape", "Squeeze", "Flatten", "Expand", "Identity")
+MASK_NEG = 3.0e4  # |a constant| of a Where is at most this: -inf finite in fp16, and exp(-3e4 - max) is 0
+
+
+def is_int(dtype: str) -> bool:
+    """An integer or bool dtype name (the tensors no target kernel computes with as such)."""
+    return dtype.startswith(("int", "uint")) or dtype == "bool"
+
+
+def mask_values(graph: Graph) -> set[str]:
+    """The mask inputs (see above) and every int / bool value computed from them: the graph inputs of
+    an int / bool dtype none of whose readers, nor the readers of the int / bool values they compute,
+    is anything but a mask op (Where and the views reading them as their data / condition only), and
+    that are not graph outputs. An input that a Gather also reads (token ids) is not a mask."""
+    readers: dict[str, list[tuple[Node, int]]] = {}
+    for n in graph.nodes:
+        for i, v in enumerate(n.inputs):
+            if v:
+                readers.setdefault(v, []).append((n, i))
+    found: set[str] = set()
+    for name, _ in graph.inputs:
+        if not is_int(graph.dtype(name)):
+            continue
+        seen, todo, ok = {name}, [name], True
+        while todo and ok:
+            v = todo.pop()
+            ok = v not in graph.outputs
+            for n, i in readers.get(v, ()):
+                if n.op_type not in MASK_OPS or (i != 0 and n.op_type not in ("Equal",)):
+                    ok = False
+                    break
+                for o in n.outputs:
+                    if o and is_int(graph.dtype(o)) and o not in seen:
+                        seen.add(o)
+                        todo.append(o)
+        if ok:
+            found |= seen
+    return found
+
+
+def _bcast_runtime(ctx: _Ctx, node: Node, v: str, oshape: tuple[int, ...], out: str) -> str:
+    """Runtime `v` broadcast to `oshape` (numpy rules), named `out`: a view when only unit axes are
+    added (the same elements), else the copies concatenated: each run of broadcast axes is (outer,
+    inner) repeated r times along a new middle axis, by `concat` kernels that double the copies
+    (log2 r of them and one per further set bit of r)."""
+    vs = tuple(ctx.shape(v))
+    oshape = tuple(oshape)
+    if vs == oshape:
+        return v
+    full = (1,) * (len(oshape) - len(vs)) + vs
+    if len(full) != len(oshape) or any(a != b and a != 1 for a, b in zip(full, oshape)):
+        raise Unsupported(node, f"{list(vs)} does not broadcast to {list(oshape)}")
+    if int(np.prod(full, dtype=np.int64)) == int(np.prod(oshape, dtype=np.int64)):
+        return ctx.emit("view", {}, (v,), out, node, oshape)
+    runs: list[list[int]] = []  # runs of adjacent broadcast axes
+    for ax, (a, b) in enumerate(zip(full, oshape)):
+        if a != b:
+            if runs and runs[-1][-1] == ax - 1:
+                runs[-1].append(ax)
+            else:
+                runs.append([ax])
+    cur, acc = list(full), v
+    for k, run in enumerate(runs):
+        outer = int(np.prod(cur[:run[0]], dtype=np.int64))
+        inner = int(np.prod(cur[run[-1] + 1:], dtype=np.int64))
+        r = int(np.prod([oshape[a] for a in run], dtype=np.int64))
+        base = f"{out}:bc{k}"
+        piece = ctx.emit("view", {}, (acc,), f"{base}:in", node, (outer, inner, 1, 1))
+        have, copies, width = None, 1, inner  # `have`: the copies concatenated so far
+        while True:
+            if r & copies:
+                if have is None:
+                    have = piece
+                else:
+                    hc = ctx.shape(have)[1]
+                    have = ctx.emit("concat", {"n": outer, "c": hc, "c1": width, "h": 1, "w": 1, "layout": "NCHW"},
+                                    (have, piece), f"{base}:acc{copies}", node, (outer, hc + width, 1, 1))
+            if copies * 2 > r:
+                break
+            piece = ctx.emit("concat", {"n": outer, "c": width, "c1": width, "h": 1, "w": 1, "layout": "NCHW"},
+                             (piece, piece), f"{base}:x{copies * 2}", node, (outer, 2 * width, 1, 1))
+            copies, width = copies * 2, width * 2
+        for a in run:
+            cur[a] = oshape[a]
+        acc = have
+    return ctx.emit("view", {}, (acc,), out, node, oshape)
+
+
+def _expand(ctx: _Ctx, node: Node) -> None:
+    """Expand of a runtime tensor (a padding mask to every head): a view when it only adds unit axes,
+    else copies by `concat` kernels (`_bcast_runtime`)."""
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    out = node.outputs[0]
+    y = _bcast_runtime(ctx, node, x, ctx.shapes[out], f"{out}:bc")
+    ctx.emit("view", {}, (y,), out, node, ctx.shapes[out])
+
+
+def _cast(ctx: _Ctx, node: Node) -> None:
+    """Cast of a mask value (a view: the plan stores it as floats already; int -> bool is
+    clip(x*x, 0, 1), 1 for any nonzero integer), or of a float tensor to float32 (a view)."""
+    from onnx import helper
+    x = _runtime(ctx, node, node.inputs[0], "input")
+    to = helper.tensor_dtype_to_np_dtype(int(node.attrs["to"])).name
+    src = ctx.graph.dtype(x)
+    out = node.outputs[0]
+    if is_int(src):  # a mask value (`lower` refuses any other integer tensor)
+        if to == "bool" and src != "bool":
+            ctx.emit("ew_chain", {**ew_params(ctx.shape(x)), "chain": "mul;clip:0.0:1.0"}, (x, x), out, node,
+                     ctx.shape(x))
+        else:
+            ctx.emit("view", {}, (x,), out, node, ctx.shape(x))
+        return
+    if to != "float32":
+        raise Unsupported(node, f"Cast of a {src} tensor to {to} (a float32 result, or casts of integer / bool "
+                                "masks, are lowered)")
+    ctx.emit("view", {}, (x,), out, node, ctx.shape(x))
+
+
+def _equal(ctx: _Ctx, node: Node) -> None:
+    """Equal of a mask value and a scalar constant c: 1 - clip((x - c)^2, 0, 1), one `ew_chain`
+    ((x - 2c) * x + c^2 of integer-valued x; x or 1 - x for a bool x). Exact for integers while the
+    plan's dtype holds (x - c)^2, and for any larger it is clipped to 1 anyway."""
+    a, b = node.inputs[:2]
+    if a in ctx.consts:
+        a, b = b, a
+    x = _runtime(ctx, node, a, "input")
+    c = _scalar(ctx, b)
+    if not is_int(ctx.graph.dtype(x)) or c is None:
+        raise Unsupported(node, "Equal of a runtime integer / bool mask and a scalar constant is lowered "
+                                f"(got {ctx.graph.dtype(x)} {list(ctx.shape(x))} and {b!r})")
+    xs, out = ctx.shape(x), node.outputs[0]
+    if ctx.graph.dtype(x) == "bool":
+        if c:
+            ctx.emit("view", {}, (x,), out, node, xs)
+        else:
+            ctx.emit("ew_chain", {**ew_params(xs), "chain": "affine:-1.0:1.0"}, (x,), out, node, xs)
+        return
+    chain = f"affine:1.0:{-2.0 * c!r};mul;affine:1.0:{c * c!r};clip:0.0:1.0;affine:-1.0:1.0"
+    ctx.emit("ew_chain", {**ew_params(xs), "chain": chain}, (x, x), out, node, xs)
+
+
+def _not(ctx: _Ctx, node: Node) -> None:
+    _unary(ctx, node, "ew_chain", {"chain": "affine:-1.0:1.0"})
+
+
+def _where(ctx: _Ctx, node: Node) -> None:
+    """Where(c, a, b) with c a bool mask (0/1 floats): b + c * (a - b), one `ew_chain` on the
+    broadcast shape (runtime operands broadcast by `_bcast_runtime`, constants materialized). Its
+    constants are clipped to +-3e4 (masked_fill's -inf: finite in fp16, exp(-3e4 - max) is 0).
+    Two forms are additive: constants a and b (a padding mask: c * (a - b) + b, one `affine` on
+    c), and masked_fill(c, -inf) of scores that only softmaxes read: scores + c * -3e4 (the same
+    probabilities), so the attention pattern (scores + mask -> softmax) keeps its kernel."""
+    c, a, b = node.inputs[:3]
+    out = node.outputs[0]
+    oshape = tuple(ctx.shapes[out])
+    if c in ctx.consts:
+        raise Unsupported(node, "Where with a constant condition and runtime values (a runtime mask is lowered)")
+    if ctx.graph.dtype(c) != "bool":
+        raise Unsupported(node, f"Where with a {ctx.graph.dtype(c)} condition")
+    for v in (a, b):
+        if is_int(ctx.graph.dtype(v)):
+            raise Unsupported(node, f"Where of the integer tensor {v!r} (float values are lowered)")
+
+    def const(v: str) -> np.ndarray:
+        return np.clip(ctx.consts[v].astype(np.float32), -MASK_NEG, MASK_NEG)
+    av = float(const(a).reshape(-1)[0]) if a in ctx.consts and ctx.consts[a].size == 1 else None
+    bv = float(const(b).reshape(-1)[0]) if b in ctx.consts and ctx.consts[b].size == 1 else None
+    cs = tuple(ctx.shape(c))
+    if av is not None and bv is not None:  # c * (a - b) + b, on c's shape, then broadcast
+        mid = f"{out}:sel" if cs != oshape else out
+        ctx.emit("ew_chain", {**ew_params(cs), "chain": f"affine:{av - bv!r}:{bv!r}"}, (c,), mid, node, cs)
+        if mid != out:
+            y = _bcast_runtime(ctx, node, mid, oshape, f"{out}:bc")
+            ctx.emit("view", {}, (y,), out, node, oshape)
+        return
+    readers = [r for r in ctx.graph.nodes if out in r.inputs]
+    if av is not None and av <= -MASK_NEG and b not in ctx.consts and out not in ctx.graph.outputs and readers \
+            and all(r.op_type == "Softmax" for r in readers):
+        m = f"{out}:mask"
+        ctx.emit("ew_chain", {**ew_params(cs), "chain": f"affine:{av!r}:0.0"}, (c,), m, node, cs)
+        _binary(ctx, node, b, m, out, "add")
+        return
+    operands: list[str] = []
+    steps: list[str] = []
+
+    made: dict[str, str] = {}
+
+    def full(v: str, tag: str) -> str:  # v at the broadcast shape (each made once)
+        if tag not in made:
+            made[tag] = ctx.const(f"{node.name}:{tag}", np.broadcast_to(const(v), oshape)) if v in ctx.consts \
+                else _bcast_runtime(ctx, node, v, oshape, f"{out}:{tag}")
+        return made[tag]
+    if a not in ctx.consts:  # x = a; a - b
+        x = full(a, "a")
+        if bv is not None:
+            steps.append(f"affine:1.0:{-bv!r}")
+        else:
+            steps.append("sub")
+            operands.append(full(b, "b"))
+    else:  # x = b; a - b = -b + a
+        x = full(b, "b")
+        if av is not None:
+            steps.append(f"affine:-1.0:{av!r}")
+        else:
+            steps += ["affine:-1.0:0.0", "add"]
+            operands.append(full(a, "a"))
+    steps.append("mul")
+    operands.append(full(c, "c"))
+    if bv is not None:
+        steps.append(f"affine:1.0:{bv!r}")
+    else:
+        steps.append("add")
+        operands.append(full(b, "b"))
+    ctx.emit("ew_chain", {**ew_params(oshape), "chain": ";".join(steps)}, (x, *operands), out, node, oshape)
+
+
 # The one table of supported ONNX ops: each op's lowering. Constant and ConstantOfShape never reach
 # it: the importer folds every constant subgraph (`importer.py`).
 _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "Conv": _conv, "BatchNormalization": _batch_norm, "Relu": _relu, "Add": _add, "Sum": _sum, "Mul": _mul,
     "Gemm": _gemm, "MatMul": _matmul, "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Squeeze": _view, "Unsqueeze": _view,
-    "Softmax": _softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
+    "Softmax": _softmax, "LogSoftmax": _log_softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
     "HardSigmoid": _hard_sigmoid, "HardSwish": _chain("hardswish"), "Transpose": _transpose, "Slice": _slice,
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "LRN": _lrn,
     "Identity": _view, "Dropout": _dropout, "Sub": _sub, "Div": _div, "Pow": _pow, "Erf": _chain("erf"),
     "Tanh": _chain("tanh"), "Gelu": _gelu, "Sqrt": _chain("pow:0.5"), "Reciprocal": _chain("rec"),
     "LayerNormalization": _layer_norm, "Gather": _gather, "LSTM": _lstm, "GRU": _gru,
+    "Cast": _cast, "Equal": _equal, "Not": _not, "Where": _where, "Expand": _expand,
 }
 SUPPORTED = (*_LOWER, "Constant", "ConstantOfShape")  # what `lower` takes, as its error message lists it

@@ -130,6 +130,9 @@ _step("gelu_tanh", (), 0, "", 10,
           x.astype(np.float64) + 0.044715 * x.astype(np.float64) ** 3))), temps=2)
 _step("sub", (FULL,), 0, "", 1, lambda d, x, v, a, s, dt: d.vsub(x, v[0]), lambda x, v, a, dt: x - v[0])
 _step("rec", (), 0, "", 1, lambda d, x, v, a, s, dt: d.vrec(x), lambda x, v, a, dt: np.asarray(1, dt) / x)
+# the natural log, the vector unit's own `ln` (x > 0; 0 gives -inf): LogSoftmax is softmax then ln
+_step("ln", (), 0, "", 1, lambda d, x, v, a, s, dt: d.vlog(x),
+      lambda x, v, a, dt: np.log(x.astype(np.float32)))
 
 Chain = list[tuple[str, tuple[float, ...]]]
 
