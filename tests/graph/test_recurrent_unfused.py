@@ -70,3 +70,16 @@ def test_reverse_decomposition_runs_the_steps_backwards():
     assert [k.output for k in hr] == ["hr2", "hr1", "hr0"]
     assert hr[0].inputs[0] == "h_init" and hr[1].inputs[0] == "h_2"
     assert np.all([k.shape == (2, 16) for k in hr])
+
+
+@pytest.mark.parametrize("name,target", [("sentiment_gru", "ascend-sim"), ("bilstm_tagger", "dsp-sim")])
+def test_zoo_recurrent_models_on_the_simulators(tmp_path, name, target):
+    """Models users write (tests/zoo/recurrent.py): every plan correct, nothing on the host, the
+    fused cells faster than their op-by-op kernels."""
+    from zoo.recurrent import export
+
+    path, _ = export(name, tmp_path)
+    c = compare(load(path), target, cost_plan=False)
+    assert c.fused.correct and c.unfused.correct
+    assert not c.fused.on_host() and not c.unfused.on_host()
+    assert c.summary()["speedup"] > 5.0
