@@ -48,7 +48,7 @@ def carry_over(log: Path, target, op: str, preset: str, dtype: str) -> tuple[int
     digest with the current template and target; append them under the current key. Returns (old best, best carried) cycles."""
     wl = workload(op, preset=preset, dtype=dtype)
     be = get_backend(target)
-    tmpl, _ = be.resolve(wl, None)
+    tmpl = be.resolve(wl, None).template
     if not log.exists():
         return None, None
     old = []

@@ -6,23 +6,29 @@ default), `"paper"` (the schedule a seed paper published, where the template has
 (the derived default's best-predicted candidates timed by the backend), a mapping of knobs, or
 (from the CLI) JSON text or a `.json` file. `best` reads the record store (`opcompiler.records`),
 below this module; what it asks of a workload's op comes through `workload.catalogue()`, so
-nothing here imports upwards. Every backend's `build` calls
-`resolve_config`, which returns the full config and ALWAYS runs the template's `check`, so a
-config that cannot fit fails the same one-line way on every target. The CLI, the Python API,
-graphs and export call `choose` first when they want to report where a config came from.
+nothing here imports upwards.
+
+`resolve` is the one resolver: a spec -> a `Choice` holding the template, the full checked config
+and where it came from (a record, the anchor's record inherited, the template's derived default,
+given knobs, the paper's schedule, measured). It ALWAYS runs the template's `check` (a record is
+checked where the store finds it), so a config that cannot fit fails the same one-line way on
+every target. Every backend's `build` resolves through `Backend.resolve`, which calls it once
+and passes a resolved `Choice` through as it is: a caller that wants to report where a config
+came from resolves first and builds with the `Choice`. `choose` only looks a spec up (no
+template, no check): for plans and manifests that name a config's source without building.
 """
 from __future__ import annotations
 
 import functools
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any, Callable, Mapping
 
 from .errors import OpcError
-from .records import Record, find_best
+from .records import Found, Record, first_best
 from .target import Target
-from .template import get_template
+from .template import TemplatesNotLoaded, get_template
 from .template_base import Config, Knob, Template
 from .workload import Workload, catalogue
 
@@ -42,12 +48,19 @@ class InvalidConfig(OpcError):
 
 @dataclass(frozen=True, kw_only=True)
 class Choice:
-    """A spec with `best` looked up: what to build with and where it came from."""
+    """A spec with `best` looked up: what to build with and where it came from; once `resolve`d,
+    also the template and the full checked config (`resolved`), which `Backend.build` takes as is."""
 
     spec: ConfigSpec  # None (template default), a name the template knows ("paper") or knobs
     source: str  # for reports and manifests: "template default", "best verified record (...)", "given"
     record: Record | None = None  # the tuning record when the knobs came from one
     inherited_from: str = ""  # a fused op's anchor op ("conv2d") when the record is the anchor's
+    template: Template | None = None  # set by `resolve`
+    config: Config | None = None  # set by `resolve`: the full config, checked
+
+    @property
+    def resolved(self) -> bool:
+        return self.config is not None and self.template is not None
 
     @property
     def kind(self) -> str:
@@ -79,22 +92,58 @@ def parse_config(text: ConfigSpec) -> ConfigSpec:
 
 
 def choose(wl: Workload, target: Target, spec: ConfigSpec) -> Choice:
-    """Look `best` up (the user's records, then the shipped ones); name where any spec came from."""
+    """Look `best` up (the user's records, then the shipped ones); name where any spec came from.
+    No template is asked and nothing is checked: `resolve` does both."""
+    return best(wl, target) if spec == "best" else _named(spec)
+
+
+def _named(spec: ConfigSpec) -> Choice:
+    """Where a spec that is no record lookup comes from."""
     if spec is None or spec == "default":
         return Choice(spec=None, source="template default")
-    if spec == "best":
-        found = find_best(wl, target)
-        if found is None:
-            return inherited(wl, target) or Choice(spec=None,
-                                                   source="template default (no verified record for this key)")
-        return Choice(spec=dict(found.record.config), source=f"best verified record ({found.describe()})",
-                      record=found.record)
     if isinstance(spec, Mapping):
         return Choice(spec=dict(spec), source="given")
     if spec == "measured":
-        return Choice(spec=spec, source="measured: the derived default's best-predicted candidates timed, the "
-                      "fastest kept")
+        return Choice(spec=spec, source=_MEASURED)
     return Choice(spec=spec, source=str(spec))
+
+
+_MEASURED = "measured: the derived default's best-predicted candidates timed, the fastest kept"
+_NO_RECORD = "template default (no verified record for this key)"
+
+
+def best(wl: Workload, target: Target, template: Template | None = None) -> Choice:
+    """`best`, and which it is: the best verified record of `wl` ("record"), else its anchor's,
+    inherited ("inherited"), else the template's derived default ("default"). A record's and an
+    inherited record's full config come checked (`Choice.config`). `template`: the one `wl` is
+    built with (an anchor has the same), when the caller has it."""
+    tmpl = template or _template_of(wl, target)
+    return _NO_RECORD_CHOICE if tmpl is None else _best(tmpl, wl, target)
+
+
+_NO_RECORD_CHOICE = Choice(spec=None, source=_NO_RECORD)
+
+
+def _best(tmpl: Template, wl: Workload, target: Target) -> Choice:
+    base = anchor(wl)
+    hit = first_best(tmpl, target, [wl] if base is None else [wl, base])
+    if hit is None:
+        return Choice(spec=None, source=_NO_RECORD)
+    got, found = hit
+    if got is wl:
+        return Choice(spec=dict(found.record.config), source=f"best verified record ({found.describe()})",
+                      record=found.record, config=found.config)
+    return _adapted(tmpl, wl, target, got, found) or Choice(spec=None, source=_NO_RECORD)
+
+
+def _template_of(wl: Workload, target: Target) -> Template | None:
+    """The template `wl` is built with on `target`; None when there is none (nothing to look up)."""
+    try:
+        return get_template(catalogue().get_op(wl.op).family, target.family)
+    except TemplatesNotLoaded:
+        raise
+    except Exception:
+        return None
 
 
 def _size(n: float) -> str:
@@ -148,18 +197,21 @@ def anchor(wl: Workload) -> Workload | None:
     return ops.workload(first.op, dict(first.params), dtype=wl.dtype)
 
 
-def inherited(wl: Workload, target: Target) -> Choice | None:
+def inherited(wl: Workload, target: Target, template: Template | None = None) -> Choice | None:
     """A fused op with no record of its own starts from its anchor's best verified record for the
     same shape, re-checked with the fused op's own buffers (the epilogue's parameters in UB, say);
-    None when there is no anchor, no record, or the record does not fit the fused kernel."""
+    None when there is no anchor, no record, or the record does not fit the fused kernel. The
+    Choice's `config` is the full config, checked."""
     base = anchor(wl)
-    if base is None:
-        return None
-    found = find_best(base, target)
-    if found is None:
-        return None
+    tmpl = None if base is None else (template or _template_of(wl, target))
+    hit = None if tmpl is None else first_best(tmpl, target, [base])
+    return None if hit is None else _adapted(tmpl, wl, target, base, hit[1])
+
+
+def _adapted(tmpl: Template, wl: Workload, target: Target, base: Workload, found: Found) -> Choice | None:
+    """The anchor `base`'s record `found` as `wl`'s config: checked with the fused op's own
+    buffers, shrunk to fit when it does not (`_shrink`); None when nothing fits."""
     try:
-        tmpl = get_template(catalogue().get_op(wl.op).family, target.family)
         cfg = tmpl.config(wl, target, found.record.config)
     except OpcError:
         return None
@@ -171,7 +223,7 @@ def inherited(wl: Workload, target: Target) -> Choice | None:
         changed = ", ".join(f"{k} {cfg[k]}->{fitted[k]}" for k in cfg if fitted[k] != cfg[k])
         cfg, how = fitted, f"adapted to fit ({changed}) by"
     return Choice(spec=cfg, source=f"{base.op}'s best verified record, {how} {wl.op} "
-                  f"({found.describe()})", record=found.record, inherited_from=base.op)
+                  f"({found.describe()})", record=found.record, inherited_from=base.op, config=dict(cfg))
 
 
 def _shrink(tmpl: Template, wl: Workload, target: Target, cfg: Config, budget: int = 256) -> Config | None:
@@ -201,16 +253,38 @@ def _shrink(tmpl: Template, wl: Workload, target: Target, cfg: Config, budget: i
     return None
 
 
-def resolve_config(template: Template, wl: Workload, target: Target, spec: ConfigSpec) -> Config:
-    """The full config `spec` means for `template`, checked: unknown or out-of-range knobs, an
-    unknown name, a template without a paper schedule, and a config its `check` rejects each
-    raise an `OpcError` (the last an `InvalidConfig`) naming the argument and what would work."""
-    beyond_machine(wl, target)
+def resolve(template: Template, wl: Workload, target: Target, spec: ConfigSpec | Choice,
+            measured: Callable[[], Config | None] | None = None) -> Choice:
+    """The one resolution of a build: `spec` -> a `Choice` with `template`, the full checked config
+    and where it came from. Unknown or out-of-range knobs, an unknown name, a template without a
+    paper schedule, and a config its `check` rejects each raise an `OpcError` (the last an
+    `InvalidConfig`) naming the argument and what would work. `measured` gives the knobs of
+    `"measured"` (the backend times them; None: the derived default). A resolved `Choice` passes
+    through; the off-chip check is the backend's (`Backend.check_offchip`), before this."""
+    if isinstance(spec, Choice):
+        if spec.resolved:
+            return spec
+        spec = spec.spec
     if isinstance(spec, str) and spec not in NAMES:
         spec = parse_config(spec) if spec.lstrip().startswith("{") or spec.endswith(".json") else spec
+    knobs = spec
     if spec == "best":
-        spec = choose(wl, target, spec).spec
-    if spec is None or spec in ("default", "measured"):  # measured: resolved by the backend, which times
+        chosen = _best(template, wl, target)
+        if chosen.config is not None:  # a record (or the anchor's), checked where it was found
+            return replace(chosen, template=template)
+        knobs = chosen.spec
+    elif spec == "measured":
+        chosen = _named(spec)
+        knobs = measured() if measured is not None else None
+    else:
+        chosen = _named(spec)
+    return replace(chosen, template=template, config=_checked(template, wl, target, knobs))
+
+
+def _checked(template: Template, wl: Workload, target: Target, spec: ConfigSpec) -> Config:
+    """The full config of a spec that is no record: the template's `config` (knobs validated,
+    defaults filled) or its paper schedule, then its `check`."""
+    if spec is None or spec in ("default", "measured"):
         cfg = template.config(wl, target, None)
     elif spec == "paper":
         paper = getattr(template, "paper", None)
@@ -231,4 +305,10 @@ def resolve_config(template: Template, wl: Workload, target: Target, spec: Confi
     return cfg
 
 
-__all__ = ["Choice", "ConfigSpec", "InvalidConfig", "anchor", "choose", "inherited", "parse_config", "resolve_config"]
+def resolve_config(template: Template, wl: Workload, target: Target, spec: ConfigSpec) -> Config:
+    """The full checked config `spec` means for `template` (`resolve`'s `config`)."""
+    return resolve(template, wl, target, spec).config
+
+
+__all__ = ["Choice", "ConfigSpec", "InvalidConfig", "anchor", "best", "beyond_machine", "choose", "inherited",
+           "parse_config", "resolve", "resolve_config"]

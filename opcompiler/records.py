@@ -27,7 +27,7 @@ import os
 import warnings
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
-from typing import Any, Iterable, Iterator, Mapping
+from typing import Any, Iterable, Iterator, Mapping, Sequence
 
 from .errors import OpcError
 from .target import Target
@@ -273,6 +273,7 @@ class Found:
     path: Path
     source: str
     passed_over: "Found | None" = None  # the other place's best, slower (or equal and shipped)
+    config: Mapping[str, Any] | None = field(default=None, compare=False)  # the record's full config, checked
 
     def describe(self) -> str:
         """Where the record came from, and the record it beat: "records shipped with opcompiler:
@@ -295,8 +296,9 @@ def _cost_text(r: Record) -> str:
 
 def find_best(wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Found | None:
     """The best VERIFIED record for `wl` on `target` (any template of the current version) and
-    where it was found, or None. Looks in `log` when given; else in the user's log and in the
-    shipped records, and returns the fastest of both (the user's on a tie)."""
+    where it was found, or None; its `config` is the record's full config, checked. Looks in `log`
+    when given; else in the user's log and in the shipped records, and returns the fastest of both
+    (the user's on a tie)."""
     ops = catalogue()
     try:
         tmpl = get_template(ops.get_op(wl.op).family, target.family)
@@ -304,15 +306,31 @@ def find_best(wl: Workload, target: Target, log: str | os.PathLike | None = None
         raise
     except Exception:  # no template for this target: nothing can be tuned, so nothing is best
         return None
-    key = record_key(wl, target, tmpl.name, tmpl.version)
+    return best_found(tmpl, wl, target, log)
+
+
+def first_best(template: Any, target: Target, wls: Sequence[Workload]) -> tuple[Workload, Found] | None:
+    """The first of `wls` (all built with `template`: a fused op, then its anchor) that has a best
+    verified record in the user's or the shipped records, with it; None when none has."""
+    for wl in wls:
+        found = best_found(template, wl, target)
+        if found is not None:
+            return wl, found
+    return None
+
+
+def best_found(template: Any, wl: Workload, target: Target, log: str | os.PathLike | None = None) -> Found | None:
+    """`find_best` with the template `wl` is built with in hand."""
+    key = record_key(wl, target, template.name, template.version)
     paths = [(Path(log), "given")] if log is not None else search_paths(target, wl.op)
     found: list[Found] = []
     for p, source in paths:
         states = fold(RecordLog(p).for_key(key))
         ranked = sorted((s for s in states.values() if s.verified), key=lambda s: s.record.cost)
         for st in ranked:
-            if _still_valid(tmpl, wl, target, st.record.config):
-                found.append(Found(record=st.record, path=p, source=source))
+            full = _still_valid(template, wl, target, st.record.config)
+            if full is not None:
+                found.append(Found(record=st.record, path=p, source=source, config=full))
                 break
     best = min(found, key=lambda f: f.record.cost, default=None)  # min keeps the first (the user's) on ties
     others = [f for f in found if f is not best]
@@ -325,13 +343,14 @@ def best_record(wl: Workload, target: Target, log: str | os.PathLike | None = No
     return found.record if found is not None else None
 
 
-def _still_valid(tmpl: Any, wl: Workload, target: Target, config: Mapping[str, Any]) -> bool:
-    """A template edited without a version bump may have dropped a knob value: skip such records."""
+def _still_valid(tmpl: Any, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, Any] | None:
+    """The record's full config when the template still accepts it, else None (a template edited
+    without a version bump may have dropped a knob value: such records are skipped)."""
     try:
         full = tmpl.config(wl, target, config)
     except OpcError:
-        return False
-    return tmpl.check(wl, target, full) is None
+        return None
+    return full if tmpl.check(wl, target, full) is None else None
 
 
 def iter_logs(root: str | os.PathLike) -> Iterator[Path]:

@@ -14,7 +14,7 @@ TVM before a template is needed, and the core still imports no template. Only wi
     class CpuConv2d(Template):
         name = "cpu.conv2d"; op_families = ("conv2d",); target_family = "cpu"; version = 1
         def space(self, wl, target): return [Knob("tile_k", (8, 16, 32)), ...]
-        def apply(self, wl, target, config): ...  # -> a scheduled IRModule (or a `Scheduled`)
+        def apply(self, wl, target, config): ...  # -> a scheduled IRModule (a `Scheduled` on a simulator)
 """
 from __future__ import annotations
 
@@ -29,8 +29,8 @@ SHIPPED = "opcompiler.schedules"  # the package whose import registers every shi
 
 
 class TemplatesNotLoaded(RuntimeError):
-    """A template lookup before the shipped templates were loaded: a bug of the caller (an entry
-    point that builds must import `opcompiler.schedules` first), not a missing template."""
+    """A template lookup with the shipped templates not loaded and no loader installed (the core
+    used without the package's `opcompiler/__init__.py`): not a missing template."""
 
 
 def loaded() -> bool:
@@ -53,7 +53,7 @@ def get_template(op_family: str, target_family: str) -> Template:
     if cls is None:
         if not loaded():
             raise TemplatesNotLoaded(f"no template for ({op_family}, {target_family}): the shipped templates are "
-                                     f"not loaded (import {SHIPPED}, as opcompiler.api and the CLI do)")
+                                     f"not loaded (import {SHIPPED}, as the package's template loader does)")
         have = sorted(f for f, t in registered_pairs() if t == target_family)
         raise OpcError(f"no {target_family} template for the {op_family} family", arg="op",
                        expected=f"an op of family {', '.join(have) or '(none yet)'} on this target")
@@ -64,8 +64,8 @@ def templates() -> list[type[Template]]:
     """Every registered template class (the shipped ones once loaded, and the user's), by name."""
     _ensure_loaded()
     if not loaded():
-        raise TemplatesNotLoaded(f"the shipped templates are not loaded (import {SHIPPED}, as opcompiler.api "
-                                 "and the CLI do)")
+        raise TemplatesNotLoaded(f"the shipped templates are not loaded (import {SHIPPED}, as the package's "
+                                 "template loader does)")
     return all_registered()
 
 

@@ -6,7 +6,7 @@ user or another test wrote, and none writes outside its tmp_path. The shipped te
 (`opcompiler.api`, the CLI, the tuner) loads them: the tests call backends and lookups directly."""
 import pytest
 
-import opcompiler.schedules  # noqa: F401  (every shipped template registered, as opcompiler.api and the CLI do)
+import opcompiler.schedules  # noqa: F401  (every shipped template registered up front; the registry's first lookup loads them too)
 
 
 @pytest.fixture(autouse=True)

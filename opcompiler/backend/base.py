@@ -3,8 +3,10 @@
 A backend is a small interface so the tuner, the CLI, graphs and export treat the CPU, CUDA
 and the two simulators alike. Which backend serves a target is the registry's business
 (`opcompiler.backend.get_backend`); what a family can do is declared in
-`opcompiler.capabilities`. Every `build` resolves its config through
-`Backend.resolve` (`opcompiler.config.resolve_config`: always the template's `check`).
+`opcompiler.capabilities`. Every `build` resolves its config once, through `Backend.resolve`:
+the off-chip check (`check_offchip`: the workload's tensors must fit the target's off-chip
+memory), then `opcompiler.config.resolve` (always the template's `check`). `build` takes a spec
+or a `Choice` that `resolve` returned, which it does not resolve again.
 """
 from __future__ import annotations
 
@@ -15,7 +17,7 @@ from typing import Any, ClassVar, Sequence
 import numpy as np
 
 from ..capabilities import Capabilities, capabilities
-from ..config import ConfigSpec, resolve_config
+from ..config import Choice, ConfigSpec, beyond_machine, resolve
 from ..errors import OpcError
 from ..target import Target
 from ..template_base import Config, Template
@@ -62,20 +64,28 @@ class Backend(ABC):
         return capabilities(self.family)
 
     def template(self, wl: Workload) -> Template:
-        """The template that schedules `wl` on this backend's family, from the core's registry (filled
-        by the entry point that builds: `opcompiler.api`, the CLI, the tuner's workers...; the backend
-        sits below the templates and never imports them)."""
+        """The template that schedules `wl` on this backend's family, from the core's registry (which
+        loads the shipped templates on its first lookup: `opcompiler.template`; the backend sits
+        below the templates and never imports them)."""
         from ..ops import get_op
         from ..template import get_template
         return get_template(get_op(wl.op).family, self.family)
 
-    def resolve(self, wl: Workload, config: ConfigSpec) -> tuple[Template, Config]:
-        """(template, full checked config): every `build` starts here (`opcompiler.config`)."""
-        keep_heap()  # the template's TVM scheduling comes next
+    def check_offchip(self, wl: Workload) -> None:
+        """Refuse, in one line and before anything is scheduled, a workload whose tensors do not fit
+        the target's off-chip memory (`opcompiler.config.beyond_machine`)."""
+        beyond_machine(wl, self.target)
+
+    def resolve(self, wl: Workload, config: ConfigSpec | Choice) -> Choice:
+        """The template, the full checked config and where it came from: the one resolution of a
+        build (the off-chip check, then `opcompiler.config.resolve`). A `Choice` this returned
+        passes through as it is."""
+        if isinstance(config, Choice) and config.resolved:
+            return config
         tmpl = self.template(wl)
-        if config == "measured":
-            config = self.measured(tmpl, wl)
-        return tmpl, resolve_config(tmpl, wl, self.target, config)
+        self.check_offchip(wl)  # a workload beyond off-chip memory is refused before any tiling is searched
+        keep_heap()  # the template's TVM scheduling comes next
+        return resolve(tmpl, wl, self.target, config, measured=lambda: self.measured(tmpl, wl))
 
     def measured(self, tmpl: Template, wl: Workload) -> Config | None:
         """`--config measured`, cuDNN's benchmark mode: the derived default's `MEASURED_TOP` best-
@@ -89,16 +99,16 @@ class Backend(ABC):
             _MEASURED[key] = got[0] if got else None
         return _MEASURED[key]
 
-    def schedule(self, wl: Workload, config: ConfigSpec) -> tuple[Template, Config, Any]:
+    def schedule(self, wl: Workload, config: ConfigSpec | Choice) -> tuple[Template, Config, Any]:
         """(template, full config, scheduled IRModule) for the backends that compile through TVM."""
-        tmpl, cfg = self.resolve(wl, config)
-        sch = tmpl.apply(wl, self.target, cfg)
-        return tmpl, cfg, (sch.mod if hasattr(sch, "mod") else sch)
+        chosen = self.resolve(wl, config)
+        sch = chosen.template.apply(wl, self.target, chosen.config)
+        return chosen.template, chosen.config, (sch.mod if hasattr(sch, "mod") else sch)
 
     @abstractmethod
-    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
-        """Schedule `wl` with its template and `config` (default when None) and compile it.
-        Raises OpcError (e.g. CapacityError) for a config that cannot work."""
+    def build(self, wl: Workload, config: ConfigSpec | Choice = None) -> Kernel:
+        """Schedule `wl` with its template and `config` (default when None; a resolved `Choice` as
+        it is) and compile it. Raises OpcError (e.g. CapacityError) for a config that cannot work."""
 
     @abstractmethod
     def run(self, kernel: Kernel, inputs: Sequence[np.ndarray]) -> RunResult:
@@ -145,14 +155,16 @@ def keep_heap() -> None:
     32 MB from the heap and trimming the heap only past 128 MB free lets later proofs reuse
     pages already mapped (a ResNet-50 3x3 conv's Ascend schedule: about 50 -> 30 ms, measured
     with `benchmarks/sim_speed.py`). Results are not affected (allocation only). It changes the
-    process's malloc settings: only on glibc, and not at all with OPCOMPILER_KEEP_HEAP=0."""
+    process's malloc settings: only on glibc, and not at all with OPCOMPILER_KEEP_HEAP=0
+    (`settings.keep_heap`)."""
     if _HEAP["kept"]:
         return
     _HEAP["kept"] = True
-    import os
     import platform
 
-    if os.environ.get("OPCOMPILER_KEEP_HEAP", "1") == "0" or platform.libc_ver()[0] != "glibc":
+    from ..settings import keep_heap as wanted
+
+    if not wanted() or platform.libc_ver()[0] != "glibc":
         return
     import ctypes
 

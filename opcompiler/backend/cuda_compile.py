@@ -17,7 +17,6 @@ or initialises CUDA (importing `cuda.bindings.nvrtc` loads the compiler library 
 from __future__ import annotations
 
 import hashlib
-import os
 import re
 import shutil
 import struct
@@ -32,6 +31,7 @@ from typing import Any
 
 from ..device import arch_digits
 from ..errors import OpcError, OpcFailure
+from ..settings import cuda_homes, forced_cuda_compiler
 
 COMPILERS = ("nvrtc", "nvcc")
 NO_COMPILER = ("no CUDA compiler found: install NVRTC with pip install 'opcompiler[cuda]' (cuda-bindings), "
@@ -84,10 +84,7 @@ def _has_nvcc() -> bool:
 def nvrtc_include_dirs() -> tuple[str, ...]:
     """The CUDA headers NVRTC needs (cuda_fp16.h, mma.h, cuda/std/...): the toolkit's (CUDA_HOME or
     nvcc's), else those pip's CUDA wheels installed. Empty when none are found."""
-    roots: list[Path] = []
-    for env in ("CUDA_HOME", "CUDA_PATH"):
-        if os.environ.get(env):
-            roots.append(Path(os.environ[env]))
+    roots: list[Path] = cuda_homes()
     if nv := shutil.which("nvcc"):
         roots.append(Path(nv).resolve().parents[1])
     roots.append(Path("/usr/local/cuda"))
@@ -125,7 +122,7 @@ def nvrtc_available() -> bool:
 def cuda_compiler() -> str:
     """"nvrtc" when cuda-bindings imports (and the CUDA headers are there), else "nvcc"; raises the
     one-line OpcError (exit 2) when neither is available. `OPC_CUDA_COMPILER` forces one."""
-    forced = os.environ.get("OPC_CUDA_COMPILER", "").strip().lower()
+    forced = forced_cuda_compiler()
     if forced:
         if forced not in COMPILERS:
             raise OpcError(f"OPC_CUDA_COMPILER={forced!r} is not a CUDA compiler", expected="nvrtc or nvcc")

@@ -12,7 +12,6 @@ that builds the libraries:
 """
 from __future__ import annotations
 
-import os
 import statistics
 import sys
 from dataclasses import dataclass, field
@@ -20,6 +19,7 @@ from typing import Any
 
 from .. import device
 from ..errors import OpcError
+from ..settings import visible_devices
 from ..target import Target
 from ..verify import compare
 from ..workload import Workload
@@ -55,7 +55,7 @@ def cuda_state() -> dict[str, Any]:
     initialised = bool(torch is not None and hasattr(torch, "cuda") and torch.cuda.is_initialized())
     return {"cuda_touched": device.cuda_touched(), "cuda_initialised": initialised,
             "cuda_python_modules": tuple(sorted(m for m in sys.modules if m.startswith("cuda.bindings"))),
-            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+            "cuda_visible_devices": visible_devices()}
 
 
 @dataclass(kw_only=True)

@@ -1,10 +1,11 @@
 """`SimBackend`: the one backend shell of the simulated machines (ascend-sim, dsp-sim).
 
-build   the off-chip check (the kernel's tensors must fit off-chip memory: before any tiling
-        is searched), `resolve` (the template's check), then the machine's lowering. A config
-        the check rejects reports, on a machine that asks for it (`EMISSION_ERRORS`), what
-        emitting it reports: the lowering's CapacityError names buffer, level and bytes exactly
-        (`check` is its prefilter); the check's own error when emission happens to succeed.
+build   `resolve` (once: the off-chip check, `check_offchip`, where the kernel's tensors must fit
+        the machine's off-chip level before any tiling is searched; then the template's check),
+        then the machine's lowering. A config the check rejects is never lowered: on a machine
+        that has a capacity dry-run (`dry_run`, `EMISSION_ERRORS`) it reports the dry-run's
+        CapacityError, which names buffer, level and bytes exactly (`check` is its prefilter);
+        the check's own error when the dry-run happens to pass.
 run     functional mode, measure timing mode, and the report: `opcompiler.sim.shell.SimShell`.
 
 A machine's backend is a small subclass that names its family and supplies the hooks listed in
@@ -17,7 +18,7 @@ from typing import Any, ClassVar
 
 import numpy as np
 
-from ..config import ConfigSpec, InvalidConfig
+from ..config import Choice, ConfigSpec, InvalidConfig
 from ..errors import OpcError
 from ..ops import get_op
 from ..sim.clock import Clocked
@@ -47,35 +48,46 @@ class SimBackend(SimShell, Backend):
         """(artifact, build info) of the checked config; capacities enforced (CapacityError)."""
         raise NotImplementedError
 
+    def dry_run(self, scheduled: Any) -> None:
+        """The capacity dry-run of a template's scheduled config (what `apply` returned), without
+        lowering it: raises the machine's CapacityError. Machines with `EMISSION_ERRORS` define it."""
+
     # -- the shell -------------------------------------------------------------------------
 
-    def build(self, wl: Workload, config: ConfigSpec = None) -> Kernel:
-        self._check_offchip(wl)  # first: a workload beyond off-chip memory is refused before any tiling is searched
-        try:
-            tmpl, cfg = self.resolve(wl, config)
-        except InvalidConfig as e:
-            if not self.EMISSION_ERRORS:
-                raise
-            raise self._emission_error(wl, e) from None
+    def build(self, wl: Workload, config: ConfigSpec | Choice = None) -> Kernel:
+        chosen = self.resolve(wl, config)
+        tmpl, cfg = chosen.template, chosen.config
         artifact, info = self.lower(wl, tmpl, cfg)
         return Kernel(workload=wl, target=self.target, template=tmpl.name, template_version=tmpl.version,
                       config=dict(cfg), artifact=artifact, info=info)
+
+    def resolve(self, wl: Workload, config: ConfigSpec | Choice) -> Choice:
+        try:
+            return super().resolve(wl, config)
+        except InvalidConfig as e:
+            if not self.EMISSION_ERRORS:
+                raise
+            raise self._dry_run_error(wl, e) from None
 
     def result(self, *, outputs: list[np.ndarray] | None, seconds: float, cycles: int,
                metrics: dict[str, Any]) -> RunResult:
         return RunResult(outputs=outputs, seconds=seconds, cycles=cycles, metrics=metrics)
 
-    def _emission_error(self, wl: Workload, invalid: InvalidConfig) -> OpcError:
+    def _dry_run_error(self, wl: Workload, invalid: InvalidConfig) -> OpcError:
+        """What a rejected config reports: the dry-run's CapacityError, else the check's error."""
         try:
-            self.lower(wl, invalid.template, invalid.config)
+            self.dry_run(invalid.template.apply(wl, self.target, invalid.config))
         except OpcError as e:
             return e
         return invalid
 
-    def _check_offchip(self, wl: Workload) -> None:
+    def check_offchip(self, wl: Workload) -> None:
+        """The kernel's tensors (inputs and output) must fit the machine's off-chip level together;
+        an off-chip level the model leaves unbounded: the host's memory (`Backend.check_offchip`)."""
         level = self.offchip_level()
         if level is None or not level.capacity:
-            return  # unbounded
+            super().check_offchip(wl)
+            return
         op = get_op(wl.op)
         sizes = [(name, int(np.prod(shape)) * np.dtype(dt).itemsize) for name, shape, dt in op.inputs(wl)]
         shape, dt = op.output_spec(wl)

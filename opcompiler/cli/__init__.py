@@ -7,10 +7,10 @@ the listings, which build nothing, never import it."""
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 from importlib import import_module
 
+from .. import settings
 from ..errors import OpcError, OpcFailure
 
 # Command modules, in help order. Each defines register(subparsers).
@@ -70,7 +70,7 @@ def main(argv: list[str] | None = None) -> int:
         return 130
     except Exception as e:  # a bug of ours: one line unless OPC_DEBUG asks for the traceback
         common.flush_notes()
-        if os.environ.get("OPC_DEBUG"):
+        if settings.debug():
             raise
         print(f"opcompiler: internal error: {type(e).__name__}: {e} (set OPC_DEBUG=1 for the traceback)", file=err)
         return 1

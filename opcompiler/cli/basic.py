@@ -89,17 +89,16 @@ def cmd_run(args: argparse.Namespace) -> int:
         from ..errors import OpcError
         raise OpcError("lists a simulator program: a simulator target and N >= 1", arg="--listing",
                        value=args.listing if target.is_simulator else target.name)
-    from ..api import run_op  # (with it every template, and TVM: after the arguments are checked)
+    from ..api import run_workload  # (with it every template, and TVM: after the arguments are checked)
     from ..rpc import backend_for_run
-    workload(args.op, args.shape, preset=args.preset, batch=args.batch,  # a bad shape fails before the note
-             dtype=args.dtype or default_dtype(args.op, target))
+    wl = workload(args.op, args.shape, preset=args.preset, batch=args.batch,  # a bad shape fails before the note
+                  dtype=args.dtype or default_dtype(args.op, target))
     shape_note(args)
     backend = backend_for_run(target, args.rpc)
     if args.listing is not None:
         from ..api import get_backend
         backend = _KeepKernel(backend or get_backend(target))
-    rep = run_op(args.op, target, shape=args.shape, preset=args.preset, batch=args.batch, dtype=args.dtype,
-                 config=args.config, backend=backend, verify=not args.timing_only)
+    rep = run_workload(wl, target, config=args.config, backend=backend, verify=not args.timing_only)
     if args.listing is not None:
         rep["listing"] = program_listing(backend.kernel, args.listing)
     rep["shape"] = ordered_params(rep["op"], rep["shape"])

@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any
 
 from ..backend import FAMILIES, capabilities, get_backend
-from ..config import choose, parse_config
+from ..config import parse_config
 from ..errors import OpcError
 from ..ops import get_op, ordered_params
 from .common import add_workload_args, emit_json, fmt_si, resolve, shape_label
@@ -58,8 +58,7 @@ def cmd_build(args: argparse.Namespace) -> int:
         if not out.parent.exists():
             raise OpcError("directory does not exist", arg="--emit-source", value=args.emit_source)
     backend = get_backend(target)
-    chosen = choose(wl, target, parse_config(args.config))
-    kernel = backend.build(wl, chosen.spec)
+    kernel = backend.build(wl, parse_config(args.config))
     rep: dict[str, Any] = {"op": wl.op, "target": target.name, "shape": ordered_params(wl.op, dict(wl.params)),
                            "dtype": wl.dtype,
                            "template": kernel.template, "config": kernel.config,

@@ -1,6 +1,12 @@
-"""The op registry: `OpDef` (an op's compute, reference, shapes and flops), `Step` and
-`register_op`. The catalogue of built-in ops registers into it; `opcompiler.ops` looks ops
-up (loading the catalogue first), so the catalogue imports this module, never the package."""
+"""The registries of ops and of fusion patterns.
+
+Ops: `OpDef` (an op's compute, reference, shapes and flops), `Step` and `register_op`. The
+catalogue of built-in ops registers into it; `opcompiler.ops` looks ops up (loading the
+catalogue first), so the catalogue imports this module, never the package.
+
+Fusion patterns: `fusion_manager`, TBE's `@fusion_manager.register(name, ops=...)`, the one way
+a pattern is registered, the built-in ones (`opcompiler.ops.fused`) and a user's alike. Users
+import it from `opcompiler.ops.fusion`, which loads the built-ins first."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -103,6 +109,50 @@ class OpDef:
 
 _OUTPUT_SPECS: dict[tuple[str, Workload], tuple[tuple[int, ...], str]] = {}  # op names are unique
 _OPS: dict[str, OpDef] = {}
+
+
+@dataclass(frozen=True, kw_only=True)
+class FusionPattern:
+    """A compute function combining several ops into one TE graph (one kernel); `ops` names the
+    op-by-op sequence it replaces, which graph partitioning matches and the unfused plan runs as
+    separate kernels through global memory."""
+
+    name: str
+    compute: Callable
+    ops: tuple[str, ...] = ()
+
+
+class FusionManager:
+    """Registry of fused compute functions, keyed by name."""
+
+    def __init__(self) -> None:
+        self._patterns: dict[str, FusionPattern] = {}
+
+    def register(self, name: str, ops: tuple[str, ...] = ()) -> Callable[[Callable], Callable]:
+        """Decorator registering `fn` as fusion pattern `name` (registering a name twice raises)."""
+        def deco(fn: Callable) -> Callable:
+            if name in self._patterns:
+                raise OpcError(f"fusion pattern {name!r} is already registered",
+                               expected="a new name, or fusion_manager.unregister() first")
+            self._patterns[name] = FusionPattern(name=name, compute=fn, ops=tuple(ops))
+            return fn
+        return deco
+
+    def unregister(self, name: str) -> None:
+        self._patterns.pop(name, None)
+
+    def get(self, name: str) -> FusionPattern:
+        try:
+            return self._patterns[name]
+        except KeyError:
+            raise OpcError("unknown fusion pattern", arg="name", value=name,
+                           expected=", ".join(sorted(self._patterns))) from None
+
+    def patterns(self) -> list[FusionPattern]:
+        return list(self._patterns.values())
+
+
+fusion_manager = FusionManager()
 
 
 def register_op(op: OpDef) -> OpDef:

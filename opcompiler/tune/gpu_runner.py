@@ -40,6 +40,7 @@ from typing import Any, Callable, Mapping, Sequence
 from ..backend.cuda_runner import CudaRunner, cuda_state, export_kernel, is_cuda_error  # noqa: F401
 from ..device import forbid_cuda
 from ..errors import OpcError
+from ..settings import mark_worker
 from ..target import Target
 from ..workload import Workload
 from .process import BackendSpec, Child, MeasureResult, _KEEP_METRICS, _clean_sys_path, _context, _one_line, tasks
@@ -85,7 +86,7 @@ def build_one(backend: Any, wl: Workload, config: Mapping[str, Any], path: str) 
 def _builder_main(conn: Connection, spec: BackendSpec) -> None:
     """Build-only worker: receive (wl, config, path), send back a BuildResult."""
     _clean_sys_path()
-    os.environ.setdefault("OPC_IN_WORKER", "1")
+    mark_worker()
     forbid_cuda("a build process: builders never initialise CUDA")
     try:
         backend, err = spec.make(), ""
@@ -457,51 +458,3 @@ def _with_build(res: MeasureResult, b: BuildResult) -> MeasureResult:
     from dataclasses import replace
     keep = {k: b.info[k] for k in ("cuda_compiler", "registers_per_thread", "spill_bytes") if k in b.info}
     return replace(res, metrics={**keep, **res.metrics}, elapsed=res.elapsed + b.elapsed)
-
-
-# ------------------------------------------------------------------ test doubles (CPU-only tests)
-
-class _FakeRunner:
-    """A runner for tests on machines without a GPU: "times" a built file by its config. Config
-    `{"poison": "exit"}` kills the process (a kernel that takes the runner down), `"cuda"` raises a
-    CUDA error that poisons the context, `"hang"` sleeps past any timeout."""
-
-    def __init__(self, spec: RunnerSpec):
-        self.spec = spec
-
-    def run(self, task: RunTask) -> tuple[MeasureResult, bool]:
-        poison = task.config.get("poison")
-        if poison == "exit":
-            os._exit(7)
-        if poison == "hang":
-            time.sleep(3600)
-        if poison == "cuda":
-            e = RuntimeError("CUDA: an illegal memory access was encountered")
-            return MeasureResult(status="crash", error=f"run: {_one_line(e)}"), is_cuda_error(e)
-        if not os.path.isfile(task.path) or os.path.getsize(task.path) == 0:
-            return MeasureResult(status="crash", error=f"no library at {task.path}"), False
-        secs = 1e-3 * (1 + sum(v for v in task.config.values() if isinstance(v, (int, float))))
-        return MeasureResult(status="ok", seconds=secs, metrics={"runner_pid": os.getpid(),
-                                                                  "library_bytes": os.path.getsize(task.path)}), False
-
-
-def _fake_runner(spec: RunnerSpec) -> _FakeRunner:
-    return _FakeRunner(spec)
-
-
-class _FakeBuilder:
-    """A backend for tests: "builds" any config instantly (the artifact is the config)."""
-
-    def __init__(self, target: Target):
-        self.target = target
-
-    def build(self, wl: Workload, config: Mapping[str, Any]) -> Any:
-        from ..backend import Kernel
-        if config.get("poison") == "invalid":
-            raise OpcError("this config is invalid")
-        return Kernel(workload=wl, target=self.target, template="fake", template_version=1, config=dict(config),
-                      artifact=dict(config), info={"cuda_compiler": "none"})
-
-
-def _fake_builder(target: Target) -> _FakeBuilder:
-    return _FakeBuilder(target)

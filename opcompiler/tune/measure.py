@@ -17,17 +17,15 @@ A simulator target with an RPC spec goes to the servers a TVM tracker has under 
 from __future__ import annotations
 
 import os
-import sys
 import time
 import traceback
 from dataclasses import replace
 from multiprocessing.connection import Connection, wait
-from pathlib import Path
 from typing import Any, Callable, Mapping, Sequence
 
 from ..backend import Backend, capabilities
 from ..errors import OpcError
-from ..target import Target
+from ..settings import mark_worker, worker_threads
 from ..workload import Workload
 from .process import _KEEP_METRICS, BackendSpec, Child, MeasureResult, _clean_sys_path, _context, _one_line, tasks
 
@@ -83,28 +81,12 @@ def check_result(backend: Backend, kernel: Any, wl: Workload, seed: int = 0) -> 
     return ok, err, "" if ok else f"wrong result: max abs error {err:.3g} beyond tolerance"
 
 
-def _probe_path(target: Target) -> Backend:
-    """A `BackendSpec.factory` for tests: a backend whose every build fails with "clean" when the
-    worker's `sys.path` holds neither '' nor the current directory and its opcompiler was not
-    imported from the current directory; else with what is wrong."""
-    package = Path(__file__).resolve().parents[1]  # the opcompiler this worker imported
-    cwd = Path.cwd().resolve()
-    bad = [p for p in sys.path if p in ("", ".") or Path(p).resolve() == cwd]
-    if package.is_relative_to(cwd):
-        bad.append(f"opcompiler from {package}")
-
-    class Probe:
-        def build(self, wl: Workload, config: Any) -> Any:
-            raise RuntimeError("clean" if not bad else f"not clean: {bad}")
-    return Probe()  # type: ignore[return-value]
-
-
 def _worker_main(conn: Connection, spec: BackendSpec) -> None:
     """Worker loop: receive (wl, config, verify, seed), send back a MeasureResult."""
     _clean_sys_path()
-    os.environ.setdefault("OPC_IN_WORKER", "1")
+    mark_worker()
     if spec.threads:  # share the cores among workers instead of oversubscribing them
-        os.environ["TVM_NUM_THREADS"] = os.environ["OMP_NUM_THREADS"] = str(spec.threads)
+        worker_threads(spec.threads)
     try:
         backend = spec.make()
     except BaseException as e:  # tell the parent once, then every task fails the same way

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import copyreg
 import multiprocessing as mp
-import os
 import sys
 import threading
 from dataclasses import dataclass, field
@@ -17,6 +16,7 @@ from types import MappingProxyType
 from typing import Any, Sequence
 
 from ..backend import Backend, get_backend
+from ..settings import environ
 from ..target import Target
 
 
@@ -123,16 +123,8 @@ class Child:
         self.conn, child = ctx.Pipe()
         self.proc = ctx.Process(target=main, args=(child, spec), daemon=True, name=name)
         if safe_path:
-            with _ENV_LOCK:
-                old = os.environ.get("PYTHONSAFEPATH")
-                os.environ["PYTHONSAFEPATH"] = "1"
-                try:
-                    self.proc.start()
-                finally:
-                    if old is None:
-                        del os.environ["PYTHONSAFEPATH"]
-                    else:
-                        os.environ["PYTHONSAFEPATH"] = old
+            with _ENV_LOCK, environ(PYTHONSAFEPATH="1"):
+                self.proc.start()
         else:
             self.proc.start()
         child.close()
@@ -152,13 +144,5 @@ def _start_forkserver_clean() -> None:
     would then shadow the installed package in every worker. PYTHONSAFEPATH=1 (Python >= 3.11)
     drops it, and the workers forked from the server (and their own subprocesses) inherit that."""
     from multiprocessing import forkserver
-    with _ENV_LOCK:
-        old = os.environ.get("PYTHONSAFEPATH")
-        os.environ["PYTHONSAFEPATH"] = "1"
-        try:
-            forkserver.ensure_running()
-        finally:
-            if old is None:
-                del os.environ["PYTHONSAFEPATH"]
-            else:
-                os.environ["PYTHONSAFEPATH"] = old
+    with _ENV_LOCK, environ(PYTHONSAFEPATH="1"):
+        forkserver.ensure_running()

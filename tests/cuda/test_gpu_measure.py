@@ -2,7 +2,7 @@
 CUDA, one runner process started with `spawn`, and a runner that crashes, hangs or reports a CUDA
 fault is replaced while tuning goes on.
 
-The runner here is a test double (`gpu_runner._FakeRunner`, chosen through `RunnerSpec.factory`
+The runner here is a test double (`gpu_fakes.FakeRunner`, chosen through `RunnerSpec.factory`
 like any runner) that "times" the library the builder wrote and misbehaves on poisoned configs;
 the process machinery around it, spawning, pipes, deadlines, restarts, is the real one. The
 builds in `test_builders_never_initialise_cuda` are real (TVM + nvcc) in real build processes.
@@ -20,10 +20,12 @@ from opcompiler.target import load_target
 from opcompiler.tune.gpu_runner import GpuMeasurer, RunnerSpec
 from opcompiler.tune.measure import BackendSpec, Measurer
 
+from . import gpu_fakes
+
 SM80 = load_target("cuda-sm80")
 WL = workload("matmul", "m=32,k=64,n=48", dtype="float16")
-FAKE_RUNNER = RunnerSpec(target=SM80, factory="opcompiler.tune.gpu_runner:_fake_runner")
-FAKE_BUILDER = BackendSpec(target=SM80, factory="opcompiler.tune.gpu_runner:_fake_builder")
+FAKE_RUNNER = RunnerSpec(target=SM80, factory=gpu_fakes.RUNNER_FACTORY)
+FAKE_BUILDER = BackendSpec(target=SM80, factory=gpu_fakes.BUILDER_FACTORY)
 
 
 def test_a_local_gpu_target_takes_the_builder_runner_path():

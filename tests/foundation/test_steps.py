@@ -20,7 +20,7 @@ ARGS = {"clip": ":-0.5:0.75", "affine": ":0.5:0.25", "pow": ":0.5"}
 @pytest.mark.parametrize("step", sorted(STEPS))
 def test_every_step_runs_as_a_chain_on_cpu(step):
     """The step's TE definition (the compute) against its numpy one (the reference)."""
-    chain = ("clip:0.5:2;" if step == "pow" else "") + step + ARGS.get(step, "")  # pow: x > 0
+    chain = ("clip:0.5:2;" if step in ("pow", "ln") else "") + step + ARGS.get(step, "")  # pow, ln: x > 0
     rep = run_op("ew_chain", "cpu", shape={"n": 1, "c": 5, "h": 3, "w": 4, "chain": chain}, dtype="float32")
     assert rep["correct"], rep
 

@@ -36,7 +36,7 @@ def test_both_backends_are_thin_sim_backends(name):
     assert isinstance(be, SimBackend)
     own = {k for k, v in vars(type(be)).items() if callable(v) and not k.startswith("__")}
     assert {"build", "run", "measure", "_result"}.isdisjoint(own)  # the shell's, not the machine's
-    assert own <= {"load_machine", "offchip_level", "lower", "timing", "functional", "profile", "report_keys"}
+    assert own <= {"load_machine", "offchip_level", "lower", "dry_run", "timing", "functional", "profile", "report_keys"}
 
 
 @pytest.mark.parametrize("name,op,shape,dtype", [("ascend-sim", "matmul", "m=64,k=128,n=96", "float16"),

@@ -22,9 +22,31 @@ SCRIPT = textwrap.dedent("""
         with Measurer(BackendSpec(target=load_target("cpu")), workers=1, timeout=120) as m:
             r = m.measure(wl, [{}], verify=True)[0]
         print("RESULT", r.status, r.verified, r.error)
-        with Measurer(BackendSpec(target=load_target("cpu"), factory="opcompiler.tune.measure:_probe_path"),
+        with Measurer(BackendSpec(target=load_target("cpu"), factory="probe_path:probe_path"),
                       workers=1, timeout=120) as m:
             print("PATH", m.measure(wl, [{}])[0].error)
+""")
+
+# A `BackendSpec.factory` beside the script (its folder is on the workers' `sys.path`, the current
+# directory is not): a backend whose every build fails with "clean" when the worker's `sys.path`
+# holds neither '' nor the current directory and its opcompiler was not imported from the current
+# directory; else with what is wrong.
+PROBE = textwrap.dedent("""
+    import sys
+    from pathlib import Path
+
+    def probe_path(target):
+        import opcompiler
+        package = Path(opcompiler.__file__).resolve().parent  # the opcompiler this worker imported
+        cwd = Path.cwd().resolve()
+        bad = [p for p in sys.path if p in ("", ".") or Path(p).resolve() == cwd]
+        if package.is_relative_to(cwd):
+            bad.append(f"opcompiler from {package}")
+
+        class Probe:
+            def build(self, wl, config):
+                raise RuntimeError("clean" if not bad else f"not clean: {bad}")
+        return Probe()
 """)
 
 
@@ -39,6 +61,7 @@ def test_workers_ignore_a_shadowing_package_in_the_current_directory(tmp_path):
     script = tmp_path / "bin" / "measure_here.py"
     script.parent.mkdir()
     script.write_text(SCRIPT)
+    (script.parent / "probe_path.py").write_text(PROBE)
     out = subprocess.run([sys.executable, str(script)], cwd=shadow.parent, capture_output=True, text=True,
                          timeout=300)
     assert out.returncode == 0, out.stderr[-2000:]

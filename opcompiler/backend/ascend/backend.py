@@ -2,7 +2,8 @@
 
 What the machine adds: its figures (`Machine.from_target`), its lowering (template.apply ->
 Plan; core 0's program is emitted, capacity and alignment enforced: CapacityError names buffer,
-level and bytes, and is what a config `check` rejects reports: `EMISSION_ERRORS`), its executor
+level and bytes), the lowering's capacity dry-run (`lower.fit`: what a config `check` rejects
+reports, without lowering it: `EMISSION_ERRORS`), its executor
 (host-side packing of the inputs into GM layouts, every active core's program executed
 instruction by instruction on simulated memories, output unpacked) timed by its functional
 clock (`scheduler.replay`: `fclock`'s tables), and its timing replay (the pipe scheduler over
@@ -18,7 +19,7 @@ from ...template_base import Config, Template
 from ...workload import Workload
 from ..sim import SimBackend
 from .builder import Plan, Program
-from .lower import lower as lower_scheduled  # a template's Scheduled -> Plan
+from .lower import fit, lower as lower_scheduled  # a template's Scheduled -> Plan
 from .machine import Machine
 from . import fclock, scheduler
 from .scheduler import Timing, schedule
@@ -37,7 +38,7 @@ class AscendSimBackend(SimBackend):
     """The DaVinci AI Core simulator backend (family "ascend")."""
 
     family = "ascend"
-    EMISSION_ERRORS = True  # a rejected config reports the builder's CapacityError (buffer, level, bytes)
+    EMISSION_ERRORS = True  # a rejected config reports the dry-run's CapacityError (buffer, level, bytes)
     REPORTED_CLOCK = "functional"
 
     def load_machine(self, target) -> Machine:
@@ -56,6 +57,9 @@ class AscendSimBackend(SimBackend):
                 "instructions_core0": len(prog.instrs),
                 "buffer_high_water": {k: v for k, v in prog.high_water.items() if v}, **plan.info}
         return Compiled(plan, prog), info
+
+    def dry_run(self, scheduled) -> None:
+        fit(scheduled, self.machine)
 
     def timing(self, kernel) -> Timing:
         return schedule(kernel.artifact.program)

@@ -1,9 +1,11 @@
-"""A TIK-style kernel builder: templates allocate buffers and emit AI Core instructions.
+"""A TIK-style kernel builder: the lowerings allocate buffers and emit AI Core instructions.
 
-Seed 000's Algorithm Y is written against TBE's TIK interface (`data_move`, `matmul`, ...);
-the ascend templates emit their programs the same way through `KernelBuilder`. Allocation
-enforces each level's capacity and alignment (a `CapacityError` names buffer, level, bytes);
-cube operands must be whole 16-aligned fractals; vector instructions are split at 255 repeats.
+Seed 000's Algorithm Y is written against TBE's TIK interface (`data_move`, `matmul`, ...); the
+ascend lowerings (`lower.py` and the modules it picks, from a template's scheduled TIR) emit each
+core's program the same way through `KernelBuilder`, and `lower.fit` dry-runs a config's buffers
+through it. Allocation enforces each level's capacity and alignment (a `CapacityError` names
+buffer, level, bytes); cube operands must be whole 16-aligned fractals; vector instructions are
+split at 255 repeats.
 """
 from __future__ import annotations
 
