@@ -29,7 +29,27 @@ import numpy as np
 
 from ..errors import OpcFailure
 
-__all__ = ["NoRule", "Compiler", "compile_expr", "truncdiv", "truncmod"]
+__all__ = ["NoRule", "Compiler", "compile_expr", "truncdiv", "truncmod", "TIR"]
+
+
+class _TirNodes:
+    """TVM's TIR node classes, for `isinstance` dispatch on the real classes: `TIR.For`,
+    `TIR.SeqStmt`, `TIR.SBlockRealize`, `TIR.TensorLoad` (a buffer load in TVM 0.27), `TIR.Call`,
+    ... Each is looked up once, in `tvm.tirx`, `tvm.s_tir` then `tvm.ir`, on first use: importing
+    the simulators does not import TVM."""
+
+    def __getattr__(self, name: str) -> type:
+        from tvm import ir, s_tir, tirx
+
+        for mod in (tirx, s_tir, ir):
+            cls = getattr(mod, name, None)
+            if isinstance(cls, type):
+                setattr(self, name, cls)  # later uses read the instance attribute directly
+                return cls
+        raise AttributeError(f"no TIR node class {name}")
+
+
+TIR = _TirNodes()
 
 
 class NoRule(OpcFailure):
@@ -53,9 +73,6 @@ def _let(E: dict, k: int, v: Any) -> dict:
     return out
 
 
-_INFIX = {"Add": "+", "Sub": "-", "Mul": "*", "LT": "<", "LE": "<=", "GT": ">", "GE": ">=", "EQ": "==", "NE": "!="}
-_FUNC = {"FloorDiv": "np.floor_divide", "FloorMod": "np.mod", "Min": "np.minimum", "Max": "np.maximum",
-         "And": "np.logical_and", "Or": "np.logical_or"}
 _NAMESPACE = {"np": np, "_tdiv": truncdiv, "_tmod": truncmod, "_let": _let}
 
 
@@ -67,6 +84,29 @@ def _is_float(e) -> bool:
 def _is_int_type(ty) -> bool:
     t = str(ty)
     return t.startswith("int") or t.startswith("uint") or t == "bool"
+
+
+_RULES: dict[type, Callable[[Compiler, Any], str]] = {}  # TIR node class -> its rule (filled on first use:
+# TVM is imported lazily)
+
+
+def _rules() -> dict[type, Callable[[Compiler, Any], str]]:
+    """`Compiler.src`'s rules, keyed by the TVM node class itself (looked up with the node's exact
+    class, one rule per node kind)."""
+    if not _RULES:
+        from tvm import ir, tirx
+
+        infix = {tirx.Add: "+", tirx.Sub: "-", tirx.Mul: "*", tirx.LT: "<", tirx.LE: "<=", tirx.GT: ">",
+                 tirx.GE: ">=", tirx.EQ: "==", tirx.NE: "!="}
+        func = {tirx.FloorDiv: "np.floor_divide", tirx.FloorMod: "np.mod", tirx.Min: "np.minimum",
+                tirx.Max: "np.maximum", tirx.And: "np.logical_and", tirx.Or: "np.logical_or"}
+        _RULES.update({cls: (lambda c, e, op=op: f"({c.src(e.a)} {op} {c.src(e.b)})") for cls, op in infix.items()})
+        _RULES.update({cls: (lambda c, e, f=f: f"{f}({c.src(e.a)}, {c.src(e.b)})") for cls, f in func.items()})
+        _RULES.update({tirx.IntImm: Compiler._int, tirx.FloatImm: Compiler._float, ir.StringImm: Compiler._str,
+                       tirx.Var: Compiler._var, tirx.Div: Compiler._div, tirx.Mod: Compiler._mod,
+                       tirx.Not: Compiler._not, tirx.Select: Compiler._select, tirx.Cast: Compiler._cast,
+                       ir.Call: Compiler._call, tirx.Let: Compiler._let, ir.TensorLoad: Compiler._load})
+    return _RULES
 
 
 class Compiler:
@@ -95,41 +135,56 @@ class Compiler:
         return "(" + " + ".join(f"({self.src(i)})*{s}" for i, s in zip(indices, st)) + ")" if st else "0"
 
     def src(self, e) -> str:
-        name = type(e).__name__
-        if name == "IntImm":
-            return str(int(e.value))
-        if name == "FloatImm" and not self.integer:  # integers only: where floats come from
-            return repr(float(e.value))
-        if name == "StringImm":
-            return repr(e.value)
-        if name == "Var":
-            return f"E[{self._h(e.__chandle__())}]"
-        if name in _INFIX:
-            return f"({self.src(e.a)} {_INFIX[name]} {self.src(e.b)})"
-        if name in _FUNC:
-            return f"{_FUNC[name]}({self.src(e.a)}, {self.src(e.b)})"
-        if name in ("Div", "Mod"):
-            a, b = self.src(e.a), self.src(e.b)
-            if _is_float(e):
-                return f"({a} / {b})" if name == "Div" else f"np.fmod({a}, {b})"
-            return f"{'_tdiv' if name == 'Div' else '_tmod'}({a}, {b})"
-        if name == "Not":
-            return f"np.logical_not({self.src(e.a)})"
-        if name == "Select":
-            return f"np.where({self.src(e.condition)}, {self.src(e.true_value)}, {self.src(e.false_value)})"
-        if name == "Cast" and (not self.integer or _is_int_type(e.ty)):
-            return self.src(e.value)
-        if name == "Call" and hasattr(e.op, "name") and e.op.name.endswith("if_then_else"):
-            a = e.args
-            return f"np.where({self.src(a[0])}, {self.src(a[1])}, {self.src(a[2])})"
-        if name == "Let":
-            value = self.src(e.value)
-            return f"(lambda E: {self.src(e.body)})(_let(E, {self._h(e.var.__chandle__())}, {value}))"
-        if name in ("BufferLoad", "TensorLoad"):
-            x = e.source if hasattr(e, "source") else e.buffer
-            bk = x.__chandle__()
-            return f"L({self._h(bk)}, {self.flat(bk, e.indices)})"
-        raise NoRule(f"tir lowering: no rule for {name} ({e})")
+        rule = (_RULES or _rules()).get(type(e))
+        out = rule(self, e) if rule is not None else None
+        if out is None:
+            raise NoRule(f"tir lowering: no rule for {type(e).__name__} ({e})")
+        return out
+
+    # the rules (None: no rule for this node here)
+    def _int(self, e) -> str:
+        return str(int(e.value))
+
+    def _float(self, e) -> str | None:
+        return None if self.integer else repr(float(e.value))  # integers only: where floats come from
+
+    def _str(self, e) -> str:
+        return repr(e.value)
+
+    def _var(self, e) -> str:
+        return f"E[{self._h(e.__chandle__())}]"
+
+    def _div(self, e) -> str:
+        a, b = self.src(e.a), self.src(e.b)
+        return f"({a} / {b})" if _is_float(e) else f"_tdiv({a}, {b})"
+
+    def _mod(self, e) -> str:
+        a, b = self.src(e.a), self.src(e.b)
+        return f"np.fmod({a}, {b})" if _is_float(e) else f"_tmod({a}, {b})"
+
+    def _not(self, e) -> str:
+        return f"np.logical_not({self.src(e.a)})"
+
+    def _select(self, e) -> str:
+        return f"np.where({self.src(e.condition)}, {self.src(e.true_value)}, {self.src(e.false_value)})"
+
+    def _cast(self, e) -> str | None:
+        return self.src(e.value) if not self.integer or _is_int_type(e.ty) else None
+
+    def _call(self, e) -> str | None:
+        if not (hasattr(e.op, "name") and e.op.name.endswith("if_then_else")):
+            return None
+        a = e.args
+        return f"np.where({self.src(a[0])}, {self.src(a[1])}, {self.src(a[2])})"
+
+    def _let(self, e) -> str:
+        value = self.src(e.value)
+        return f"(lambda E: {self.src(e.body)})(_let(E, {self._h(e.var.__chandle__())}, {value}))"
+
+    def _load(self, e) -> str:
+        x = e.source if hasattr(e, "source") else e.buffer
+        bk = x.__chandle__()
+        return f"L({self._h(bk)}, {self.flat(bk, e.indices)})"
 
     def _function(self, make: Callable[[], str]) -> Callable:
         self._handles = {}

@@ -40,7 +40,7 @@ from typing import Any
 import numpy as np
 
 from ...errors import OpcFailure
-from ...sim.tir_expr import Compiler, NoRule
+from ...sim.tir_expr import TIR, Compiler, NoRule
 from .builder import KernelBuilder, Program, split_even
 from .isa import VOp
 from .machine import Machine
@@ -272,20 +272,23 @@ class _IndexExpr(Compiler):
     `likely(x)` is x); any other node (a float, `Div`, a load, `Select`, ...) is not an index
     here and fails as before. `names` records each variable's name by handle (for the error)."""
 
-    NODES = frozenset(("Var", "IntImm", "Cast", "Add", "Sub", "Mul", "FloorDiv", "FloorMod", "Min", "Max", "LT",
-                       "LE", "GT", "GE", "EQ", "NE", "And", "Or", "Not"))
+    NODES: frozenset[type] = frozenset()  # the TVM node classes an index uses (filled on first use)
 
     def __init__(self):
         super().__init__()
         self.names: dict[int, str] = {}
+        if not _IndexExpr.NODES:
+            _IndexExpr.NODES = frozenset((TIR.Var, TIR.IntImm, TIR.Cast, TIR.Add, TIR.Sub, TIR.Mul, TIR.FloorDiv,
+                                          TIR.FloorMod, TIR.Min, TIR.Max, TIR.LT, TIR.LE, TIR.GT, TIR.GE, TIR.EQ,
+                                          TIR.NE, TIR.And, TIR.Or, TIR.Not))
 
     def src(self, e) -> str:
-        kind = type(e).__name__
-        if kind == "Call" and e.op.name == "tirx.likely":
+        kind = type(e)  # the exact node class
+        if kind is TIR.Call and e.op.name == "tirx.likely":
             return self.src(e.args[0])
         if kind not in self.NODES:
-            raise NoRule(kind)
-        if kind == "Var":
+            raise NoRule(kind.__name__)
+        if kind is TIR.Var:
             self.names[e.__chandle__()] = e.name
         return super().src(e)
 

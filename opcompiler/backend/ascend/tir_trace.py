@@ -45,14 +45,18 @@ class _Opaque(Exception):
 
 
 def _call_name(e) -> str:
-    return e.op.name if type(e).__name__ == "Call" and hasattr(e.op, "name") else ""
+    from tvm import ir
+
+    return e.op.name if isinstance(e, ir.Call) and hasattr(e.op, "name") else ""
 
 
 def _is_event(stmt) -> bool:
-    if type(stmt).__name__ != "Evaluate" or _call_name(stmt.value) != "tirx.tvm_call_packed":
+    from tvm import ir, tirx
+
+    if not isinstance(stmt, tirx.Evaluate) or _call_name(stmt.value) != "tirx.tvm_call_packed":
         return False
     head = stmt.value.args[0]
-    return type(head).__name__ == "StringImm" and head.value == EVENT
+    return isinstance(head, ir.StringImm) and head.value == EVENT
 
 
 _INT = Compiler(integer=True)  # the simulator core's one TIR expression evaluator, integers only
@@ -93,37 +97,42 @@ class _Rows:
 
 
 def _has_event(stmt) -> bool:
-    name = type(stmt).__name__
-    if name == "SeqStmt":
-        return any(_has_event(s) for s in stmt.seq)
-    if name == "IfThenElse":
-        return _has_event(stmt.then_case) or (stmt.else_case is not None and _has_event(stmt.else_case))
-    if name == "Evaluate":
-        return _is_event(stmt)
-    return hasattr(stmt, "body") and _has_event(stmt.body)
+    """Whether an event is issued anywhere under `stmt` (TVM's structural walk, stopped at the
+    first event)."""
+    import tvm_ffi
+    from tvm import tirx
+
+    stop = lambda ev: tvm_ffi.VisitInterrupt(True) if _is_event(ev) else None  # noqa: E731
+    return tvm_ffi.structural_walk(stmt, (tirx.Evaluate, stop), order="pre") is not None
 
 
 _IN_ORDER = (0, 3)  # ForKind.SERIAL, ForKind.UNROLLED: iterations run one after another
-# statements that record nothing themselves (a load of what a store wrote is opaque in `_value`)
-_PLAIN = ("AttrStmt", "DeclBuffer", "AllocBuffer", "Allocate", "AssertStmt", "BufferStore")
+
+
+def _plain() -> tuple[type, ...]:
+    """Statements that record nothing themselves (a load of what a store wrote is opaque in `_value`)."""
+    from tvm import tirx
+
+    return tirx.AttrStmt, tirx.DeclBuffer, tirx.AllocBuffer, tirx.AssertStmt, tirx.BufferStore
 
 
 def _walk(stmt, rows: _Rows, out: list[tuple[list[Any], int, list[Any]]]) -> bool:
     """Every event under `stmt` over `rows`: (row paths, row count, argument values) into `out`.
     A `Bind` defines its variable for the statements after it: it updates `rows.env`. Returns
     whether `stmt` ends in the function's `return` (taken only outside loops and branches)."""
+    from tvm import tirx
+
     if rows.n == 0:
         return False
-    name = type(stmt).__name__
-    if name == "SeqStmt":
+    if isinstance(stmt, tirx.SeqStmt):
         scope = _Rows(rows.n, dict(rows.env), rows.path)
         for i, s in enumerate(stmt.seq):
             if _walk(s, _Rows(rows.n, scope.env, [*rows.path, i]), out):
                 return True
-    elif name == "For":
+    elif isinstance(stmt, tirx.For):
         if int(stmt.kind) not in _IN_ORDER:  # parallel / vector / thread loops: no single order
             raise _Opaque(f"{stmt.kind!r} loop")
-        if stmt.step is not None and not (type(stmt.step).__name__ == "IntImm" and stmt.step.value == 1):
+        if stmt.step is not None and not (isinstance(stmt.step, tirx.IntImm) and stmt.step.value == 1):
             raise _Opaque(f"loop step {stmt.step}")
         lo = _value(stmt.min, rows.env)
         ext = np.broadcast_to(np.maximum(_value(stmt.extent, rows.env), 0), (rows.n,))
@@ -134,36 +143,31 @@ def _walk(stmt, rows: _Rows, out: list[tuple[list[Any], int, list[Any]]]) -> boo
         inner.path.append(it)
         if _walk(stmt.body, inner, out):
             raise _Opaque("return inside a loop")
-    elif name == "IfThenElse":
+    elif isinstance(stmt, tirx.IfThenElse):
         if not _has_event(stmt):
             return False
         cond = np.broadcast_to(np.asarray(_value(stmt.condition, rows.env), bool), (rows.n,))
         if _walk(stmt.then_case, rows.take(np.flatnonzero(cond)), out) or (
                 stmt.else_case is not None and _walk(stmt.else_case, rows.take(np.flatnonzero(~cond)), out)):
             raise _Opaque("return inside a branch")
-    elif name in ("Bind", "LetStmt"):
+    elif isinstance(stmt, tirx.Bind):  # (TVM 0.27's `LetStmt` is this class: no body)
         try:
             v = _value(stmt.value, rows.env)
         except _Opaque:
             v = None  # a handle (the packed API's argument unpacking): an error only where used
-        if name == "Bind":
-            _bind(rows.env, stmt.var, v)
-        else:
-            env = dict(rows.env)
-            _bind(env, stmt.var, v)
-            return _walk(stmt.body, _Rows(rows.n, env, rows.path), out)
-    elif name == "Evaluate":
+        _bind(rows.env, stmt.var, v)
+    elif isinstance(stmt, tirx.Evaluate):
         if _is_event(stmt):
             out.append((rows.path, rows.n, [_value(a, rows.env) for a in stmt.value.args[1:]]))
         elif _call_name(stmt.value):
             raise _Opaque(f"call {_call_name(stmt.value)}")
-    elif name == "Return":
+    elif isinstance(stmt, tirx.Return):
         return True
-    elif name in _PLAIN:
+    elif isinstance(stmt, _plain()):
         if hasattr(stmt, "body"):
             return _walk(stmt.body, _Rows(rows.n, dict(rows.env), rows.path), out)
     else:
-        raise _Opaque(name)
+        raise _Opaque(type(stmt).__name__)
     return False
 
 

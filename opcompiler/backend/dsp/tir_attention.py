@@ -39,6 +39,7 @@ from collections.abc import Callable
 from typing import Any
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 from opcompiler.sim.program import deal
 from opcompiler.sim.tir_expr import Compiler
 
@@ -66,7 +67,7 @@ def events_of(func) -> list[tuple]:
     fns: dict[int, Callable] = {}
 
     def val(e, env: dict) -> int:
-        if type(e).__name__ == "IntImm":
+        if isinstance(e, TIR.IntImm):
             return int(e.value)
         k = e.__chandle__()
         f = fns.get(k)
@@ -77,33 +78,32 @@ def events_of(func) -> list[tuple]:
     out: list[tuple] = []
 
     def walk(st, env: dict) -> None:
-        name = type(st).__name__
-        if name == "For":
+        if isinstance(st, TIR.For):
             lo, n = val(st.min, env), val(st.extent, env)
             k = st.loop_var.__chandle__()
             for i in range(lo, lo + max(n, 0)):
                 env[k] = i
                 walk(st.body, env)
             env.pop(k, None)
-        elif name == "SeqStmt":
+        elif isinstance(st, TIR.SeqStmt):
             for s in st.seq:
                 walk(s, env)
-        elif name == "IfThenElse":
+        elif isinstance(st, TIR.IfThenElse):
             if val(st.condition, env):
                 walk(st.then_case, env)
             elif st.else_case is not None:
                 walk(st.else_case, env)
-        elif name == "Evaluate":
+        elif isinstance(st, TIR.Evaluate):
             c = st.value
             args = getattr(c, "args", ())
-            if not (type(c).__name__ == "Call" and len(args) >= 2 and type(args[0]).__name__ == "StringImm"
-                    and args[0].value == EVENT and type(args[1]).__name__ == "StringImm"):
+            if not (isinstance(c, TIR.Call) and len(args) >= 2 and isinstance(args[0], TIR.StringImm)
+                    and args[0].value == EVENT and isinstance(args[1], TIR.StringImm)):
                 raise OpcFailure(f"attention lowering: an evaluation that is not a stage event: {c}")
             out.append((args[1].value, *(val(a, env) for a in args[2:])))
-        elif name in ("AttrStmt", "LetStmt", "DeclBuffer"):
+        elif isinstance(st, (TIR.AttrStmt, TIR.DeclBuffer)):
             walk(st.body, env)
         else:
-            raise OpcFailure(f"attention lowering: no rule for {name} in the stage-event nest")
+            raise OpcFailure(f"attention lowering: no rule for {type(st).__name__} in the stage-event nest")
 
     walk(func.body, {})
     if len(_EVENTS) >= 256:

@@ -8,7 +8,7 @@ from typing import Any
 import numpy as np
 
 from opcompiler.errors import OpcFailure
-from opcompiler.sim.tir_expr import Compiler
+from opcompiler.sim.tir_expr import TIR, Compiler
 
 
 def _key(v) -> int:
@@ -17,9 +17,9 @@ def _key(v) -> int:
 
 def _bkey(x) -> int:
     """The identity of the buffer a load, store or allocation refers to."""
-    if type(x).__name__ in ("BufferLoad", "TensorLoad"):
+    if isinstance(x, TIR.TensorLoad):
         return _key(x.source if hasattr(x, "source") else x.buffer)
-    if type(x).__name__ == "BufferStore":
+    if isinstance(x, TIR.BufferStore):
         return _key(x.buffer)
     return _key(x)  # in TVM 0.27 a buffer is itself the variable its accesses name
 
@@ -129,25 +129,24 @@ class _Exec:
 
     def run(self, st, E: dict, loops: list | None = None) -> None:
         loops = loops or []
-        name = type(st).__name__
-        if name == "For":
+        if isinstance(st, TIR.For):
             ext = self.low._ev(st.extent, E)
             self.run(st.body, E, loops + [(st.loop_var, ext)])
-        elif name == "SeqStmt":
+        elif isinstance(st, TIR.SeqStmt):
             for x in st.seq:
                 self.run(x, E, loops)
-        elif name == "SBlockRealize":
+        elif isinstance(st, TIR.SBlockRealize):
             for b in st.block.alloc_buffers:
                 outer = [(v, e) for v, e in loops]
                 n = int(np.prod([e for _, e in outer])) if outer else 1
                 self.reg[_bkey(b)] = (np.full(n * self.low.space[_bkey(b)][1], np.nan, np.float32), outer)
             self._masked(st.block.body, E, loops, st.predicate)
-        elif name == "BufferStore":
+        elif isinstance(st, TIR.BufferStore):
             self._store(st, E, loops, None)
-        elif name == "IfThenElse":
+        elif isinstance(st, TIR.IfThenElse):
             self._masked(st.then_case, E, loops, st.condition)
         else:
-            raise OpcFailure(f"tir lowering: unexpected {name} in a micro-kernel")
+            raise OpcFailure(f"tir lowering: unexpected {type(st).__name__} in a micro-kernel")
 
     def _masked(self, st, E, loops, cond) -> None:
         E2 = dict(E)
@@ -155,7 +154,7 @@ class _Exec:
         if cond is not None:
             masks.append(cond)
         E2["_masks"] = tuple(masks)
-        if type(st).__name__ == "BufferStore":
+        if isinstance(st, TIR.BufferStore):
             self._store(st, E2, loops, None)
         else:
             self.run(st, E2, loops)
@@ -185,15 +184,15 @@ class _Exec:
         k = _key(st)
         if k not in low._cache:
             val = st.value
-            red = (type(val).__name__ == "Add" and type(val.a).__name__ in ("BufferLoad", "TensorLoad")
+            red = (isinstance(val, TIR.Add) and isinstance(val.a, TIR.TensorLoad)
                    and _bkey(val.a) == _bkey(st))
             expr = val.b if red else val
             factors = None
             if red:
                 e = expr
-                while type(e).__name__ == "Cast":
+                while isinstance(e, TIR.Cast):
                     e = e.value
-                if type(e).__name__ == "Mul":
+                if isinstance(e, TIR.Mul):
                     factors = (c.fn(e.a), c.fn(e.b))
             low._cache[k] = (red, c.fn(expr), c.flat_fn(_bkey(st), st.indices), factors)
         red, fval, fidx, factors = low._cache[k]
@@ -255,14 +254,22 @@ def _valid(pred, g, shape) -> np.ndarray:
 
 def _vars(e, acc: set[int], indices: bool = True) -> set[int]:
     """The loop / let variables (by handle) an expression mentions, load indices included unless
-    `indices` is False."""
-    name = type(e).__name__
-    if name == "Var":
-        acc.add(_key(e))
-    for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
-        if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
-            _vars(getattr(e, attr), acc, indices)
-    for attr in ("args", "indices") if indices else ("args",):
-        for x in getattr(e, attr, ()):
-            _vars(x, acc, indices)
+    `indices` is False (TVM's structural visitor; a `Let` contributes its value only). On a
+    store: its value's and its indices' variables."""
+    import tvm_ffi
+
+    def var(v, _) -> None:
+        acc.add(_key(v))
+
+    def load(ld, visitor) -> None:  # its indices, not the buffer it reads
+        if indices:
+            for x in ld.indices:
+                visitor.visit(x)
+
+    def store(st, visitor) -> None:  # its value and indices, not the buffer it writes
+        visitor.visit(st.value)
+        load(st, visitor)
+
+    tvm_ffi.structural_visit(e, [(TIR.Var, var), (TIR.TensorLoad, load), (TIR.BufferStore, store),
+                                 (TIR.Let, lambda let, visitor: visitor.visit(let.value))])
     return acc

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from . import vector as vx
 from .machine import DspMachine
@@ -52,11 +53,11 @@ X_REGS = 4  # tap loads in flight (register names rotate)
 
 def _nest_pred(st):
     """The block predicate of a copy nest (loops over one block), None when it is true."""
-    while type(st).__name__ == "For":
+    while isinstance(st, TIR.For):
         st = st.body
-    if type(st).__name__ == "SBlockRealize":
+    if isinstance(st, TIR.SBlockRealize):
         p = st.predicate
-        return None if type(p).__name__ == "IntImm" and int(p.value) else p
+        return None if isinstance(p, TIR.IntImm) and int(p.value) else p
     return None
 
 
@@ -73,17 +74,16 @@ class GConvLowerer(VecLowerer):
         super().__init__(m, func, ddr_names, ddr_shapes, dbuf, functional, tile_tags=True)
 
         def visit(st, inside: bool) -> None:  # the AM tiles a gconv nest stores are stage outputs
-            name = type(st).__name__
-            if name == "For":
+            if isinstance(st, TIR.For):
                 visit(st.body, inside or st.annotations.get("opc.dsp.op") == GCONV)
-            elif name == "SBlockRealize":
+            elif isinstance(st, TIR.SBlockRealize):
                 visit(st.block.body, inside)
-            elif name == "SeqStmt":
+            elif isinstance(st, TIR.SeqStmt):
                 for x in st.seq:
                     visit(x, inside)
-            elif name == "IfThenElse":
+            elif isinstance(st, TIR.IfThenElse):
                 visit(st.then_case, inside)
-            elif name == "BufferStore" and inside and self.space.get(_bkey(st), ("",))[0] == "AM":
+            elif isinstance(st, TIR.BufferStore) and inside and self.space.get(_bkey(st), ("",))[0] == "AM":
                 self._vec_outs.add(_bkey(st))
         visit(func.body, False)
 
@@ -99,7 +99,7 @@ class GConvLowerer(VecLowerer):
                 # two groups' planes): as many as its largest extent over the loops around it
                 e0 = loops[0].extent
                 vs = sorted(_vars(e0, set()))
-                if type(e0).__name__ != "IntImm" and vs and all(v in self._ext for v in vs):
+                if not isinstance(e0, TIR.IntImm) and vs and all(v in self._ext for v in vs):
                     g = _Zero({v: np.arange(self._ext[v][0], self._ext[v][0] + self._ext[v][1]).reshape(
                         [-1 if i == d else 1 for i in range(len(vs))]) for d, v in enumerate(vs)})
                     n0 = int(np.max(self.comp.fn(e0)(g, None)))
@@ -111,7 +111,7 @@ class GConvLowerer(VecLowerer):
             load = store.value
             if not _isload(load) or _bkey(load) != bk or len(load.indices) != len(shape):
                 continue
-            if any(type(lp.extent).__name__ != "IntImm" for lp in loops):
+            if any(not isinstance(lp.extent, TIR.IntImm) for lp in loops):
                 return shape, strides
             g = _Zero({_key(lp.loop_var): np.arange(int(lp.extent)).reshape(
                 [-1 if i == d else 1 for i in range(len(loops))]) for d, lp in enumerate(loops)})
@@ -123,7 +123,7 @@ class GConvLowerer(VecLowerer):
         return shape, strides
 
     def _walk(self, st, E: dict, stage: list | None = None) -> None:
-        if type(st).__name__ == "For" and st.annotations.get("opc.dsp.op") == GCONV:
+        if isinstance(st, TIR.For) and st.annotations.get("opc.dsp.op") == GCONV:
             return self._gconv(st, E, stage)
         return super()._walk(st, E, stage)
 
@@ -136,48 +136,46 @@ class GConvLowerer(VecLowerer):
         if k in self._cache:
             return self._cache[k]
         outer, s = [], st
-        while type(s).__name__ == "For":
+        while isinstance(s, TIR.For):
             outer.append(s)
             s = s.body
         if len(outer) != 4:
             raise self._fail(st, "expected 4 loops (group, channel, row block, column vector)")
-        while type(s).__name__ == "SBlockRealize":
+        while isinstance(s, TIR.SBlockRealize):
             s = s.block.body
-        parts = list(s.seq) if type(s).__name__ == "SeqStmt" else [s]
+        parts = list(s.seq) if isinstance(s, TIR.SeqStmt) else [s]
         nests = []
         for p in parts:  # each: loops -> one block -> its stores
             loops, q, pred, name = [], p, None, None
             while True:
-                n = type(q).__name__
-                if n == "For":
+                if isinstance(q, TIR.For):
                     loops.append(q)
                     q = q.body
-                elif n == "SBlockRealize":
+                elif isinstance(q, TIR.SBlockRealize):
                     pred, name = q.predicate, q.block.name_hint
                     q = q.block.body
                     break
                 else:
-                    raise self._fail(st, f"each statement must be loops over one block, found {n}")
+                    raise self._fail(st, f"each statement must be loops over one block, found {type(q).__name__}")
             stores: list = []
 
             def collect(x) -> None:
-                n2 = type(x).__name__
-                if n2 == "BufferStore":
+                if isinstance(x, TIR.BufferStore):
                     stores.append(x)
-                elif n2 == "SeqStmt":
+                elif isinstance(x, TIR.SeqStmt):
                     for y in x.seq:
                         collect(y)
-                elif n2 == "IfThenElse":
+                elif isinstance(x, TIR.IfThenElse):
                     collect(x.then_case)
                 else:
-                    raise self._fail(st, f"block {name}: unexpected {n2}")
+                    raise self._fail(st, f"block {name}: unexpected {type(x).__name__}")
             collect(q)
             nests.append((name, loops, pred, stores))
         # the reduction: acc = acc + x * w
         name, loops, pred, stores = nests[0]
         upd = stores[-1]
         v = upd.value
-        if not (type(v).__name__ == "Add" and type(v.b).__name__ == "Mul" and _isload(v.a)
+        if not (isinstance(v, TIR.Add) and isinstance(v.b, TIR.Mul) and _isload(v.a)
                 and _bkey(v.a) == _bkey(upd) and _isload(v.b.a) and _isload(v.b.b)):
             raise self._fail(st, f"the first block ({name}) must accumulate a product of two loads")
         if self._sp(_bkey(upd))[0] != "REG":
@@ -247,23 +245,22 @@ class GConvLowerer(VecLowerer):
                 raise self._fail(st, f"an epilogue operand must be a constant or an SM scalar: {x}")
             S.params.append((_bkey(x), self.comp.flat_fn(_bkey(x), x.indices), x))
             return ("p", len(S.params) - 1)
-        name = type(e).__name__
-        if name == "Cast":
+        if isinstance(e, TIR.Cast):
             return self._select(st, e.value, prev, S)
-        ops = {"Add": "vadd", "Mul": "vmul", "Max": "vmax", "Min": "vmin"}
-        if name == "Add" and type(e.a).__name__ == "Mul" or name == "Add" and type(e.b).__name__ == "Mul":
-            m, c = (e.a, e.b) if type(e.a).__name__ == "Mul" else (e.b, e.a)
+        ops = {TIR.Add: "vadd", TIR.Mul: "vmul", TIR.Max: "vmax", TIR.Min: "vmin"}
+        if isinstance(e, TIR.Add) and isinstance(e.a, TIR.Mul) or isinstance(e, TIR.Add) and isinstance(e.b, TIR.Mul):
+            m, c = (e.a, e.b) if isinstance(e.a, TIR.Mul) else (e.b, e.a)
             a, s = (m.a, m.b) if not (_isload(m.b) and _bkey(m.b) == prev) else (m.b, m.a)
-            if not (_isload(a) and _bkey(a) == prev) and type(a).__name__ not in ops:
+            if not (_isload(a) and _bkey(a) == prev) and type(a) not in ops:
                 raise self._fail(st, f"no vector instruction for {e}")
             code = self._select(st, a, prev, S)
             return code + [("vfma", param(s), param(c))]
-        if name in ops:
+        if type(e) in ops:
             a, b = e.a, e.b
             if _Select.const(a) is not None or (_isload(a) and self._sp(_bkey(a))[0] == "SM"):
                 a, b = b, a
-            return self._select(st, a, prev, S) + [(ops[name], param(b))]
-        raise self._fail(st, f"no vector instruction for {name} ({e})")
+            return self._select(st, a, prev, S) + [(ops[type(e)], param(b))]
+        raise self._fail(st, f"no vector instruction for {type(e).__name__} ({e})")
 
     # ---- addresses ---------------------------------------------------------------------------
     def _mem(self, st, acc: tuple, lvl: str, slot: int, at: dict, loops: list, lane, check: tuple | None):

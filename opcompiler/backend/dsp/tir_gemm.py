@@ -39,6 +39,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from . import vector as vx
 from .program import Allocator, Op, compress
@@ -106,8 +107,7 @@ class GemmLowerer(Lowerer):
         stores: dict[str, object] = {}
 
         def visit(st) -> None:
-            name = type(st).__name__
-            if name == "For":
+            if isinstance(st, TIR.For):
                 ann = st.annotations
                 for k in ("opc.dsp.blocks", "opc.dsp.kblock", "opc.dsp.stage"):
                     if k in ann:
@@ -121,17 +121,17 @@ class GemmLowerer(Lowerer):
                 if op == "mk_gemm":
                     self.loops["mk"] = st
                 visit(st.body)
-            elif name == "SBlockRealize":
+            elif isinstance(st, TIR.SBlockRealize):
                 blk = st.block
                 for b in blk.alloc_buffers:
                     self.allocs[_bkey(b)] = b
                 if blk.name_hint in EPI_BLOCKS or blk.name_hint == "matmul":
                     stores[blk.name_hint] = (st, blk.body)
                 visit(blk.body)
-            elif name == "SeqStmt":
+            elif isinstance(st, TIR.SeqStmt):
                 for x in st.seq:
                     visit(x)
-            elif name == "IfThenElse":
+            elif isinstance(st, TIR.IfThenElse):
                 visit(st.then_case)
         visit(self.func.body)
         for k in ("blocks", "kblock", "stage", "mk"):
@@ -205,9 +205,9 @@ class GemmLowerer(Lowerer):
 
     def _store(self, body):
         """The last store of a block body (after the init `if` the lowering put first)."""
-        while type(body).__name__ == "SeqStmt":
+        while isinstance(body, TIR.SeqStmt):
             body = body.seq[-1]
-        if type(body).__name__ != "BufferStore":
+        if not isinstance(body, TIR.BufferStore):
             raise OpcFailure(f"tir lowering: expected a store in the GEMM block, found {type(body).__name__}")
         return body
 
@@ -232,7 +232,7 @@ class GemmLowerer(Lowerer):
         if k not in self._cache:
             loops, pred, store = self._nest(lp)
             load = store.value
-            if type(load).__name__ not in ("BufferLoad", "TensorLoad"):
+            if not isinstance(load, TIR.TensorLoad):
                 raise OpcFailure(f"tir lowering: a GEMM copy must copy a buffer, found {load}")
             c = self.comp
             self._cache[k] = (loops, c.fn(pred), c.flat_fn(_bkey(store), store.indices),
@@ -379,8 +379,7 @@ class GemmLowerer(Lowerer):
         loads = {}
 
         def find(e) -> None:
-            name = type(e).__name__
-            if name in ("BufferLoad", "TensorLoad"):
+            if isinstance(e, TIR.TensorLoad):
                 loads[self.role.get(_bkey(e))] = e
                 return
             for attr in ("a", "b"):
@@ -389,10 +388,10 @@ class GemmLowerer(Lowerer):
         find(store.value)
         if "a" not in loads or "b" not in loads:
             raise OpcFailure("tir lowering: the GEMM block must multiply the A stage by the B tile")
-        init = body.seq[0] if type(body).__name__ == "SeqStmt" else None
+        init = body.seq[0] if isinstance(body, TIR.SeqStmt) else None
         c = self.comp
         info = {"rb": rb_var, "ax": ax, "pred": c.fn(realize.predicate),
-                "init": c.fn(init.condition) if init is not None and type(init).__name__ == "IfThenElse" else None,
+                "init": c.fn(init.condition) if init is not None and isinstance(init, TIR.IfThenElse) else None,
                 "fa": c.flat_fn(_bkey(loads["a"]), loads["a"].indices),
                 "fb": c.flat_fn(_bkey(loads["b"]), loads["b"].indices),
                 "fc": c.flat_fn(_bkey(store), store.indices), "acc": _bkey(store), "ab": _bkey(loads["a"]),
@@ -400,7 +399,7 @@ class GemmLowerer(Lowerer):
         if "bias" in info["epi"]:
             _, (erz, ebody) = next(x for x in self.epi_blocks if x[0] == "matmul_bias")
             est = self._store(ebody)
-            bl = [x for x in (est.value.a, est.value.b) if type(x).__name__ in ("BufferLoad", "TensorLoad")
+            bl = [x for x in (est.value.a, est.value.b) if isinstance(x, TIR.TensorLoad)
                   and self.role.get(_bkey(x)) == "bias"]
             if not bl:
                 raise OpcFailure("tir lowering: the bias epilogue must read the bias tile")
@@ -417,15 +416,14 @@ class GemmLowerer(Lowerer):
         found = []
 
         def visit(st, loops) -> bool:
-            name = type(st).__name__
-            if name == "For":
+            if isinstance(st, TIR.For):
                 return visit(st.body, loops + [st])
-            if name == "SBlockRealize":
+            if isinstance(st, TIR.SBlockRealize):
                 if st.same_as(realize):
                     found.extend(loops)
                     return True
                 return visit(st.block.body, loops)
-            if name == "SeqStmt":
+            if isinstance(st, TIR.SeqStmt):
                 return any(visit(x, loops) for x in st.seq)
             return False
         visit(self.loops["blocks"].body, [])

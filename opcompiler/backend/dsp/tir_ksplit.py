@@ -24,6 +24,7 @@ from collections.abc import Mapping
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from .core import EPI_REGS, mk_ew, mk_out
 from .program import Op
@@ -67,14 +68,13 @@ def balance_parts(func, k: int, cores: int):
 
 def _cores_var(st):
     """The loop variable of the loop over the K parts (annotated opc.dsp.cores)."""
-    name = type(st).__name__
-    if name == "For":
+    if isinstance(st, TIR.For):
         if "opc.dsp.cores" in st.annotations:
             return st.loop_var
         return _cores_var(st.body)
-    if name == "SBlockRealize":
+    if isinstance(st, TIR.SBlockRealize):
         return _cores_var(st.block.body)
-    if name == "SeqStmt":
+    if isinstance(st, TIR.SeqStmt):
         for x in st.seq:
             v = _cores_var(x)
             if v is not None:
@@ -96,8 +96,7 @@ class KsplitLowerer(Lowerer):
     def _scan_roles(self, st) -> None:
         """AM tiles: "p" the partial tile (copied to GSM), "r" the partials read back, "o" the
         output tile (copied to DDR), "w" the rest (weight slice, epilogue vectors)."""
-        name = type(st).__name__
-        if name == "For":
+        if isinstance(st, TIR.For):
             if st.annotations.get("opc.dsp.op") in ("dma",):
                 _, _, store = self._nest(st)
                 val = store.value
@@ -109,9 +108,9 @@ class KsplitLowerer(Lowerer):
                 elif src[0] == "AM" and dst[0] == "DDR":
                     self.roles[_bkey(val)] = "o"
             self._scan_roles(st.body)
-        elif name == "SBlockRealize":
+        elif isinstance(st, TIR.SBlockRealize):
             self._scan_roles(st.block.body)
-        elif name == "SeqStmt":
+        elif isinstance(st, TIR.SeqStmt):
             for x in st.seq:
                 self._scan_roles(x)
 
@@ -145,7 +144,7 @@ class KsplitLowerer(Lowerer):
         return self.ops
 
     def _walk(self, st, E: dict, stage: list | None = None) -> None:
-        if type(st).__name__ != "For":
+        if not isinstance(st, TIR.For):
             return super()._walk(st, E, stage)
         ann = st.annotations
         if "opc.dsp.rr" in ann:
@@ -163,12 +162,12 @@ class KsplitLowerer(Lowerer):
         for i in range(lo, lo + ext):
             E2 = {**E, _key(st.loop_var): i}
             body = st.body
-            if type(body).__name__ == "SBlockRealize":
+            if isinstance(body, TIR.SBlockRealize):
                 if not self._ev(body.predicate, E2):
                     continue
                 body = body.block.body
-            seq = list(body.seq) if type(body).__name__ == "SeqStmt" else [body]
-            if type(seq[0]).__name__ != "For" or "opc.dsp.cores" not in seq[0].annotations:
+            seq = list(body.seq) if isinstance(body, TIR.SeqStmt) else [body]
+            if not isinstance(seq[0], TIR.For) or "opc.dsp.cores" not in seq[0].annotations:
                 raise OpcFailure("tir lowering: an opc.dsp.rr block must begin with the loop over the cores")
             self._walk(seq[0], E2)
             self.ops.append(Op("barrier", "sync", label="partials in GSM"))

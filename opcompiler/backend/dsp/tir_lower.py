@@ -29,6 +29,7 @@ from typing import Any
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from . import vector as vx
 from .core import EPI_REGS, mk_ew, mk_out, mk_ws
@@ -43,13 +44,12 @@ def blocks_in(st, loops: tuple = ()):
     """Every block realize under `st` in program order, each with the For loops around it (`st`
     itself included when it is one): the walk the nest lowerings share (For bodies, block bodies
     and SeqStmt items are entered; nothing else)."""
-    name = type(st).__name__
-    if name == "For":
+    if isinstance(st, TIR.For):
         yield from blocks_in(st.body, loops + (st,))
-    elif name == "SBlockRealize":
+    elif isinstance(st, TIR.SBlockRealize):
         yield st, loops
         yield from blocks_in(st.block.body, loops)
-    elif name == "SeqStmt":
+    elif isinstance(st, TIR.SeqStmt):
         for x in st.seq:
             yield from blocks_in(x, loops)
 
@@ -128,23 +128,22 @@ class Lowerer:
         stage_in: list[tuple[int, int]] = []  # (destination, source) of the copies inside a stage
 
         def visit(st, in_stage: bool) -> None:
-            name = type(st).__name__
-            if name == "SBlockRealize":
+            if isinstance(st, TIR.SBlockRealize):
                 for b in st.block.alloc_buffers:
                     found.append((b, in_stage))
                 visit(st.block.body, in_stage)
-            elif name == "For":
+            elif isinstance(st, TIR.For):
                 self.has_shared |= st.annotations.get("opc.dsp.op") == "dma_shared"
                 if in_stage and st.annotations.get("opc.dsp.op") == "dma":
                     _, _, store = self._nest(st)
                     val = store.value
-                    if type(val).__name__ in ("BufferLoad", "TensorLoad"):
+                    if isinstance(val, TIR.TensorLoad):
                         stage_in.append((_bkey(store), _bkey(val)))
                 visit(st.body, in_stage or "opc.dsp.stage" in st.annotations)
-            elif name == "SeqStmt":
+            elif isinstance(st, TIR.SeqStmt):
                 for x in st.seq:
                     visit(x, in_stage)
-            elif name == "IfThenElse":
+            elif isinstance(st, TIR.IfThenElse):
                 visit(st.then_case, in_stage)
         visit(self.func.body, False)
         for b, in_stage in found:
@@ -210,14 +209,13 @@ class Lowerer:
 
     def _split_extent(self, st) -> int | None:
         """Extent of the loop split across the cores (a constant in these schedules)."""
-        name = type(st).__name__
-        if name == "For":
+        if isinstance(st, TIR.For):
             if "opc.dsp.cores" in st.annotations:
                 return int(st.extent)
             return self._split_extent(st.body)
-        if name == "SBlockRealize":
+        if isinstance(st, TIR.SBlockRealize):
             return self._split_extent(st.block.body)
-        if name == "SeqStmt":
+        if isinstance(st, TIR.SeqStmt):
             for x in st.seq:
                 n = self._split_extent(x)
                 if n is not None:
@@ -244,14 +242,13 @@ class Lowerer:
         return ext, tuple(e for _, e in ext), _grid(ext, E)
 
     def _walk(self, st, E: dict, stage: list | None = None) -> None:
-        name = type(st).__name__
-        if name == "SBlockRealize":
+        if isinstance(st, TIR.SBlockRealize):
             if self._ev(st.predicate, E):
                 self._walk(st.block.body, E, stage)
-        elif name == "SeqStmt":
+        elif isinstance(st, TIR.SeqStmt):
             for x in st.seq:
                 self._walk(x, E, stage)
-        elif name == "For":
+        elif isinstance(st, TIR.For):
             ann = st.annotations
             lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
             if ann.get("opc.dsp.op") == "dma":
@@ -287,13 +284,13 @@ class Lowerer:
                     self.pending.append(tuple(stg))
                 else:
                     self._walk(st.body, E2, stage)
-        elif name == "IfThenElse":
+        elif isinstance(st, TIR.IfThenElse):
             if self._ev(st.condition, E):
                 self._walk(st.then_case, E, stage)
             elif st.else_case is not None:
                 self._walk(st.else_case, E, stage)
         else:
-            raise OpcFailure(f"tir lowering: unexpected {name} outside an annotated nest")
+            raise OpcFailure(f"tir lowering: unexpected {type(st).__name__} outside an annotated nest")
 
     # ---- timing mode: stages keyed by their shape -------------------------------------------
     def _stages_timed(self, st, E: dict, rng: range) -> None:
@@ -336,23 +333,22 @@ class Lowerer:
             shaping: list = []
 
             def visit(x) -> None:
-                name = type(x).__name__
-                if name == "For":
+                if isinstance(x, TIR.For):
                     inner.add(_key(x.loop_var))
                     shaping.extend((x.min, x.extent))
                     visit(x.body)
-                elif name == "SBlockRealize":
+                elif isinstance(x, TIR.SBlockRealize):
                     shaping.append(x.predicate)
                     visit(x.block.body)
-                elif name == "SeqStmt":
+                elif isinstance(x, TIR.SeqStmt):
                     for y in x.seq:
                         visit(y)
-                elif name == "IfThenElse":
+                elif isinstance(x, TIR.IfThenElse):
                     shaping.append(x.condition)
                     visit(x.then_case)
                     if x.else_case is not None:
                         visit(x.else_case)
-                elif name == "BufferStore":
+                elif isinstance(x, TIR.BufferStore):
                     shaping.append(x.value)  # if_then_else padding tests (indices only move addresses)
             visit(st.body)
             terms: dict[str, Any] = {}
@@ -383,17 +379,16 @@ class Lowerer:
         """(loops, predicate, store) of a perfect copy nest."""
         loops, pred = [], None
         while True:
-            name = type(st).__name__
-            if name == "For":
+            if isinstance(st, TIR.For):
                 loops.append(st)
                 st = st.body
-            elif name == "SBlockRealize":
+            elif isinstance(st, TIR.SBlockRealize):
                 pred = st.predicate
                 st = st.block.body
-            elif name == "BufferStore":
+            elif isinstance(st, TIR.BufferStore):
                 return loops, pred, st
             else:
-                raise OpcFailure(f"tir lowering: a dma nest must be loops over one store, found {name}")
+                raise OpcFailure(f"tir lowering: a dma nest must be loops over one store, found {type(st).__name__}")
 
     def _dma(self, st, E: dict, stage: list | None, part: tuple[int, int] | None = None) -> None:
         """One copy nest -> zero fills and one DMA; `part`: this core's range of the outer loop."""
@@ -402,9 +397,9 @@ class Lowerer:
             loops, pred, store = self._nest(st)
             val = store.value
             cond, load = None, val
-            if type(val).__name__ == "Call" and val.op.name.endswith("if_then_else"):
+            if isinstance(val, TIR.Call) and val.op.name.endswith("if_then_else"):
                 cond, load = val.args[0], val.args[1]
-            if type(load).__name__ not in ("BufferLoad", "TensorLoad"):
+            if not isinstance(load, TIR.TensorLoad):
                 raise OpcFailure(f"tir lowering: a dma nest must copy a buffer, found {val}")
             c = self.comp
             masks = c.src(pred) + ("" if cond is None else c.src(cond))
@@ -522,8 +517,8 @@ class Lowerer:
         if k in self._cache:
             return self._cache[k]
         body, pix = st.body, None
-        while type(body).__name__ in ("For", "SBlockRealize") and pix is None:
-            if type(body).__name__ == "For":
+        while isinstance(body, (TIR.For, TIR.SBlockRealize)) and pix is None:
+            if isinstance(body, TIR.For):
                 pix = body
             else:
                 body = body.block.body
@@ -531,20 +526,19 @@ class Lowerer:
 
         def scan(s, depth_loops):
             nonlocal steps, red_pred
-            name = type(s).__name__
-            if name == "For":
+            if isinstance(s, TIR.For):
                 scan(s.body, depth_loops + [s])
-            elif name == "SBlockRealize":
+            elif isinstance(s, TIR.SBlockRealize):
                 names.append(s.block.name_hint)
                 if s.block.name_hint in REDUCTIONS:
                     red_pred = s.predicate
                     inner = [lp for lp in depth_loops if not lp.same_as(pix)]
                     steps = int(np.prod([int(lp.extent) for lp in inner[1:]]))  # loops under the lane loop
                 scan(s.block.body, depth_loops)
-            elif name == "SeqStmt":
+            elif isinstance(s, TIR.SeqStmt):
                 for x in s.seq:
                     scan(x, depth_loops)
-            elif name == "IfThenElse":
+            elif isinstance(s, TIR.IfThenElse):
                 scan(s.then_case, depth_loops)
         scan(st.body, [])
         epi = tuple(EPI_BLOCKS[n] for n in names if n in EPI_BLOCKS)
@@ -580,15 +574,14 @@ class Lowerer:
                 pix = body
                 body = pix.body
             while pred is None:
-                name = type(body).__name__
-                if name == "SBlockRealize":
+                if isinstance(body, TIR.SBlockRealize):
                     pred = body.predicate
-                elif name == "For":
+                elif isinstance(body, TIR.For):
                     body = body.body
-                elif name == "SeqStmt":
+                elif isinstance(body, TIR.SeqStmt):
                     body = body.seq[0]
                 else:
-                    raise OpcFailure(f"tir lowering: no block under the pixel loop, found {name}")
+                    raise OpcFailure(f"tir lowering: no block under the pixel loop, found {type(body).__name__}")
             self._cache[k] = (pix, self.comp.fn(pred))
         pix, fpred = self._cache[k]
         pe = self._ev(pix.extent, E)
@@ -655,7 +648,7 @@ class Lowerer:
 
 
 def _has_load(e) -> bool:
-    if type(e).__name__ in ("BufferLoad", "TensorLoad"):
+    if isinstance(e, TIR.TensorLoad):
         return True
     for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
         if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)) and _has_load(getattr(e, attr)):
@@ -669,7 +662,7 @@ def _outer_terms(e, inner: set[int], out: dict[str, Any]) -> None:
     address, which timing ops do not carry, and a subterm that holds a load is split further (a
     stored value such as max(reg[i], 0) of a one-feature layer's epilogue, whose indices are all
     outer variables, is data, not a shape)."""
-    if type(e).__name__ in ("BufferLoad", "TensorLoad"):
+    if isinstance(e, TIR.TensorLoad):
         return
     vs = _vars(e, set())
     if not vs:

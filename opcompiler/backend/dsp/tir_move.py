@@ -31,6 +31,7 @@ from typing import Any
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from . import vector as vx
 from .machine import DspMachine
@@ -45,12 +46,12 @@ from .intrin import DMA, ITEMS  # noqa: E402
 
 
 def _is_load(e) -> bool:
-    return type(e).__name__ in ("BufferLoad", "TensorLoad")
+    return isinstance(e, TIR.TensorLoad)
 
 
 def _select(v):
     """(condition, then, else) of an if_then_else call, or None."""
-    if type(v).__name__ == "Call" and v.op.name.endswith("if_then_else"):
+    if isinstance(v, TIR.Call) and v.op.name.endswith("if_then_else"):
         return tuple(v.args)
     return None
 
@@ -73,22 +74,21 @@ class MoveLowerer(VecLowerer):
         self._ext = {}
 
         def visit(st, in_stage) -> None:
-            name = type(st).__name__
-            if name == "SBlockRealize":
+            if isinstance(st, TIR.SBlockRealize):
                 for b in st.block.alloc_buffers:
                     found.append((b, in_stage))
                 visit(st.block.body, in_stage)
-            elif name == "For":
+            elif isinstance(st, TIR.For):
                 op = st.annotations.get("opc.dsp.op")
                 if op is not None and op != DMA:
                     raise OpcFailure(f"tir lowering: a data-movement kernel has only dma nests, not {op!r}")
                 if op == DMA:
                     self._padded |= self._pad_value(st) is not None
                 visit(st.body, _key(st) if "opc.dsp.stage" in st.annotations else in_stage)
-            elif name == "SeqStmt":
+            elif isinstance(st, TIR.SeqStmt):
                 for x in st.seq:
                     visit(x, in_stage)
-            elif name == "IfThenElse":
+            elif isinstance(st, TIR.IfThenElse):
                 visit(st.then_case, in_stage)
         visit(self.func.body, None)
         # the tiles of stage loops in sequence (one stage runs at a time) share their slots: the
@@ -142,7 +142,7 @@ class MoveLowerer(VecLowerer):
 
     # ---- item lists: stage loops in sequence -----------------------------------------------
     def _split_extent(self, st) -> int | None:
-        if type(st).__name__ == "For" and ITEMS in st.annotations:
+        if isinstance(st, TIR.For) and ITEMS in st.annotations:
             return len(self._items(st, {}))
         return super()._split_extent(st)
 
@@ -154,8 +154,7 @@ class MoveLowerer(VecLowerer):
         out: list[tuple[Any, dict, int]] = []
 
         def visit(x, env: dict) -> None:
-            name = type(x).__name__
-            if name == "For":
+            if isinstance(x, TIR.For):
                 lo, ext = self._ev(x.min, env), self._ev(x.extent, env)
                 if "opc.dsp.stage" in x.annotations:
                     out.extend((x, env, i) for i in range(lo, lo + ext))
@@ -164,19 +163,19 @@ class MoveLowerer(VecLowerer):
                     raise OpcFailure("tir lowering: an items loop holds stage loops only")
                 for i in range(lo, lo + ext):
                     visit(x.body, {**env, _key(x.loop_var): i})
-            elif name == "SeqStmt":
+            elif isinstance(x, TIR.SeqStmt):
                 for y in x.seq:
                     visit(y, env)
-            elif name == "SBlockRealize":
+            elif isinstance(x, TIR.SBlockRealize):
                 if self._ev(x.predicate, env):
                     visit(x.block.body, env)
-            elif name == "IfThenElse":
+            elif isinstance(x, TIR.IfThenElse):
                 if self._ev(x.condition, env):
                     visit(x.then_case, env)
                 elif x.else_case is not None:
                     visit(x.else_case, env)
             else:
-                raise OpcFailure(f"tir lowering: unexpected {name} in an items loop")
+                raise OpcFailure(f"tir lowering: unexpected {type(x).__name__} in an items loop")
         visit(st, E)
         self._cache[k] = out
         return out
@@ -197,7 +196,7 @@ class MoveLowerer(VecLowerer):
 
     # ---- copies ---------------------------------------------------------------------------
     def _walk(self, st, E: dict, stage: list | None = None) -> None:
-        if type(st).__name__ == "For" and ITEMS in st.annotations:
+        if isinstance(st, TIR.For) and ITEMS in st.annotations:
             if stage is not None:
                 raise OpcFailure("tir lowering: an items loop inside a stage")
             items = self._items(st, E)
@@ -205,7 +204,7 @@ class MoveLowerer(VecLowerer):
             for sl, env, i in items[self.core * n // self.cores:(self.core + 1) * n // self.cores]:
                 self._one_stage(sl, env, i)
             return None
-        if type(st).__name__ == "For" and "opc.dsp.stage" in st.annotations:
+        if isinstance(st, TIR.For) and "opc.dsp.stage" in st.annotations:
             self._stage_loop = st
         return super()._walk(st, E, stage)
 
@@ -217,7 +216,7 @@ class MoveLowerer(VecLowerer):
             loops, pred, store = self._nest(st)
             sl = self._stage_loop
             const = [sl] + loops if sl is not None else loops
-            if any(type(lp.extent).__name__ != "IntImm" or type(lp.min).__name__ != "IntImm" for lp in const):
+            if any(not isinstance(lp.extent, TIR.IntImm) or not isinstance(lp.min, TIR.IntImm) for lp in const):
                 self._cache[k] = []
                 return []
             ext = [(lp.loop_var, int(lp.extent)) for lp in const]
@@ -226,7 +225,7 @@ class MoveLowerer(VecLowerer):
             for lp in const:
                 g[_key(lp.loop_var)] = g[_key(lp.loop_var)] + int(lp.min)
             cm = _full(self.comp.fn(_select(store.value)[0])(g, None), shape).astype(bool)
-            if pred is not None and not (type(pred).__name__ == "IntImm" and int(pred.value)):
+            if pred is not None and not (isinstance(pred, TIR.IntImm) and int(pred.value)):
                 cm = cm & _full(self.comp.fn(pred)(g, None), shape).astype(bool)
             rows = cm.reshape(-1, shape[-1])
             rows = rows[rows.any(axis=1)]
@@ -280,7 +279,7 @@ class MoveLowerer(VecLowerer):
                 if not _is_load(store.value):
                     raise OpcFailure(f"tir lowering: a dma nest must copy a buffer, found {store.value}")
                 load = store.value
-                pf = None if pred is None or (type(pred).__name__ == "IntImm" and int(pred.value)) else c.fn(pred)
+                pf = None if pred is None or (isinstance(pred, TIR.IntImm) and int(pred.value)) else c.fn(pred)
                 self._cache[k] = (loops, pf, c.flat_fn(_bkey(store), store.indices), _bkey(store),
                                   c.flat_fn(_bkey(load), load.indices), _bkey(load))
         info = self._cache[k]

@@ -74,6 +74,7 @@ from typing import Any
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from . import vector as vx
 from .core import sum_costs as _sum_costs
@@ -131,8 +132,7 @@ class VecLowerer(Lowerer):
         self.has_shared = False
 
         def loads(e, acc: list) -> list:
-            name = type(e).__name__
-            if name in ("BufferLoad", "TensorLoad"):
+            if isinstance(e, TIR.TensorLoad):
                 acc.append(_bkey(e))
             for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
                 if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
@@ -148,8 +148,7 @@ class VecLowerer(Lowerer):
         divisors: dict[int, bool] = {}  # buffer -> every read of it (but its own reduction's) divides
 
         def uses(e, own: int) -> None:
-            name = type(e).__name__
-            if name == "Div" and _isload(e.b) and _bkey(e.b) != own:
+            if isinstance(e, TIR.Div) and _isload(e.b) and _bkey(e.b) != own:
                 divisors.setdefault(_bkey(e.b), True)
                 uses(e.a, own)
                 for x in e.b.indices:
@@ -166,15 +165,14 @@ class VecLowerer(Lowerer):
         def visit(st, in_stage: bool, vec: set | None) -> None:
             """`vec`: the buffers stored so far in the enclosing vector nest (a load of one of
             them there, a reduction fused into the nest, is not another reader of the tile)."""
-            name = type(st).__name__
-            if name == "SBlockRealize":
+            if isinstance(st, TIR.SBlockRealize):
                 for b in st.block.alloc_buffers:
                     found.append((b, in_stage))
                 visit(st.block.body, in_stage, vec)
-            elif name == "For":
+            elif isinstance(st, TIR.For):
                 if st.annotations.get("opc.dsp.op") == "dma_shared":
                     raise OpcFailure("tir lowering: vector kernels have no shared (GSM) copies")
-                if type(st.min).__name__ == "IntImm" and type(st.extent).__name__ == "IntImm":
+                if isinstance(st.min, TIR.IntImm) and isinstance(st.extent, TIR.IntImm):
                     self._ext[_key(st.loop_var)] = (int(st.min), int(st.extent))
                 if st.annotations.get("opc.dsp.op") == VEC and vec is None:
                     vec_loops.append(st)
@@ -184,12 +182,12 @@ class VecLowerer(Lowerer):
                 if st.annotations.get("opc.dsp.op") == "dma" and in_stage:
                     dma_loops.append(st)
                 visit(st.body, in_stage or "opc.dsp.stage" in st.annotations, vec)
-            elif name == "SeqStmt":
+            elif isinstance(st, TIR.SeqStmt):
                 for x in st.seq:
                     visit(x, in_stage, vec)
-            elif name == "IfThenElse":
+            elif isinstance(st, TIR.IfThenElse):
                 visit(st.then_case, in_stage, vec)
-            elif name == "BufferStore":
+            elif isinstance(st, TIR.BufferStore):
                 ls = loads(st.value, [])
                 uses(st.value, _bkey(st))
                 for b in set(ls):
@@ -262,11 +260,11 @@ class VecLowerer(Lowerer):
         predicate holds along (vectors / acc, acc, lanes) of a row, else 0; none when every lane
         of the row's vectors is on the row. Equal tables are one."""
         loops, s = [], st
-        while type(s).__name__ == "For":
+        while isinstance(s, TIR.For):
             loops.append(s)
             s = s.body
-        s = s.seq[0] if type(s).__name__ == "SeqStmt" else s
-        if len(loops) != 4 or type(s).__name__ != "SBlockRealize":
+        s = s.seq[0] if isinstance(s, TIR.SeqStmt) else s
+        if len(loops) != 4 or not isinstance(s, TIR.SBlockRealize):
             raise OpcFailure("tir lowering: opc.dsp.mask_tail marks a row nest (rows, vectors / acc, acc, lanes)")
         ext = [(lp.loop_var, 1 if d == 0 else int(lp.extent)) for d, lp in enumerate(loops)]
         shape = tuple(n for _, n in ext[1:])
@@ -292,7 +290,7 @@ class VecLowerer(Lowerer):
             loops, _, store = self._nest(st)
             if _bkey(store) != bk or len(store.indices) != len(shape):
                 continue
-            const = {_key(lp.loop_var) for lp in loops if type(lp.extent).__name__ == "IntImm"}
+            const = {_key(lp.loop_var) for lp in loops if isinstance(lp.extent, TIR.IntImm)}
             g = _Zero({_key(lp.loop_var): np.arange(int(lp.extent)).reshape([-1 if i == d else 1
                                                                              for i in range(len(loops))])
                        for d, lp in enumerate(loops) if _key(lp.loop_var) in const})
@@ -382,7 +380,7 @@ class VecLowerer(Lowerer):
             loops, pred, store = self._nest(st)
             val = store.value
             cond, load, other = None, val, None
-            if type(val).__name__ == "Call" and val.op.name.endswith("if_then_else"):
+            if isinstance(val, TIR.Call) and val.op.name.endswith("if_then_else"):
                 cond, load, other = val.args
                 other = _Select.const(other)
                 if other is None:

@@ -22,6 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from .tir_eval import _bkey, _key, _vars as _expr_vars
 from .tir_vselect import NestContext, _isload, _RowSelect, _Select
@@ -40,14 +41,14 @@ def _rowstatic(low: NestContext, st) -> _Rows:
     if k in low._cache:
         return low._cache[k]
     loops, s = [], st
-    while type(s).__name__ == "For":
+    while isinstance(s, TIR.For):
         loops.append(s)
         s = s.body
     label = f"row nest over {', '.join(lp.loop_var.name for lp in loops)}"
     if len(loops) != 4:
         raise OpcFailure(f"tir lowering: {label}: a row nest is (rows, vectors / acc, acc, lanes) loops")
-    items = list(s.seq) if type(s).__name__ == "SeqStmt" else [s]
-    if type(items[0]).__name__ != "SBlockRealize" or type(items[0].block.body).__name__ != "BufferStore" \
+    items = list(s.seq) if isinstance(s, TIR.SeqStmt) else [s]
+    if not isinstance(items[0], TIR.SBlockRealize) or not isinstance(items[0].block.body, TIR.BufferStore) \
             or len(items) > 2:
         raise OpcFailure(f"tir lowering: {label}: one element-wise store, then at most one reduction of it")
     pred, S = items[0].predicate, items[0].block.body
@@ -56,36 +57,35 @@ def _rowstatic(low: NestContext, st) -> _Rows:
         stores: list = []
 
         def collect(x, init):
-            n = type(x).__name__
-            if n == "For":
-                if type(x.extent).__name__ != "IntImm" or int(x.extent) != 1:
+            if isinstance(x, TIR.For):
+                if not isinstance(x.extent, TIR.IntImm) or int(x.extent) != 1:
                     raise OpcFailure(f"tir lowering: {label}: the fused reduction must sit at the lanes loop")
                 collect(x.body, init)
-            elif n == "SBlockRealize":
+            elif isinstance(x, TIR.SBlockRealize):
                 collect(x.block.body, init)
-            elif n == "SeqStmt":
+            elif isinstance(x, TIR.SeqStmt):
                 for y in x.seq:
                     collect(y, init)
-            elif n == "IfThenElse":
+            elif isinstance(x, TIR.IfThenElse):
                 collect(x.then_case, True)
-            elif n == "BufferStore":
+            elif isinstance(x, TIR.BufferStore):
                 stores.append((x, init))
             else:
-                raise OpcFailure(f"tir lowering: {label}: unexpected {n} in the fused reduction")
+                raise OpcFailure(f"tir lowering: {label}: unexpected {type(x).__name__} in the fused reduction")
         collect(items[1], False)
         main = [x for x, i in stores if not i]
         inits = [_Select.const(x.value) for x, i in stores if i]
         R = main[0] if len(main) == 1 else None
         v = R.value if R is not None else None
-        ops = {"Add": "vadd", "Max": "vmax"}
-        ok = v is not None and type(v).__name__ in ops and len(inits) == 1 and inits[0] is not None
+        ops = {TIR.Add: "vadd", TIR.Max: "vmax"}
+        ok = v is not None and type(v) in ops and len(inits) == 1 and inits[0] is not None
         ld, square = None, False
         if ok:
             for a, b in ((v.a, v.b), (v.b, v.a)):
                 if _isload(a) and _bkey(a) == _bkey(R) and _isload(b) and _bkey(b) == _bkey(S):
                     ld = b
-                elif _isload(a) and _bkey(a) == _bkey(R) and type(v).__name__ == "Add" and \
-                        type(b).__name__ == "Mul" and all(_isload(x) and _bkey(x) == _bkey(S) for x in (b.a, b.b)) \
+                elif _isload(a) and _bkey(a) == _bkey(R) and isinstance(v, TIR.Add) and \
+                        isinstance(b, TIR.Mul) and all(_isload(x) and _bkey(x) == _bkey(S) for x in (b.a, b.b)) \
                         and str(b.a.indices) == str(b.b.indices):  # + x * x: a sum of squares (one FMA)
                     ld, square = b.a, True
         if ld is None:
@@ -94,11 +94,11 @@ def _rowstatic(low: NestContext, st) -> _Rows:
         c = low.comp
         rb = _bkey(R)
         red = (rb, (rb, c.flat_fn(rb, R.indices), low._sp(rb)[0]),
-               (_bkey(ld), c.flat_fn(_bkey(ld), ld.indices), low._sp(_bkey(ld))[0]), ops[type(v).__name__], inits[0],
+               (_bkey(ld), c.flat_fn(_bkey(ld), ld.indices), low._sp(_bkey(ld))[0]), ops[type(v)], inits[0],
                square)
     sel = _RowSelect(low, label + f" ({low.names.get(_bkey(S), '?')})", S)
     sel.run()
-    pf = None if pred is None or (type(pred).__name__ == "IntImm" and int(pred.value)) else low.comp.fn(pred)
+    pf = None if pred is None or (isinstance(pred, TIR.IntImm) and int(pred.value)) else low.comp.fn(pred)
     r = _Rows(name=sel.name, loops=loops, pred=pf, accesses=sel.accesses, code=sel.code, red=red)
     low._cache[k] = r
     return r
@@ -119,24 +119,23 @@ def _static(low: NestContext, st) -> _Nest:
         return low._cache[k]
     loops, pred, s = [], None, st
     while True:
-        name = type(s).__name__
-        if name == "For":
+        if isinstance(s, TIR.For):
             loops.append(s)
             s = s.body
-        elif name == "SBlockRealize":
+        elif isinstance(s, TIR.SBlockRealize):
             if pred is not None:
                 raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name}: nested blocks")
             pred = s.predicate
             s = s.block.body
-        elif name == "BufferStore":
+        elif isinstance(s, TIR.BufferStore):
             break
         else:
             raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name} must be loops over one store, "
-                             f"found {name}")
+                             f"found {type(s).__name__}")
     label = f"vector nest over {', '.join(lp.loop_var.name for lp in loops)} ({low.names.get(_bkey(s), '?')})"
     sel = _Select(low, label, s)
     sel.run()
-    pf = None if pred is None or (type(pred).__name__ == "IntImm" and int(pred.value)) else low.comp.fn(pred)
+    pf = None if pred is None or (isinstance(pred, TIR.IntImm) and int(pred.value)) else low.comp.fn(pred)
     nest = _Nest(label, loops, pf, sel.accesses, sel.code)
     low._cache[k] = nest
     return nest
@@ -170,7 +169,7 @@ def _index_node(e):
 
 
 def _unit(lp) -> bool:
-    return type(lp.extent).__name__ == "IntImm" and int(lp.extent) == 1
+    return isinstance(lp.extent, TIR.IntImm) and int(lp.extent) == 1
 
 
 class _Win:
@@ -197,27 +196,26 @@ def _window(low: NestContext, st) -> _Win | None:
     stores: list = []
 
     def collect(s, path, preds, init):
-        n = type(s).__name__
-        if n == "For":
+        if isinstance(s, TIR.For):
             collect(s.body, path + [s], preds, init)
-        elif n == "SBlockRealize":
+        elif isinstance(s, TIR.SBlockRealize):
             collect(s.block.body, path, preds + [s.predicate], init)
-        elif n == "SeqStmt":
+        elif isinstance(s, TIR.SeqStmt):
             for x in s.seq:
                 collect(x, path, preds, init)
-        elif n == "IfThenElse":
+        elif isinstance(s, TIR.IfThenElse):
             collect(s.then_case, path, preds, True)
-        elif n == "BufferStore":
+        elif isinstance(s, TIR.BufferStore):
             stores.append((s, path, preds, init))
     collect(st, [], [], False)
     main = [x for x in stores if not x[3]]
     R = None
     for s, path, preds, _ in main:
         v = s.value
-        if type(v).__name__ in ("Max", "Add"):
+        if isinstance(v, (TIR.Max, TIR.Add)):
             for a, b in ((v.a, v.b), (v.b, v.a)):
                 if _isload(a) and _bkey(a) == _bkey(s) and _isload(b):
-                    R = (s, path, b, "vmax" if type(v).__name__ == "Max" else "vadd")
+                    R = (s, path, b, "vmax" if isinstance(v, TIR.Max) else "vadd")
     if R is None:
         low._cache[k] = None
         return None
@@ -242,7 +240,7 @@ def _window(low: NestContext, st) -> _Win | None:
             [_key(x.loop_var) for x in spatial]:
         raise OpcFailure(f"tir lowering: {label}: the output loops must enclose the window loops")
     red = R[1][len(spatial):]
-    preds = [p for p in fpreds if not (type(p).__name__ == "IntImm" and int(p.value))]
+    preds = [p for p in fpreds if not (isinstance(p, TIR.IntImm) and int(p.value))]
     fns = [low.comp.fn(p) for p in preds]
     pred = None
     if fns:
@@ -251,13 +249,13 @@ def _window(low: NestContext, st) -> _Win | None:
     div = None
     if F is not R[0]:
         v = F.value
-        if not (type(v).__name__ == "Div" and _isload(v.a) and _bkey(v.a) == _bkey(R[0])):
+        if not (isinstance(v, TIR.Div) and _isload(v.a) and _bkey(v.a) == _bkey(R[0])):
             raise OpcFailure(f"tir lowering: {label}: after the window only a division of its result maps")
         d = v.b
-        if type(d).__name__ == "Cast":
+        if isinstance(d, TIR.Cast):
             d = d.value
         lane = _key(spatial[-1].loop_var)
-        if type(d).__name__ != "Mul":
+        if not isinstance(d, TIR.Mul):
             raise OpcFailure(f"tir lowering: {label}: the divisor must be (rows factor) * (columns factor)")
         A, B = (d.a, d.b) if lane not in _vars(d.a, set()) else (d.b, d.a)
         X = None

@@ -25,6 +25,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from opcompiler.errors import OpcFailure
+from opcompiler.sim.tir_expr import TIR
 
 from . import vector as vx
 from .tir_eval import _bkey
@@ -44,9 +45,17 @@ class NestContext(Protocol):
     def _sp(self, bk: int) -> tuple: ...
 
 POOL = "pool"  # an operand register taken from the temporaries (an FMA's per-channel operands)
-_ARITH = {"Add": "vadd", "Sub": "vsub", "Mul": "vmul", "Max": "vmax", "Min": "vmin"}
-_COMMUTES = {"Add", "Mul", "Max", "Min"}
-_FOLD = {"Add": np.add, "Sub": np.subtract, "Mul": np.multiply, "Div": np.divide, "Max": np.maximum, "Min": np.minimum}
+_ARITH: dict[type, str] = {}  # TIR node class -> its VPU instruction (filled on first use: TVM loads lazily)
+_COMMUTES: set[type] = set()  # ... whose operands may be swapped
+_FOLD: dict[type, Any] = {}  # ... -> its numpy function (constant folding)
+
+
+def _tables() -> None:
+    if not _ARITH:
+        _ARITH.update({TIR.Add: "vadd", TIR.Sub: "vsub", TIR.Mul: "vmul", TIR.Max: "vmax", TIR.Min: "vmin"})
+        _COMMUTES.update({TIR.Add, TIR.Mul, TIR.Max, TIR.Min})
+        _FOLD.update({TIR.Add: np.add, TIR.Sub: np.subtract, TIR.Mul: np.multiply, TIR.Div: np.divide,
+                      TIR.Max: np.maximum, TIR.Min: np.minimum})
 
 
 class _Select:
@@ -99,19 +108,20 @@ class _Select:
 
     @staticmethod
     def const(e) -> float | None:
-        name = type(e).__name__
-        if name in ("FloatImm", "IntImm"):
+        _tables()
+        kind = type(e)
+        if isinstance(e, (TIR.FloatImm, TIR.IntImm)):
             return float(e.value)
-        if name == "Cast" and type(e.value).__name__ in ("FloatImm", "IntImm"):
+        if isinstance(e, TIR.Cast) and isinstance(e.value, (TIR.FloatImm, TIR.IntImm)):
             return float(e.value.value)
-        if name in _FOLD:  # arithmetic of constants TVM left unfolded (x*0 + 3 -> 0 + 3): its fp32 value
+        if kind in _FOLD:  # arithmetic of constants TVM left unfolded (x*0 + 3 -> 0 + 3): its fp32 value
             a, b = _Select.const(e.a), _Select.const(e.b)
-            if a is not None and b is not None and not (name == "Div" and b == 0.0):
-                return float(_FOLD[name](np.float32(a), np.float32(b)))
+            if a is not None and b is not None and not (isinstance(e, TIR.Div) and b == 0.0):
+                return float(_FOLD[kind](np.float32(a), np.float32(b)))
         return None
 
     def is_load(self, e) -> bool:
-        return type(e).__name__ in ("BufferLoad", "TensorLoad")
+        return isinstance(e, TIR.TensorLoad)
 
     def full(self, e) -> bool:
         return self.low.shapes.get(_bkey(e)) == self.out_shape
@@ -136,10 +146,11 @@ class _Select:
 
     def reg(self, e) -> str:
         """Instructions leaving e's value in a register (a temporary) it returns."""
-        name = type(e).__name__
+        _tables()
+        kind = type(e)
         if self.is_load(e):
             return self.load(e, self.temp())
-        if name == "Cast":
+        if isinstance(e, TIR.Cast):
             if str(e.dtype) != "float32" or str(e.value.dtype) != "float32":
                 raise self.fail(f"no conversion {e.value.dtype} -> {e.dtype} on the VPU (fp32 only)")
             return self.reg(e.value)
@@ -147,7 +158,7 @@ class _Select:
             r = self.temp()
             self.code.append(vx.VI("vmov", r, (self.const(e),)))
             return r
-        if name == "Call":
+        if isinstance(e, TIR.Call):
             op = e.op.name
             if op in ("tirx.exp", "tirx.log"):
                 src = self.reg(e.args[0])
@@ -156,7 +167,7 @@ class _Select:
                 self.free(src)
                 return dst
             raise self.fail(f"no vector instruction for {op}")
-        if name == "Div":
+        if isinstance(e, TIR.Div):
             if self.const(e.a) == 1.0:
                 return self.rcp(e.b)
             c = self.const(e.b)
@@ -171,21 +182,21 @@ class _Select:
             self.code.append(vx.VI("vmul", dst, (src, r)))
             self.free(r)
             return dst
-        if name not in _ARITH:
-            raise self.fail(f"no vector instruction for {name} ({e})")
+        if kind not in _ARITH:
+            raise self.fail(f"no vector instruction for {kind.__name__} ({e})")
         a, b = e.a, e.b
-        if name in _COMMUTES and self.const(a) is not None:
+        if kind in _COMMUTES and self.const(a) is not None:
             a, b = b, a
         if self.const(a) is not None:  # c - x
-            if name != "Sub":
+            if not isinstance(e, TIR.Sub):
                 raise self.fail(f"constant expression not folded: {e}")
             src = self.reg(b)
             dst = self.into(src)
             self.code += [vx.VI("vmul", dst, (src, -1.0)), vx.VI("vadd", dst, (dst, self.const(a)))]
             return dst
-        if name == "Add" and type(b).__name__ == "Mul" and type(a).__name__ != "Mul":
+        if isinstance(e, TIR.Add) and isinstance(b, TIR.Mul) and not isinstance(a, TIR.Mul):
             a, b = b, a
-        if name == "Add" and type(a).__name__ == "Mul" and self.fma(a.b, b):
+        if isinstance(e, TIR.Add) and isinstance(a, TIR.Mul) and self.fma(a.b, b):
             src = self.reg(a.a)
             m = self.operand(a.b, POOL)
             c = self.operand(b, POOL)
@@ -198,7 +209,7 @@ class _Select:
         src = self.reg(a)
         y = self.operand(b)
         dst = self.into(src)
-        self.code.append(vx.VI(_ARITH[name], dst, (src, y)))
+        self.code.append(vx.VI(_ARITH[kind], dst, (src, y)))
         if isinstance(y, str):
             self.free(y)
         return dst
@@ -211,7 +222,7 @@ class _Select:
 
     def rcp(self, d) -> str:
         """1 / d: the reciprocal sequence, or 1 / sqrt(x) the reciprocal square root's."""
-        root = type(d).__name__ == "Call" and d.op.name == "tirx.sqrt"
+        root = isinstance(d, TIR.Call) and d.op.name == "tirx.sqrt"
         src = self.reg(d.args[0] if root else d)
         dst, scratch = self.temp(), self.temp()
         if root:
@@ -229,7 +240,7 @@ class _RowSelect(_Select):
     """`_Select`, with x / d a multiplication when d's buffer holds its reciprocal (`_recip`)."""
 
     def reg(self, e) -> str:
-        if type(e).__name__ == "Div" and _isload(e.b) and _bkey(e.b) in self.low._recip:
+        if isinstance(e, TIR.Div) and _isload(e.b) and _bkey(e.b) in self.low._recip:
             src = self.reg(e.a)
             y = self.operand(e.b)
             dst = self.into(src)
@@ -259,4 +270,4 @@ def _combine(op: str, A: int) -> list:
 
 
 def _isload(e) -> bool:
-    return type(e).__name__ in ("BufferLoad", "TensorLoad")
+    return isinstance(e, TIR.TensorLoad)
