@@ -16,7 +16,7 @@ TINY = {
     "fc": [{"batch": 16, "input": 64, "output": 64}, {"batch": 32, "input": 128, "output": 64}],
     "conv": [{"batch": 2, "input": 14, "in_channels": 16, "out_channels": 16, "filter": 3},
              {"batch": 2, "input": 8, "in_channels": 16, "out_channels": 32, "filter": 1}],
-    "rnn": [{"hidden": 32, "batch": 16, "seqlen": 4}, {"hidden": 16, "batch": 16, "seqlen": 2}],
+    "rnn": [{"hidden": 16, "batch": 16, "seqlen": 4}, {"hidden": 16, "batch": 16, "seqlen": 2}],  # one kernel set
 }
 
 
@@ -59,6 +59,7 @@ def test_regression_recovers_signs(s0):
     w = s0.regression({"a": a, "b": b, "c": c}, y)
     assert w["a"] > 0 and w["b"] < 0
     assert abs(w["c"]) < 0.1 * min(abs(w["a"]), abs(w["b"]))
+    assert s0.negligible(w) == ["c"]  # its sign is noise, and the report says so
     # standardised: a weight is the change per standard deviation
     assert w["a"] == pytest.approx(3.0 * a.std(), rel=0.05)
     assert s0.regression({"a": a, "k": np.full(60, 7.0)}, y)["k"] == 0.0  # a constant column
@@ -120,3 +121,13 @@ def test_conv_extrapolation_matches_direct(s0):
     assert ex["method"].startswith("extrapolated") and d["method"] == "direct"
     assert ex["cycles"] == pytest.approx(d["cycles"], rel=0.02)
     assert ex["offchip_bytes"] == pytest.approx(d["offchip_bytes"], rel=0.02)
+
+
+def test_output_shape_agrees_with_the_catalogue(s0):
+    from opcompiler.ops import get_op, workload
+    for kind, pts in TINY.items():
+        op = s0.OP_OF[kind]
+        for p in pts:
+            wl = workload(op, s0.op_params(kind, p), dtype="float16")
+            shape, dt = get_op(op).output_spec(wl)
+            assert s0.output_shape(op, wl.p) == tuple(shape) and dt == "float16"
