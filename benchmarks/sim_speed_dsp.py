@@ -84,7 +84,7 @@ def _tvm_floor(wl, target, tmpl, n: int, seed: int, goal: float, name: str) -> d
     """What TVM alone costs a new config, the floor under a cold candidate on this route: the
     conv schedule (its primitives) and the lowering passes, medians over the same random
     configs with the schedule caches cleared."""
-    import opcompiler.schedules.dsp.tir_sched as ts
+    import opcompiler.schedules.dsp.direct as ts
     from opcompiler.backend.dsp.tir_lower import lowered
 
     rng = random.Random(seed)

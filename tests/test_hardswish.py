@@ -67,7 +67,7 @@ def test_hardswish_runs_on_every_target(target, dtype, shape):
 
 
 @pytest.mark.parametrize("target,dtype,layout", [
-    ("ascend-sim", "float16", "NCHW"),  # a per-channel chain: the NC1HWC0 compute (channel_tir)
+    ("ascend-sim", "float16", "NCHW"),  # a per-channel chain: the NC1HWC0 compute (elemwise.channel_schedule)
     ("dsp-sim", "float32", "NCHW"),  # planes, the parameters SM scalars
     ("dsp-sim", "float32", "NHWC"),  # pixels, the parameters AM vectors
 ])

@@ -8,7 +8,7 @@ numpy reference. Who reads it:
 
 * the catalogue (`catalogue/elementwise.py`): ew_chain's compute, reference, inputs and FLOPs, and
   every op that declares a `chain` (relu is "relu", bn_relu is "bn;relu", hardswish is "hardswish");
-* ascend-sim (`schedules/ascend/elemwise.py`, `channel_tir.py`): flat vs per-channel chains, the
+* ascend-sim (`schedules/ascend/elemwise.py`): flat vs per-channel chains, the
   host packing of operands, the NC1HWC0 compute of per-channel chains;
 * dsp-sim (`schedules/dsp/chain.py`): the lanes' geometry (how many full / per-channel operands);
 * cpu: nothing (its template schedules the op's own TE compute).

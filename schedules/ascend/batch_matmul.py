@@ -1,4 +1,4 @@
-"""batch_matmul on the cube: the matmul template's schedule (`matmul.py`, `matmul_tir.py`) under a
+"""batch_matmul on the cube: the matmul template's schedule (`matmul.py`) under a
 batch loop.
 
     FOR batch, n tile, m tile (batches x output tiles, split over `block_dim` cores)
@@ -30,9 +30,8 @@ from opcompiler.template_base import HostLayout, Scheduled, register_template
 from opcompiler.workload import Workload
 
 from .common import CUBE_DTYPES, ceil_div, cube_chunks, epilogue_channels, pad_to, tir_epilogue_at
-from .matmul import AscendMatmul, _dims
-from .matmul_tir import stage_operands
-from .matmul_tir import tir_buffers  # noqa: F401  (the same buffers: a batch adds none on chip)
+from .matmul import AscendMatmul, _dims, stage_operands
+from .matmul import tir_buffers  # noqa: F401  (the same buffers: a batch adds none on chip)
 
 EPI_TAGS = {"matmul_out": "cast", "matmul_pad": "out"}
 L0C, UB = intrin.L0C, intrin.UB_SCOPE

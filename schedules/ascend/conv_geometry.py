@@ -1,5 +1,5 @@
 """Derived sizes of one Ascend conv workload (fractals, output pixels, the input rows a pixel tile
-needs): shared by the img2col template (`conv2d.py`) and its TIR route (`conv2d_tir.py`)."""
+needs): the img2col template's (`conv2d.py`: its knobs, capacity check and schedule)."""
 from __future__ import annotations
 
 import math

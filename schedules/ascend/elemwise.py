@@ -13,31 +13,89 @@ host-side preprocessing (activations live in NC1HWC0 between Ascend kernels). co
 each input's contiguous channel block per image through UB (MTE2 -> UB -> MTE3, no vector work).
 
 Flat chains (relu, add, add_relu without broadcast, ew_chain without per-channel steps) take the
-TVM route: `elemwise_tir.flat_schedule` schedules the op's own TE compute (UB tiles, cache_read /
+TVM route: `flat_schedule` schedules the op's own TE compute (UB tiles, cache_read /
 cache_write, stages computed at the tile loop, emit_insn pragmas, the knobs as split factor and
 loop annotations) and the backend's `emit_insn` lowering turns the scheduled module into each
-core's program. Per-channel chains take it too: `channel_tir.channel_schedule` schedules the
+core's program. Per-channel chains take it too: `channel_schedule` schedules the
 chain on the NC1HWC0 view (parameters resident in UB, a per-channel step lowered to block
-stride 0 / half-row instructions). slice, pad and transpose take it too: `move_tir.move_schedule`
+stride 0 / half-row instructions). slice, pad and transpose take it too: `move.move_schedule`
 views the tensors as the runs the op moves and writes the op's block through a UB tile (MTE2 in,
 MTE3 out, a vector dup for padding), lowered by the backend's `emit_move`; concat too
-(`move_tir.concat_schedule`). `apply` returns the schedule as a `Scheduled` whose lowering
+(`move.concat_schedule`). `apply` returns the schedule as a `Scheduled` whose lowering
 ("vector" or "move") the backend's `lower.py` runs.
+
+The flat schedule (`flat_schedule`). TBE schedules a vector op by tiling the output into UB-sized
+pieces, reading the inputs into UB (`cache_read`), keeping every intermediate stage in UB and computing it at the tile loop, and
+marking each loop nest with an `emit_insn` pragma; the backend's `emit_insn` lowering turns each
+nest into one DMA or vector instruction. This is that schedule for flat chains (relu, add,
+add_relu without broadcast, ew_chain of relu / sigmoid / clip / affine / pow / add / mul):
+
+    broadcast_scalar stages (clip bounds)   compute_inline: they become instruction immediates
+    every stage                             laid out flat (transform_block_layout / transform_layout):
+                                            the tensor streams in its own layout, as one run
+    output                                  cache_write into local.UB; the copy-out loop is split
+                                            into [tiles, ub_tile] (a `where` guards the last tile)
+    intermediate stages                     set_scope local.UB, compute_at the tile loop
+    inputs                                  cache_read into local.UB, compute_at the tile loop (first)
+    tile loop                               annotated opc.ascend.block_dim (cores share its
+                                            iterations) and opc.ascend.double_buffer (ping-pong)
+    nests                                   pragma_emit_insn = dma_copy (GM <-> UB) or vector_auto
+
+The backend's `emit_insn` lowers the module; nothing here emits instructions.
+
+The per-channel schedule (`channel_schedule`): an `s_tir.Schedule` over NC1HWC0, lowered by the
+backend's `emit_insn` (TBE style: UB tiles, pragma'd nests; nothing here emits instructions).
+Chains with per-channel steps (bias_add, batch_norm, bn_relu, add_relu with bcast=1, ew_chain
+with bias / scale / bn steps) work on NC1HWC0 so that one 256 B repeat covers 8 pixels x 16
+channels. As for pooling (`pool.py`), the compute is written on the NC1HWC0 view directly: the
+activations are (N*C1, H*W, 16) tensors (the NCHW / NHWC <-> NC1HWC0 change is host-side
+preprocessing, as for every Ascend vector kernel), each per-channel operand a (C1, 16) tensor
+(channels zero-padded) read through a view `p[plane % C1, c0]`, and the chain is the op's own
+vector steps (the DSL's vrelu, vadd, vmul, vmuls, vadds, vexp, vlog, vrec, vmin / vmax with
+scalar bounds: the same stages the op's TE compute has, one per vector instruction).
+
+    views, scalar broadcasts                compute_inline (instruction operands / immediates)
+    output copy (cache_write, local.UB -> GM)
+                                            pixels split by ub_tile / 16 rows; (plane, row tile)
+                                            fused into the tile loop: opc.ascend.block_dim,
+                                            opc.ascend.double_buffer; dma_copy
+    per-channel parameters                  cache_read into local.UB at the root: before the tile
+                                            loop, loaded once per core (the lowering's prologue,
+                                            resident buffers); dma_copy
+    activations (x and same-shape operands) cache_read into local.UB, computed at the tile loop
+                                            (first, in input order); dma_copy
+    stages                                  set_scope local.UB, computed at the tile loop;
+                                            vector_auto. A stage reading a parameter row lowers
+                                            to a per-channel instruction (block stride 0 for fp16,
+                                            two half-row instructions for fp32, whole repeats of
+                                            8 rows), every other stage to one contiguous run.
 """
 from __future__ import annotations
 
+from functools import lru_cache
 from typing import Mapping
 
 import numpy as np
 
+from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE, VECTOR_AUTO
 from opcompiler.errors import OpcError
-from opcompiler.ops import get_op
-from opcompiler.ops.steps import STEPS, chain_temp_bytes, chain_temps, chain_text
+from opcompiler.ops import get_op, op_prim_func
+from opcompiler.ops.steps import (
+    CHAN,
+    FULL,
+    STEPS,
+    apply_te,
+    chain_temp_bytes,
+    chain_temps,
+    chain_text,
+    operand_kinds,
+    parse_chain,
+)
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, ceil_div, core_values, from_5hd, machine, per_channel, to_5hd
+from .common import AscendTemplate, ceil_div, core_values, from_5hd, machine, on_cores, per_channel, to_5hd
 
 MOVE_TIR = ("slice", "pad", "transpose", "concat")  # the data-movement ops on the TVM route
 UB_TILES = (1024, 2048, 4096, 8192, 16384, 32768)
@@ -118,12 +176,12 @@ class AscendElemwise(AscendTemplate):
         raise OpcError(f"no ascend element-wise lowering for {wl.op}", arg="op", value=wl.op)
 
     def _apply_move_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
-        """Data movement through TVM: `move_tir.move_schedule` schedules the op's TE compute
+        """Data movement through TVM: `move.move_schedule` schedules the op's TE compute
         (views of the runs it moves, the op's block cache_written into a UB tile, tiles of
         ub_tile elements, dma_copy pragmas) for the backend's "move" lowering (`emit_move`:
         MTE2 / MTE3 boxes, a vector dup for padding). The inputs go to GM as the views of the
         runs the module moves."""
-        from .move_tir import logical_out_shape, move_schedule
+        from .move import logical_out_shape, move_schedule
 
         out_shape = logical_out_shape(wl)
         return Scheduled(lowering="move", module=lambda: (move_schedule(wl, cfg), ()),
@@ -131,11 +189,9 @@ class AscendElemwise(AscendTemplate):
                          info={"steps": wl.op, "layout_change": "none", "channel_padding_waste": 0.0})
 
     def _apply_flat_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
-        """Flat chains through TVM: `elemwise_tir.flat_schedule` schedules the op's TE compute
+        """Flat chains through TVM: `flat_schedule` schedules the op's TE compute
         (UB tiles, cache_read / cache_write, stages computed at the tile loop, emit_insn pragmas)
         for the backend's "vector" lowering (`emit_insn`). The tensors stream flat."""
-        from .elemwise_tir import flat_schedule
-
         n, c, h, w = _shape(wl)
         out_shape = (n, c, h, w) if wl.layout == "NCHW" else (n, h, w, c)
         return Scheduled(lowering="vector", module=lambda: (flat_schedule(wl, cfg), ()),
@@ -146,12 +202,10 @@ class AscendElemwise(AscendTemplate):
                                "channel_padding_waste": 0.0})
 
     def _apply_channel_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
-        """Per-channel chains through TVM: `channel_tir.channel_schedule` schedules the chain on
+        """Per-channel chains through TVM: `channel_schedule` schedules the chain on
         the NC1HWC0 view (UB tiles of ub_tile / 16 pixels of one channel block, parameters
         resident in UB, emit_insn pragmas) for the backend's "vector" lowering (`emit_insn`;
         per-channel steps: block stride 0 for fp16, two half-row instructions for fp32)."""
-        from .channel_tir import channel_schedule
-
         steps = _steps(wl)
         chain = chain_text(steps)
         n, c, h, w = _shape(wl)
@@ -195,3 +249,192 @@ class AscendElemwise(AscendTemplate):
                 "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ,
                 "alignment_waste": 1 - n * c * h * w / elems if kind == "channel" else 0.0,
                 "lanes": machine(target).lanes(isz)}
+
+
+# -- the flat chains' schedule
+
+_WL: dict[str, Workload] = {}  # workload key -> workload (the caches below are keyed by the key string)
+
+
+def _folded(name: str) -> bool:
+    """Stages a schedule folds into their consumers (no vector work of their own): scalar
+    broadcasts (clip bounds) become instruction immediates; views and broadcasts of operands."""
+    return name.startswith("broadcast") or name.endswith("_view")
+
+
+def flat_schedule(wl: Workload, cfg: Mapping, inline: bool = False):
+    """The scheduled module (an IRModule) of a flat chain for this config. `inline=True` folds
+    every stage into the last one (one nest holding the whole expression: the lowering then
+    decomposes it into vector instructions on UB temporaries). The tiled schedule depends on the
+    workload and `ub_tile` only and is cached; cores and double buffering are annotations of
+    its tile loop, added per config."""
+    key = wl.key_str()
+    _WL[key] = wl
+    mod, copy_out = _flat_tiled(key, int(cfg["ub_tile"]), bool(inline))
+    return on_cores(mod, copy_out, cfg)
+
+
+@lru_cache(maxsize=256)
+def _flat_tiled(key: str, ub_tile: int, inline: bool):
+    """(module, name of the copy-out block): the schedule of one workload and UB tile size."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(op_prim_func(_WL[key]))
+    wl_op = _WL[key].op
+    params = list(sch.mod["main"].params)
+
+    def in_gm(buf) -> bool:
+        # by identity, not name: a repeated step (`add;add`) gives an intermediate buffer the
+        # output's name. The function's buffers are re-read: transform_layout replaces them.
+        return any(buf.same_as(g) for g in sch.mod["main"].params)
+    root = sch.get_sblock("root")
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(root)]
+    for nm in names:
+        if _folded(nm):
+            sch.compute_inline(sch.get_sblock(nm))
+    names = [nm for nm in names if not _folded(nm)]
+    shape = [int(s) for s in params[-1].shape]
+    total = int(np.prod(shape))
+    if len(shape) != 4:
+        raise OpcError(f"the flat element-wise schedule takes rank-4 tensors, not {shape}", arg="op", value=wl_op)
+    _, d1, d2, d3 = shape
+
+    def flat_map(a, b, c, d):
+        return [((a * d1 + b) * d2 + c) * d3 + d]
+
+    for nm in names:
+        for r in sch.get(sch.get_sblock(nm)).reads:
+            if tuple(int(s) for s in r.source.shape) != tuple(shape):
+                raise OpcError(f"stage {nm} reads {r.source.name} of shape {list(r.source.shape)} (a broadcast): "
+                               f"not a flat chain", arg="op", value=wl_op)
+    for nm in names:
+        b = sch.get_sblock(nm)
+        blk = sch.get(b)
+        for i, r in enumerate(blk.reads):  # parameters here; a stage's buffer goes with its producer
+            if in_gm(r.source) and len(r.source.shape) == len(shape):  # not yet flat
+                sch.transform_layout(b, ("read", i), flat_map)
+        sch.transform_layout(b, ("write", 0), flat_map)
+        sch.transform_block_layout(b, flat_map)
+    if inline:
+        for nm in names[:-1]:
+            sch.compute_inline(sch.get_sblock(nm))
+        names = names[-1:]
+    last = sch.get_sblock(names[-1])
+    copy_out = sch.cache_write(last, 0, UB_SCOPE)
+    reads, seen = [], []
+    for nm in names:
+        b = sch.get_sblock(nm)
+        for i, r in enumerate(sch.get(b).reads):
+            if in_gm(r.source) and not any(r.source.same_as(x) for x in seen):
+                seen.append(r.source)
+                reads.append((r.source.name, sch.cache_read(b, i, UB_SCOPE)))
+    for nm in names[:-1]:
+        sch.set_scope(sch.get_sblock(nm), 0, UB_SCOPE)
+    loop, = sch.get_loops(copy_out)
+    tile = min(ub_tile, total)
+    tiles, inner = sch.split(loop, [None, tile])
+    sch.annotate(inner, PRAGMA, DMA_COPY)
+    for nm in reversed(names):
+        b = sch.get_sblock(nm)
+        sch.compute_at(b, tiles, preserve_unit_loops=True)
+        sch.annotate(sch.get_loops(b)[-1], PRAGMA, VECTOR_AUTO)
+    for _, b in reversed(reads):
+        sch.compute_at(b, tiles, preserve_unit_loops=True, index=0)
+        sch.annotate(sch.get_loops(b)[-1], PRAGMA, DMA_COPY)
+    return sch.mod, sch.get(copy_out).name_hint
+
+
+# -- the per-channel chains' schedule (NC1HWC0)
+
+def geometry(wl: Workload) -> tuple[int, int, int]:
+    """(N*C1, H*W, C1): planes and pixels of the NC1HWC0 view."""
+    c1 = -(-wl["c"] // C0)
+    return wl["n"] * c1, wl["h"] * wl["w"], c1
+
+
+@lru_cache(maxsize=64)
+def _prim_func(key: str, chain: str):
+    """The chain on the NC1HWC0 view: x0 (and same-shape operands x1, ...) of (N*C1, H*W, 16),
+    per-channel operands p0, ... of (C1, 16); inputs in that order, then the output."""
+    from tvm import te
+
+    from opcompiler import dsl
+
+    wl = _WL[key]
+    dt = wl.dtype
+    planes, hw, c1 = geometry(wl)
+    shape = (planes, hw, C0)
+    steps = parse_chain(chain)
+    kinds = operand_kinds(steps)
+    n_full, n_chan = kinds.count(FULL), kinds.count(CHAN)  # same-shape, per-channel operands
+    xs = [te.placeholder(shape, dt, name=f"x{i}") for i in range(1 + n_full)]
+    ps = [te.placeholder((c1, C0), dt, name=f"p{i}") for i in range(n_chan)]
+    fulls, chans = iter(xs[1:]), iter(ps)
+
+    def row(p):  # the parameter row of each pixel's channel block
+        return te.compute(shape, lambda b, r, c: p[b % c1, c], name=f"{p.op.name}_view")
+
+    def take(kind: str):  # a per-channel operand's row view is made when its step reads it
+        return next(fulls) if kind == FULL else row(next(chans))
+
+    x = apply_te(dsl, steps, xs[0], take, shape, dt, eager=False)  # the steps: opcompiler.ops.steps
+    return te.create_prim_func([*xs, *ps, x])
+
+
+@lru_cache(maxsize=256)
+def _channel_tiled(key: str, chain: str, rows: int):
+    """(module, name of the copy-out block): the schedule of one workload and tile of `rows` pixels."""
+    from tvm.s_tir import Schedule
+
+    sch = Schedule(_prim_func(key, chain))
+    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    for nm in names:
+        if _folded(nm):
+            sch.compute_inline(sch.get_sblock(nm))
+    names = [nm for nm in names if not _folded(nm)]
+    copy_out = sch.cache_write(sch.get_sblock(names[-1]), 0, UB_SCOPE)
+    fn = sch.mod["main"]
+    inputs = list(fn.params[:-1])  # GM inputs, by identity: a stage may share the output's name
+
+    def gm_input(buf):
+        return next((b for b in inputs if b.same_as(buf)), None)
+
+    acts, params, chan_reads = {}, {}, []
+    for nm in names:
+        b = sch.get_sblock(nm)
+        for i, r in enumerate(sch.get(b).reads):
+            g = gm_input(r.source)
+            if g is None:
+                continue
+            if len(g.shape) == 3 and g.name not in acts:
+                acts[g.name] = sch.cache_read(b, i, UB_SCOPE)
+            elif len(g.shape) == 2:
+                chan_reads.append((g.name, nm, i))
+    for src, nm, i in reversed(chan_reads):  # each inserted before the root's first block: p0 ends up first
+        params[src] = sch.cache_read(sch.get_sblock(nm), i, UB_SCOPE)
+    for nm in names[:-1]:
+        sch.set_scope(sch.get_sblock(nm), 0, UB_SCOPE)
+    p, r, _ = sch.get_loops(copy_out)
+    ro, ri = sch.split(r, [None, rows])
+    tiles = sch.fuse(p, ro)
+    sch.annotate(ri, PRAGMA, DMA_COPY)
+    for nm in reversed(names):
+        b = sch.get_sblock(nm)
+        sch.compute_at(b, tiles)
+        sch.annotate(sch.get_loops(b)[1], PRAGMA, VECTOR_AUTO)
+    for nm in sorted(acts, reverse=True):  # x0 first
+        sch.compute_at(acts[nm], tiles, index=0)
+        sch.annotate(sch.get_loops(acts[nm])[1], PRAGMA, DMA_COPY)
+    for nm in sorted(params):
+        sch.annotate(sch.get_loops(params[nm])[0], PRAGMA, DMA_COPY)
+    return sch.mod, sch.get(copy_out).name_hint
+
+
+def channel_schedule(wl: Workload, chain: str, cfg: Mapping):
+    """The scheduled module (IRModule) of a per-channel chain (`chain`: the op's steps, e.g.
+    "bn;relu") for this config; the tiling (ub_tile / 16 pixels per tile) is cached per
+    workload, cores and double buffering are tile-loop annotations."""
+    key = wl.key_str()
+    _WL[key] = wl
+    mod, copy_out = _channel_tiled(key, chain, max(1, int(cfg["ub_tile"]) // C0))
+    return on_cores(mod, copy_out, cfg)

@@ -12,7 +12,7 @@
 
 The statistics (mean, var, + eps, sqrt, 1 / x) are vector instructions over the tile's column of
 per-row values, once per tile rather than once per row. `norm_schedule` schedules the op's own TE
-compute (what `reduce_tir` does for softmax: row tiles, cache_read / cache_write into UB, emit_insn
+compute (what `reduce.py` does for softmax: row tiles, cache_read / cache_write into UB, emit_insn
 pragmas; here three row loops); the backend's "reduce" lowering (`emit_reduce`) turns it into each
 core's program.
 """
@@ -31,7 +31,7 @@ from opcompiler.template_base import HostLayout, Knob, Scheduled, register_templ
 from opcompiler.workload import Workload
 
 from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
-from .reduce_tir import KEEP, ROW_ALIGN, ROWS
+from .reduce import KEEP, ROW_ALIGN, ROWS
 
 ROW_TILES = (1, 2, 4, 8, 16, 32, 64)
 _WL: dict[str, Workload] = {}

@@ -1,6 +1,6 @@
 """pool2d (max / average) on the vector unit over NC1HWC0, tiled by output rows in UB.
 
-The kernel is a TVM schedule (`pool_tir.pool_schedule`: pool2d's own compute on the NC1HWC0
+The kernel is a TVM schedule (`pool_schedule`, below: pool2d's own compute on the NC1HWC0
 view, the knobs as split factor and tile-loop annotations), returned as a `Scheduled` for the
 backend's "vector" lowering (its `emit_insn`); what it issues:
 
@@ -22,21 +22,49 @@ it is (v2): the reduce template's TVM schedule of `reduce_mean` / `reduce_max` o
 H*W) rows (x read ND, relaid on the host like every layout change here), lowered by
 `emit_reduce` (per row a vcadd / vcmax fold, the mean's 1/(H*W) one vmuls); its knobs are the
 reduce template's (`rows_tile`, `double_buffer`, `block_dim`).
+
+The schedule (`pool_schedule`): an `s_tir.Schedule` of pool2d over NC1HWC0, lowered by the
+backend's `emit_insn` (TBE style: UB tiles, pragma'd nests; nothing here emits instructions).
+
+The compute is the catalogue op's own definition (`dsl.pool2d`: the padded input, the window
+reduction, for avg the division by the number of in-image taps) applied to the NC1HWC0 view
+of the input: N*C1 images of H x W pixels of 16 channels, i.e. `dsl.pool2d(x5, ..., "NHWC")`
+on a (N*C1, H, W, 16) tensor. The NCHW <-> NC1HWC0 change is host-side preprocessing (as for
+every Ascend vector kernel), so scheduling the 5-D compute avoids `transform_layout` (whose
+padding `T.assume` blocks break `cache_read`). One change for avg: the divisor, an index
+expression of the output pixel in the op, is read from a table (Ho, Wo, 16) the host derives
+from the shape like a weight (`count_table`), so the kernel divides by a UB tile of it.
+
+    output copy (cache_write, local.UB -> GM)   rows split by `oh_tile`; (plane, row tile) fused
+                                                into the tile loop: opc.ascend.block_dim,
+                                                opc.ascend.double_buffer; dma_copy
+    padded input (pool_pad, or a cache_read of x when pad = 0)
+                                                local.UB, computed at the tile loop: the rows and
+                                                columns the tile's windows read; dma_copy (with
+                                                pad: a fill of the tile, then the in-image box)
+    window reduction                            local.UB at the tile loop; loops reordered to
+                                                (row, ky, kx, pixel, channel) and the init
+                                                decomposed at ky: per output row and tap one
+                                                vector instruction group over the row's pixels
+                                                (window stride = block stride); vector_auto
+    avg: count tile (cache_read), division      local.UB at the tile loop; dma_copy / vector_auto
 """
 from __future__ import annotations
 
 from dataclasses import replace
+from functools import lru_cache
 from typing import Mapping
 
 import numpy as np
 
+from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE, VECTOR_AUTO
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, ceil_div, core_values, from_5hd, machine, to_5hd
+from .common import AscendTemplate, ceil_div, core_values, from_5hd, machine, on_cores, to_5hd
 
 C0 = 16
 ROW_TILES = (1, 2, 4, 8, 16, 32, 64)
@@ -105,10 +133,8 @@ class AscendPool(AscendTemplate):
         return out
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
-        """pool2d through TVM: `pool_tir.pool_schedule` schedules the op's compute on the
+        """pool2d through TVM: `pool_schedule` schedules the op's compute on the
         NC1HWC0 view, for the backend's "vector" lowering (`emit_insn`)."""
-        from .pool_tir import count_table, pool_schedule
-
         if (rw := row_workload(wl)) is not None:  # a global window: the row reduction it is
             rs = _rows().apply(rw, target, cfg)
             n, c, layout = wl["n"], wl["c"], wl.layout
@@ -161,3 +187,85 @@ class AscendPool(AscendTemplate):
                 "tiles": tiles, "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores),
                 "occupancy_UB": occ, "vector_instr_per_row": k * k * (2 if isz == 4 else 1),
                 "alignment_waste": 1 - wl["c"] / (c1 * C0)}
+
+
+_WL: dict[str, Workload] = {}
+
+
+def count_table(wl: Workload) -> np.ndarray:
+    """(Ho, Wo, 16): the number of in-image taps of each output pixel's window (avg's divisor,
+    padding excluded, as the op defines it)."""
+    ho, wo = pool_out_hw(wl)
+    k, s, p = wl["kernel"], wl["stride"], wl["pad"]
+    oy, ox = np.arange(ho) * s - p, np.arange(wo) * s - p
+    cy = np.minimum(oy + k, wl["h"]) - np.maximum(oy, 0)
+    cx = np.minimum(ox + k, wl["w"]) - np.maximum(ox, 0)
+    return np.repeat((cy[:, None] * cx[None, :])[:, :, None], C0, axis=2).astype(wl.dtype)
+
+
+@lru_cache(maxsize=64)
+def _prim_func(key: str):
+    """pool2d of the workload on its NC1HWC0 view (see the module docstring)."""
+    from tvm import te
+
+    from opcompiler import dsl
+
+    wl = _WL[key]
+    c1 = -(-wl["c"] // C0)
+    x = te.placeholder((wl["n"] * c1, wl["h"], wl["w"], C0), wl.dtype, name="x")
+    y = dsl.pool2d(x, wl["kernel"], wl["stride"], wl["pad"], wl["mode"], "NHWC")
+    if wl["mode"] != "avg":
+        return te.create_prim_func([x, y])
+    total = y.op.input_tensors[0]  # the window sum; the op divides it by the in-image tap count
+    ho, wo = pool_out_hw(wl)
+    cnt = te.placeholder((ho, wo, C0), wl.dtype, name="count")
+    y = te.compute(total.shape, lambda b, i, j, c: total[b, i, j, c] / cnt[i, j, c], name="pool2d_avg")
+    return te.create_prim_func([x, cnt, y])
+
+
+@lru_cache(maxsize=256)
+def _tiled(key: str, oh_tile: int):
+    from tvm.s_tir import Schedule
+
+    wl = _WL[key]
+    avg = wl["mode"] == "avg"
+    sch = Schedule(_prim_func(key))
+    pool = sch.get_sblock("pool2d")
+    last = sch.get_sblock("pool2d_avg") if avg else pool
+    copy_out = sch.cache_write(last, 0, UB_SCOPE)
+    b, y, _, _ = sch.get_loops(copy_out)
+    yo, yi = sch.split(y, [None, oh_tile])
+    tiles = sch.fuse(b, yo)
+    sch.annotate(yi, PRAGMA, DMA_COPY)
+    if avg:
+        sch.compute_at(last, tiles, preserve_unit_loops=True)
+        sch.annotate(sch.get_loops(last)[1], PRAGMA, VECTOR_AUTO)
+        sch.set_scope(pool, 0, UB_SCOPE)
+    sch.compute_at(pool, tiles, preserve_unit_loops=True)
+    px, ch, ky, kx = sch.get_loops(pool)[-4:]
+    sch.reorder(ky, kx, px, ch)
+    init = sch.decompose_reduction(pool, ky)
+    sch.annotate(sch.get_loops(init)[-2], PRAGMA, VECTOR_AUTO)
+    sch.annotate(px, PRAGMA, VECTOR_AUTO)
+    if avg:
+        cnt = sch.cache_read(last, 1, UB_SCOPE)
+        sch.compute_at(cnt, tiles, preserve_unit_loops=True)
+        sch.annotate(sch.get_loops(cnt)[1], PRAGMA, DMA_COPY)
+    if wl["pad"] > 0:
+        src = sch.get_sblock("pool_pad")
+        sch.set_scope(src, 0, UB_SCOPE)
+    else:
+        src = sch.cache_read(pool, 1, UB_SCOPE)
+    sch.compute_at(src, tiles, preserve_unit_loops=True, index=0)
+    sch.annotate(sch.get_loops(src)[1], PRAGMA, DMA_COPY)
+    return sch.mod, sch.get(copy_out).name_hint
+
+
+def pool_schedule(wl: Workload, cfg):
+    """The scheduled module (IRModule) of pool2d for this config; the tiling depends on the
+    workload and `oh_tile` (cached), cores and double buffering are tile-loop annotations."""
+    key = wl.key_str()
+    _WL[key] = wl
+    mod, copy_out = _tiled(key, int(cfg["oh_tile"]))
+    return on_cores(mod, copy_out, cfg)
+

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from opcompiler.backend.dsp.intrin import ALIGN, F32, SCOPE_GSM, STAGE, DspMachine
+from opcompiler.backend.dsp.intrin import ALIGN, F32, SCOPE_GSM, STAGE, TIR, DspMachine
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
 from opcompiler.workload import Workload
@@ -81,16 +81,15 @@ def placement(m: DspMachine, func, dbuf: bool) -> dict[str, int]:
     found: list[tuple] = []
 
     def visit(st, in_stage: bool) -> None:
-        name = type(st).__name__
-        if name == "SBlockRealize":
+        if isinstance(st, TIR.SBlockRealize):
             found.extend((b, in_stage) for b in st.block.alloc_buffers)
             visit(st.block.body, in_stage)
-        elif name == "For":
+        elif isinstance(st, TIR.For):
             visit(st.body, in_stage or STAGE in st.annotations)
-        elif name == "SeqStmt":
+        elif isinstance(st, TIR.SeqStmt):
             for x in st.seq:
                 visit(x, in_stage)
-        elif name == "IfThenElse":
+        elif isinstance(st, TIR.IfThenElse):
             visit(st.then_case, in_stage)
     visit(func.body, False)
     top = dict.fromkeys(ALIGN, 0)

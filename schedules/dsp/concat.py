@@ -9,7 +9,7 @@ elements, split over the cores. `path=ddr`: each transfer is one DDR -> DDR desc
 DDR channel carries its bytes twice, read and write); `path=am`: staged DDR -> AM -> DDR
 through AM buffers (double-buffered with `dbuf`), two descriptors per transfer. No VPU work.
 
-`apply` is the TVM schedule of the op's compute written per input (`move_tir.concat_schedule`:
+`apply` is the TVM schedule of the op's compute written per input (`move.concat_schedule`:
 a stage loop per input under the image loop, the stages shared over the cores in the order
 above), lowered by the backend's data-movement lowering (`tir_move`).
 """
@@ -24,7 +24,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
-from . import move_tir
+from . import move
 from .common import refuse_invalid, require_fp32
 from .stream import cores_knob, share
 
@@ -100,5 +100,5 @@ class DspConcat(Template):
         m = machine(target)
         tile, staged = int(config["tile"]), config["path"] == "am"
         shares = share(self._items(wl, tile), int(config["cores"]), m.cores)
-        return move_tir.scheduled(wl, target, config, (tile, staged), staged and bool(config["dbuf"]), shares,
+        return move.scheduled(wl, target, config, (tile, staged), staged and bool(config["dbuf"]), shares,
                                   lambda it: it[3], {"path": config["path"]})

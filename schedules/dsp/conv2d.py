@@ -1,31 +1,22 @@
 """dsp-sim template for the conv2d family (conv2d, conv2d_bias(_relu), conv2d_bn(_relu), and the
 residual epilogues conv2d_bias_add(_relu), conv2d_bn_add_relu): the
-VPE-vectorized direct convolution of seed 004 Algorithm 3, generalized (see `direct.py`)."""
+VPE-vectorized direct convolution of seed 004 Algorithm 3, generalized (see `direct.py`: its
+geometry, cost and TVM schedule, shared with the fully connected layer)."""
 from __future__ import annotations
 
 from typing import Any, Mapping
-
 
 from opcompiler.backend.dsp.intrin import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw, conv_out_shape
 from opcompiler.target import Target
-from opcompiler.template_base import Knob, Scheduled, Template, register_template
+from opcompiler.template_base import Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
 from .common import require_fp32
-from .direct import (
-    ConvSpec,
-    DirectConfig,
-    check,
-    footprint,
-    in_cols,
-    in_rows,
-    pass_cost,
-)
+from .direct import ConvSpec, DirectConfig, DirectTemplate, check, tiles_fit
 from .grouped import DspGroupedConv
-from .tir_sched import scheduled, tiles_fit
 
 EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
        "conv2d_bn": ("bn",),
@@ -35,53 +26,6 @@ EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "rel
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (1, 2, 4, 8, 12, 16, 28, 32, 56)
-
-
-class DirectTemplate(Template):
-    """Shared by the direct-convolution and fully-connected templates: knobs, checks, lowering."""
-
-    def spec(self, wl: Workload, target: Target) -> ConvSpec:
-        raise NotImplementedError
-
-    def tensors(self, wl: Workload, sp: ConvSpec) -> tuple[dict, dict, list, list, tuple]:
-        """(lowering names, DDR tensors, pre relayouts, post relayouts, output shape); a relayout is
-        (source, destination, shape, source strides, leader_only): the destination, contiguous,
-        read from the source through the strides by the cores (all, split along axis 0, or core 0)."""
-        raise NotImplementedError
-
-    def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
-        """This config's TVM schedule (`tir_sched.py`), lowered by the DSP backend."""
-        why = self.check(wl, target, config)
-        if why is not None and "host_copies" in why:
-            raise OpcError(why, arg="--config", value=dict(config))
-        return scheduled(self, wl, target, config)
-
-    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
-        m = machine(target)
-        sp = self.spec(wl, target)
-        cf = DirectConfig.of(config)
-        fp = footprint(m, sp, cf)
-        kbp = cf.kv * m.lanes
-        nk = -(-sp.k // kbp)
-        cols = min(cf.cols, sp.wo)
-        stages = sp.n * -(-sp.ho // cf.rows) * -(-sp.wo // cols) * nk
-        cost, calls = pass_cost(m, sp, cf, cf.rows * cols, cols)
-        ddr_in = stages * in_rows(sp, cf.rows) * min(in_cols(sp, cols), sp.w) * sp.c * 4
-        ddr_w = sp.taps * sp.c * sp.k * 4 * (1 if cf.w_path == "gsm" else m.cores)
-        ddr_out = sp.n * sp.ho * sp.wo * sp.k * 4
-        if "res" in sp.epi:  # the residual is read once, tile by tile, like the output is written
-            ddr_in += ddr_out
-        busy_cores = min(m.cores, sp.n if cf.split == "batch" else sp.n * -(-sp.ho // cf.rows))
-        return {
-            "ddr_bytes": float(ddr_in + ddr_w + ddr_out), "sm_bytes_in": float(ddr_in), "am_bytes": float(fp["AM"]),
-            "arith_intensity": sp.flops / max(ddr_in + ddr_w + ddr_out, 1), "am_occupancy": fp["AM"] / m.cap("AM"),
-            "sm_occupancy": fp["SM"] / m.cap("SM"), "gsm_occupancy": fp["GSM"] / m.cap("GSM"),
-            "reg_occupancy": fp["REG"] / m.registers,
-            "fmac_slot_use": cost.fmas / max(cost.cycles * m.fmac_units, 1),
-            "lane_use": sp.k / (nk * kbp), "stages": float(stages), "mk_calls_per_stage": float(calls),
-            "stage_vpu_cycles": float(cost.cycles), "work_per_core": stages / busy_cores,
-            "cores_busy": float(busy_cores),
-        }
 
 
 _DEFAULTS: dict[tuple, dict[str, Any]] = {}  # (workload, target) -> default config
@@ -97,7 +41,7 @@ class DspDirectConv2d(DirectTemplate):
     target_family = "dsp"
     version = 2  # v2: one route, TVM's scheduled TIR lowered by the backend (the `lowering` knob is gone)
     # groups > 1 (depthwise, grouped): output channels cannot share the lanes' input scalars;
-    # those workloads go to the grouped template (`grouped.py`: its own TVM schedule, `grouped_tir.py`)
+    # those workloads go to the grouped template (`grouped.py`, with its own TVM schedule)
     grouped = DspGroupedConv()
 
     def spec(self, wl: Workload, target: Target) -> ConvSpec:
@@ -207,7 +151,7 @@ class DspDirectConv2d(DirectTemplate):
         return check(machine(target), sp, cf)
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
-        """This config's TVM schedule (`tir_sched.py`; groups > 1: `grouped_tir.py`)."""
+        """This config's TVM schedule (`direct.conv_schedule`; groups > 1: `grouped.gconv_schedule`)."""
         if wl.p["groups"] != 1:
             return self.grouped.apply(wl, target, config)
         return super().apply(wl, target, config)

@@ -1,12 +1,12 @@
 """dsp-sim template for the element-wise family: one registered template that dispatches by op.
 
 relu, add, add_relu, bias_add, batch_norm and the fused bn_relu of seed 004 §2.1.3 are fixed step
-chains, and ew_chain spells its chain out: both are TVM schedules of the op's compute (`chain.py`,
-`chain_tir.py`: the tensor cut into stages of pixels / planes, split across the cores, DMAed
+chains, and ew_chain spells its chain out: both are TVM schedules of the op's compute (`chain.py`:
+the tensor cut into stages of pixels / planes, split across the cores, DMAed
 DDR -> AM, computed in AM, DMAed back) lowered by the DSP backend to vector instructions
 (its `tir_vector`). Explicit padding (`pad.py`), slice and transpose
 (strided DMA, `slice.py`, `transpose.py`) and concat (DMA only, `concat.py`) are TVM schedules of
-their computes too (`move_tir.py`), lowered to DMA descriptors and fills (the backend's `tir_move`).
+their computes too (`move.py`), lowered to DMA descriptors and fills (the backend's `tir_move`).
 """
 from __future__ import annotations
 

@@ -21,8 +21,7 @@ from opcompiler.template_base import Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
 from .common import capacity_why, refuse_invalid, require_fp32
-from .conv2d import DirectTemplate
-from .direct import ConvSpec, DirectConfig, check
+from .direct import ConvSpec, DirectConfig, DirectTemplate, check
 from .gemm import KC, MB, NB, GemmGeo, check_gemm, gemm_features
 from .gemm import scheduled as gemm_scheduled
 from .ksplit import footprint_k

@@ -9,7 +9,7 @@ An item is (block of `planes` planes, block of `rows` output rows), split over t
 output tile is assembled in AM: the fill value by vector stores (the left / right columns once
 per buffer, since the DMA never writes them; rows above / below the input when the item has
 them), the input rows by DMA DDR -> AM into the interior; the tile (whole output rows) is
-DMAed AM -> DDR. `apply` is the TVM schedule of the op's compute (`move_tir.pad_schedule`: the
+DMAed AM -> DDR. `apply` is the TVM schedule of the op's compute (`move.pad_schedule`: the
 pad block computed into the AM tile), lowered by the backend (`tir_move`).
 """
 from __future__ import annotations
@@ -23,7 +23,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
-from . import move_tir
+from . import move
 from .common import refuse_invalid
 from .stream import cdiv, cores_knob, share
 
@@ -37,7 +37,7 @@ class _Geo:
         self.n, self.c, self.h, self.w = p["n"], p["c"], p["h"], p["w"]
         self.pt, self.pl, self.pb, self.pr = p["pt"], p["pl"], p["pb"], p["pr"]
         self.H, self.W = self.h + self.pt + self.pb, self.w + self.pl + self.pr
-        # the (planes, rows, columns) view `move_tir.pad_schedule` gives the tensors: NCHW planes
+        # the (planes, rows, columns) view `move.pad_schedule` gives the tensors: NCHW planes
         # are the n*c channel planes, a row w elements; NHWC planes are the n images, a row the w*c
         # interleaved elements of one image row
         self.P = self.n * self.c if wl.layout == "NCHW" else self.n
@@ -111,4 +111,4 @@ class DspPad(Template):
         m = machine(target)
         g = _Geo(m, wl, config)
         shares = share(g.items(), int(config["cores"]), m.cores)
-        return move_tir.scheduled(wl, target, config, (g.planes, g.rows), bool(config["dbuf"]), shares, g.key, {})
+        return move.scheduled(wl, target, config, (g.planes, g.rows), bool(config["dbuf"]), shares, g.key, {})

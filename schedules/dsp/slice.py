@@ -3,7 +3,7 @@ the same knobs as concat (`concat.py`). Each outer block's range is one contiguo
 input and lands contiguously in the output; runs are cut into transfers of at most `tile`
 elements, DDR -> DDR descriptors or staged through AM, split over the cores.
 
-`apply` (concat's) builds the TVM schedule of the op's compute (`move_tir.slice_schedule`), lowered by the
+`apply` (concat's) builds the TVM schedule of the op's compute (`move.slice_schedule`), lowered by the
 backend's data-movement lowering (`tir_move`)."""
 from __future__ import annotations
 

@@ -18,7 +18,7 @@ tile's write (each core's DMA engine is one in-order queue, so this only changes
 transfers interleave on the shared DDR channel); `tile` output elements per descriptor; `cores`
 the cores the tiles are split over (contiguous shares). No VPU work.
 
-`apply` is the TVM schedule of the op's compute (`move_tir.transpose_schedule`: x and the output
+`apply` is the TVM schedule of the op's compute (`move.transpose_schedule`: x and the output
 reshaped to the canonical form, the split output axis and the axes before it fused into the
 stage loop), lowered by the backend's data-movement lowering (`tir_move`).
 """
@@ -33,7 +33,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
-from . import move_tir
+from . import move
 from .common import refuse_invalid, require_fp32
 from .stream import cores_knob, share
 
@@ -178,7 +178,7 @@ class DspTranspose(Template):
         g = _Geo(wl, int(config["tile"]))
         shares = share(g.items(), int(config["cores"]), m.cores)
         staged = config["path"] == "am"
-        return move_tir.scheduled(
+        return move.scheduled(
             wl, target, config, (g.j, g.cnt, staged), staged and bool(config["dbuf"]), shares, lambda it: it[2],
             {"path": config["path"], "canonical": f"{'x'.join(map(str, g.cd))} / {''.join(map(str, g.cp))}",
              "run_elems": g.run, "tiles": sum(len(s) for s in shares)})

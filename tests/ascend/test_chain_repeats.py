@@ -2,7 +2,7 @@
 ascend-sim. Each stage's TE tensor is named by its step, so the last intermediate of a repeated
 step shares the output's name; the flat schedule once matched buffers by name and tried to
 re-flatten that intermediate (TVM `InternalError: args.size() == initial_indices_orig.size()`).
-It now matches the function's parameters by identity (`schedules/ascend/elemwise_tir.py`).
+It now matches the function's parameters by identity (`schedules/ascend/elemwise.py`).
 
 Values against the numpy reference at the catalogue's tolerance (`opcompiler.verify.compare`)."""
 from __future__ import annotations

@@ -29,7 +29,7 @@ def _imports(path: Path) -> set[str]:
 def test_the_lowering_lives_in_the_backend_and_the_schedules_use_it():
     for name in ("tir_lower.py", "lower.py", "intrin.py"):
         assert not any("schedules" in m for m in _imports(ROOT / "opcompiler" / "backend" / "ascend" / name))
-    for name in ("matmul_tir.py", "conv2d_tir.py"):
+    for name in ("matmul.py", "conv2d.py"):
         text = (ROOT / "schedules" / "ascend" / name).read_text()
         assert "register_global_func" not in text and "TensorIntrin" not in text and "tvm.compile" not in text
         assert "opcompiler.backend.ascend.intrin" in _imports(ROOT / "schedules" / "ascend" / name)

@@ -1,6 +1,6 @@
 """Data-movement ops through TVM (issue 12, Ascend vector side): slice, pad, transpose, concat.
 
-`schedules/ascend/move_tir.py` schedules the op's own TE compute (views of the runs the op moves,
+`schedules/ascend/move.py` schedules the op's own TE compute (views of the runs the op moves,
 the op's block cache_written into a UB tile, tiles of ub_tile elements, dma_copy pragmas); the
 backend's `emit_move` lowering (emit_insn's shaped lowering: DMA boxes, an instruction loop per
 transposed block, a vector dup then the in-image box for padding) turns it into the program.
@@ -147,7 +147,7 @@ def test_outputs_are_the_op_s_copies_bit_for_bit(pinned_backend):
 
 
 def test_the_schedule_is_the_op_s_compute():
-    from opcompiler.schedules.ascend.move_tir import move_schedule
+    from opcompiler.schedules.ascend.move import move_schedule
     cfg = {"ub_tile": 1024, "double_buffer": 1, "block_dim": 2}
     for op, shape, names in [("slice", "dims=2x9x5x7,axis=1,start=3,end=8", ["x", "slice"]),
                              ("pad", "n=1,c=5,h=9,w=40,pt=2,pl=3,pb=0,pr=1", ["x", "pad_out"]),
@@ -255,7 +255,7 @@ def test_concat_per_input_is_the_op_s_compute():
     import tvm
     from tvm import te
 
-    from opcompiler.schedules.ascend.move_tir import concat_func
+    from opcompiler.schedules.ascend.move import concat_func
 
     wl = workload("concat", "n=2,c=3,c1=5,h=4,w=7", dtype="float16")
     ins, out = get_op("concat").compute(wl)

@@ -1,6 +1,6 @@
 """Row reductions and softmax through TVM (issue 12, Ascend vector side).
 
-`schedules/ascend/reduce_tir.py` schedules reduce_sum / reduce_max / softmax's own TE compute
+`schedules/ascend/reduce.py` (`reduce_schedule`) schedules reduce_sum / reduce_max / softmax's own TE compute
 (row tiles of `rows_tile`, cache_read / cache_write into UB, fp16 -> fp32 casts and softmax's
 stages as UB stages, the reduction loop marked `vector_reduce`, the tile loop annotated with
 the core split and double buffering); the backend's `emit_reduce` lowering turns it into the
@@ -292,11 +292,11 @@ def test_mutations_change_the_output(tgt):
 
 
 def test_lowering_refuses_what_it_cannot_map(tgt):
-    from opcompiler.schedules.ascend import reduce_tir
+    from opcompiler.schedules.ascend import reduce as reduce_sched
 
     wl = _wl("reduce_sum", "float32", 16, 64)
-    reduce_tir._WL[wl.key_str()] = wl
-    mod, _ = reduce_tir._tiled(wl.key_str(), 4)  # no core / double-buffer annotations
+    reduce_sched._WL[wl.key_str()] = wl
+    mod, _ = reduce_sched._tiled(wl.key_str(), 4)  # no core / double-buffer annotations
     with pytest.raises(OpcFailure, match="block_dim"):
         emit_reduce.lower(mod)
 

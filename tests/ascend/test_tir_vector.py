@@ -1,6 +1,6 @@
 """Flat element-wise chains through TVM (issue 12, items 1-2, Ascend vector side).
 
-`schedules/ascend/elemwise_tir.py` schedules the op's own TE compute (UB tiles, cache_read /
+`schedules/ascend/elemwise.py` (`flat_schedule`) schedules the op's own TE compute (UB tiles, cache_read /
 cache_write, stages computed at the tile loop, emit_insn pragmas); the backend's
 `emit_insn` lowering turns the scheduled module into the AI Core program. These tests check
 that the result equals numpy, that it is the same kernel, cycle for cycle, as the TIK-style
@@ -26,7 +26,7 @@ from opcompiler.ops import get_op, workload
 from opcompiler.backend.ascend.tir_lower import channel_op
 from opcompiler.schedules.ascend.common import machine
 from opcompiler.schedules.ascend.elemwise import UB_TILES, _steps
-from opcompiler.schedules.ascend.elemwise_tir import flat_schedule
+from opcompiler.schedules.ascend.elemwise import flat_schedule
 from opcompiler.verify import compare
 
 

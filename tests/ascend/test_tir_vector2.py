@@ -1,6 +1,6 @@
 """Pooling (and what follows) through TVM (issue 12, items 1-2, Ascend vector side, continued).
 
-`schedules/ascend/pool_tir.py` schedules pool2d's own compute on the NC1HWC0 view (UB tiles of
+`schedules/ascend/pool.py` (`pool_schedule`) schedules pool2d's own compute on the NC1HWC0 view (UB tiles of
 output rows, the padded input computed at the tile loop, window taps as instruction loops,
 emit_insn pragmas); the backend's `emit_insn` lowering (shaped nests: DMA boxes, strided-run
 vector instructions, padded copies, reduction inits folded into the first tap) turns the module
@@ -27,7 +27,7 @@ from opcompiler.ops import get_op, workload
 from opcompiler.ops.catalogue import pool_out_hw
 from opcompiler.schedules.ascend.common import from_5hd, machine, to_5hd
 from opcompiler.schedules.ascend.pool import AscendPool
-from opcompiler.schedules.ascend.pool_tir import count_table
+from opcompiler.schedules.ascend.pool import count_table
 from opcompiler.verify import compare
 
 C0 = 16

@@ -1,6 +1,6 @@
 """Per-channel element-wise chains through TVM (issue 12, Ascend vector side, continued).
 
-`schedules/ascend/channel_tir.py` schedules the chain (bias_add, batch_norm, bn_relu, add_relu
+`schedules/ascend/elemwise.py` (`channel_schedule`) schedules the chain (bias_add, batch_norm, bn_relu, add_relu
 with bcast=1, ew_chain with bias / scale / bn steps) on the NC1HWC0 view: UB tiles of pixels of
 one channel block, the per-channel parameters resident in UB (a prologue before the tile loop),
 emit_insn pragmas; the backend's `emit_insn` lowering (shaped nests; a broadcast parameter row

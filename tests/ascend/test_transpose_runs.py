@@ -1,6 +1,6 @@
 """Transposes that keep the innermost axis on ascend-sim: strided DMAs, not a DMA per run.
 
-`schedules/ascend/move_tir.py` views x and y as the permutation with its size-1 axes dropped and
+`schedules/ascend/move.py` views x and y as the permutation with its size-1 axes dropped and
 adjacent axes merged, writes the op's block into a UB tile laid out as y and copies the tile out
 in one move (MTE3). The block is the move in (MTE2): y's leading axes whose x axes come in the
 same order (a chain, `runs_tile`) and the kept run are one DMA that gathers those runs from x
@@ -22,7 +22,7 @@ from opcompiler.backend import get_backend
 from opcompiler.backend.ascend import fclock, scheduler
 from opcompiler.backend.ascend.isa import DataMove, Memory
 from opcompiler.ops import get_op, workload
-from opcompiler.schedules.ascend.move_tir import runs_tile, transpose_geometry
+from opcompiler.schedules.ascend.move import runs_tile, transpose_geometry
 from opcompiler.target import load_target
 
 TARGET = load_target("ascend-sim")

@@ -1,6 +1,6 @@
 """Transposes that move the innermost axis on ascend-sim: vnchwconv, the vector unit's transpose.
 
-`schedules/ascend/move_tir.py` reads a tile of x into UB in runs of whole rows (MTE2), the op's
+`schedules/ascend/move.py` reads a tile of x into UB in runs of whole rows (MTE2), the op's
 block is the transpose UB -> UB (`vector_transpose`), which `emit_move` lowers to vnchwconv
 (`isa.VecTrans`: 16 x 32 B blocks per repeat, the tile's rows padded to 16 and its columns to a
 32 B block in UB), and the transposed tile leaves in runs (MTE3). Before, such a transpose was
@@ -21,7 +21,7 @@ from opcompiler.backend.ascend.builder import KernelBuilder
 from opcompiler.backend.ascend.isa import DataMove, Memory, Scalar, VecTrans
 from opcompiler.backend.ascend.machine import Machine
 from opcompiler.ops import get_op, workload
-from opcompiler.schedules.ascend.move_tir import transpose_geometry, vector_tile
+from opcompiler.schedules.ascend.move import transpose_geometry, vector_tile
 from opcompiler.target import load_target
 
 TARGET = load_target("ascend-sim")

@@ -3,7 +3,7 @@
 concat: the catalogue's concat joins (n, c, h, w) and (n, c1, h, w) along axis 1 whatever its
 `layout` says, so layout=NHWC is the NCHW kernel (`dsp.concat`: channel blocks by DMA), cycle
 for cycle. pool2d NHWC: channels on the lanes (in blocks of `chans`), the window over h and w
-(`pool_tir.pool_schedule_nhwc`, lowered by the window lowering of the NCHW kernels). Values are
+(`pool.pool_schedule_nhwc`, lowered by the window lowering of the NCHW kernels). Values are
 checked by `run_op` against numpy at `opcompiler.verify.TOLERANCE`; one fact per op is checked by
 hand (DMA bytes)."""
 import pytest

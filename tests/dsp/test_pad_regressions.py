@@ -1,6 +1,6 @@
 """pad on dsp-sim for NHWC and degenerate shapes (unit extents, no padding at all).
 
-The pad schedule (schedules/dsp/move_tir.py `pad_schedule`) viewed every tensor as NCHW's
+The pad schedule (schedules/dsp/move.py `pad_schedule`) viewed every tensor as NCHW's
 (n*c, h, w): an NHWC tensor's compute axes (n, h, w, c) were fused as n*c + h, which TVM's
 transform_layout cannot invert unless h + pt + pb happens to equal c ("Check failed: ... scale,
 expected_scale", or "Could not parse mapping as sum of iterators"). NHWC is now viewed as

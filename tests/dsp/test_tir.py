@@ -18,7 +18,7 @@ def test_schedule_built_for_the_host_computes_the_op(op, shape, knobs):
     import tvm
     from tvm import te  # noqa: F401
 
-    from opcompiler.schedules.dsp.tir_sched import conv_schedule, nhwc_workload
+    from opcompiler.schedules.dsp.direct import conv_schedule, nhwc_workload
     t = load_target("dsp-sim")
     wl = workload(op, shape=shape)
     tm = get_template("conv2d", "dsp")
@@ -44,7 +44,7 @@ def test_configs_sharing_their_staging_share_its_schedule_and_lower_alike():
     they lower to is what a schedule built from scratch lowers to. order=ws has no register
     blocks: its `pw` does not make another lowered function."""
     from opcompiler.backend.dsp.tir_lower import lowered
-    from opcompiler.schedules.dsp import tir_sched as ts
+    from opcompiler.schedules.dsp import direct as ts
 
     t = load_target("dsp-sim")
     wl = workload("conv2d_bn_relu", shape="n=2,c=5,h=9,w=13,k=40,r=3,s=3,pad=1,layout=NHWC")

@@ -1,4 +1,4 @@
-"""Grouped / depthwise convolution lowered from its TVM schedule (schedules/dsp/grouped_tir.py)
+"""Grouped / depthwise convolution lowered from its TVM schedule (schedules/dsp/grouped.py)
 by the backend's register-blocked conv lowering (opcompiler/backend/dsp/tir_gconv.py): numpy,
 the cycles of the retired direct emission (pinned below, and kept as `_Retired` for a live
 comparison on random configs), functional == timing, mutations, errors."""

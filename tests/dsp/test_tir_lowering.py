@@ -1,4 +1,4 @@
-"""The DSP program derived from TVM's scheduled, lowered TIR (schedules/dsp/tir_sched.py, lowered by
+"""The DSP program derived from TVM's scheduled, lowered TIR (schedules/dsp/direct.py, lowered by
 opcompiler/backend/dsp/tir_lower.py): the convolution's only route, and the FC layer's algo=fc split=items."""
 import numpy as np
 import pytest

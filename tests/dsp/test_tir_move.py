@@ -1,5 +1,5 @@
 """Data movement (slice, pad, transpose, concat) lowered from the TVM schedules of the ops' own
-computes (schedules/dsp/move_tir.py; concat's compute written per input) by the backend's
+computes (schedules/dsp/move.py; concat's compute written per input) by the backend's
 data-movement lowering (opcompiler/backend/dsp/tir_move.py): outputs against numpy (exact: copies
 and fill constants), functional counters equal to the timing program's, cycles against the
 retired direct emitters, mutations of the lowered program, the errors the templates raised
@@ -13,7 +13,7 @@ from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import View
 from opcompiler.errors import OpcError, OpcFailure
 from opcompiler.ops import get_op, workload
-from opcompiler.schedules.dsp import move_tir
+from opcompiler.schedules.dsp import move
 from opcompiler.schedules.dsp.pad import _Geo as _PadGeo
 from opcompiler.schedules.dsp.stream import share
 from opcompiler.target import load_target
@@ -176,7 +176,7 @@ def test_the_lowering_refuses_other_nests() -> None:
     from opcompiler.backend.dsp.tir_move import MoveLowerer
 
     wl = workload("slice", "dims=3x7x5x9,axis=2,start=1,end=4", dtype="float32")
-    sch = move_tir.slice_schedule(wl, 4096, False)
+    sch = move.slice_schedule(wl, 4096, False)
     loop = sch.get_loops(sch.get_sblock("slice"))[1]
     sch.unannotate(loop, "opc.dsp.op")
     sch.annotate(loop, "opc.dsp.op", "vec")
@@ -222,7 +222,7 @@ def test_concat_per_input_equals_the_op_compute() -> None:
     wl = workload("concat", "n=2,c=3,c1=5,h=4,w=7", dtype="float32")
     ins, out = get_op("concat").compute(wl)
     ref = tvm.compile(te.create_prim_func(list(ins) + [out]), target="llvm")
-    mine = tvm.compile(move_tir.concat_func(wl), target="llvm")
+    mine = tvm.compile(move.concat_func(wl), target="llvm")
     xs = get_op("concat").make_inputs(wl, 1)
     outs = []
     for f in (ref, mine):

@@ -1,5 +1,5 @@
-"""Pooling and row reductions lowered from their TVM schedules (schedules/dsp/pool_tir.py,
-reduce_tir.py) by the backend's window / lane-reduction lowering (opcompiler/backend/dsp/
+"""Pooling and row reductions lowered from their TVM schedules (schedules/dsp/pool.py,
+reduce.py) by the backend's window / lane-reduction lowering (opcompiler/backend/dsp/
 tir_vector.py): numpy, the cycles of the retired direct emissions (kept below as the references),
 functional == timing, mutations."""
 import random
@@ -287,7 +287,7 @@ def test_instructions_recognised_from_the_window():
 
 
 # ================================================================== row reductions (reduce_sum / reduce_max)
-# lowered from schedules/dsp/reduce_tir.py by the lane-reduction lowering; the retired emission of
+# lowered from schedules/dsp/reduce.py by the lane-reduction lowering; the retired emission of
 # schedules/dsp/reduce.py (reduce_* branch) below as the reference.
 
 RE = DspReduce()

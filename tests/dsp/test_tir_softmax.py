@@ -1,4 +1,4 @@
-"""Row softmax lowered from its TVM schedule (schedules/dsp/softmax_tir.py: the op's own compute,
+"""Row softmax lowered from its TVM schedule (schedules/dsp/reduce.py `softmax_schedule`: the op's own compute,
 max / subtract / exp / sum / divide) by the backend's vector-nest lowering (lane reduction for
 the max, row nests for exp + fused sum and the scale; opcompiler/backend/dsp/tir_vector.py):
 numpy, the cycles of the retired direct emission (kept below as the reference and pinned),

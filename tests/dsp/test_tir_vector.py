@@ -1,4 +1,4 @@
-"""The DSP element-wise chains lowered from their TVM schedule (schedules/dsp/chain_tir.py) by the
+"""The DSP element-wise chains lowered from their TVM schedule (schedules/dsp/chain.py) by the
 backend's vector-nest lowering (opcompiler/backend/dsp/tir_vector.py): numpy, the same program as
 the retired direct emission (kept below as the reference), functional == timing, mutations."""
 import random

@@ -7,11 +7,11 @@ When a tile's extent along an axis is 1, TVM leaves that axis's loop out of the 
 `compute_at` / `reverse_compute_at` create, so a schedule that picks a loop by its position finds
 fewer loops than it expects. The shapes and configs below each once raised an internal error:
 
-* the weight tile's copy (`tir_sched._weights`): one weight element per channel block (matmul
+* the weight tile's copy (`direct._weights`): one weight element per channel block (matmul
   K = N = 1; conv C*R*S = K = 1) left no loop under the channel-block loop -> IndexError;
 * split=k (`ksplit.ksplit_schedule`): with K = 1 only one K part holds data, so the loop over the
   parts under the row-block loop is left out -> IndexError;
-* order=ws with an epilogue (`tir_sched._ws_staged`): with one output channel the lanes' loop is
+* order=ws with an epilogue (`direct._ws_staged`): with one output channel the lanes' loop is
   left out, and a 1x1 tile then had no loop under the stage loop -> ScheduleError.
 """
 import pytest

@@ -16,6 +16,7 @@ that the direct convolution's `check` and features read. Their execution stays i
 """
 from __future__ import annotations
 
+from ...sim.tir_expr import TIR  # noqa: F401  (TVM's TIR node classes, resolved on first use, for schedules' walkers)
 from .machine import DspMachine, machine
 from .core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws, sum_costs  # the micro-kernel intrinsics (see above)
 
@@ -54,6 +55,6 @@ EVENT = "opc.dsp.event"
 # ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM)
 EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vadd": "res", "vrelu": "relu"}
 
-__all__ = ["MkCost", "mk_ew", "mk_out", "mk_ws", "sum_costs", "ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine", "EPI_BLOCKS", "EPI_REGS", "EVENT", "F32", "F32_NAME", "GCONV",
+__all__ = ["TIR", "MkCost", "mk_ew", "mk_out", "mk_ws", "sum_costs", "ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine", "EPI_BLOCKS", "EPI_REGS", "EVENT", "F32", "F32_NAME", "GCONV",
            "INTRINSICS", "ITEMS", "MK", "MK_EW", "MK_GEMM", "MK_WS", "OP", "SCOPES", "SCOPE_AM", "SCOPE_GSM",
            "SCOPE_REG", "SCOPE_SM", "STAGE", "VEC", "machine"]

@@ -1,6 +1,6 @@
 """Register-blocked convolution nests of lowered TIR -> VPU vector kernels (grouped / depthwise conv).
 
-A template marks a loop nest `opc.dsp.op = "gconv"` (`schedules/dsp/grouped_tir.py`): four loops
+A template marks a loop nest `opc.dsp.op = "gconv"` (`schedules/dsp/grouped.py`): four loops
 (group, channel in group, row block, column vector) over a convolution reduction into a
 `local.REG` buffer (`acc += x * w`) and the blocks after it (epilogue, ending in a store to an AM
 tile). The nest becomes one `vector.Nest` per register-block shape (the full blocks, then the

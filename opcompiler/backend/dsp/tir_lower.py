@@ -1,6 +1,6 @@
 """The DSP backend's TIR lowering: a scheduled, lowered TVM function -> the program the simulator runs.
 
-Templates (`schedules/dsp/tir_sched.py`) build an annotated `s_tir` schedule; this module is the
+Templates (`schedules/dsp/direct.py`) build an annotated `s_tir` schedule; this module is the
 compiler from its lowered TIR to DSP ops, and imports nothing from `schedules/`.
 
 The function is walked as TVM left it (loops, compacted allocations, block predicates). Loops

@@ -1,6 +1,6 @@
 """Data-movement kernels of lowered TIR (slice, pad, transpose, concat) -> DMA descriptors and fills.
 
-A template (`schedules/dsp/move_tir.py`) schedules the op's own compute: the output cut into
+A template (`schedules/dsp/move.py`) schedules the op's own compute: the output cut into
 stage items (`opc.dsp.stage`, split over the cores by `opc.dsp.cores`), each item's copy nests
 annotated `opc.dsp.op = "dma"`, optionally staged through an AM tile (a `cache_write` in
 `local.AM` at the stage loop, two slots when `dbuf`). `MoveLowerer` lowers

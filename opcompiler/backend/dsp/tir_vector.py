@@ -1,6 +1,6 @@
 """Vector nests of lowered TIR -> VPU vector kernels (`vector.VKernel`), the TBE `emit_insn` way.
 
-A template marks a loop nest `opc.dsp.op = "vec"` (`schedules/dsp/chain_tir.py`): a perfect nest
+A template marks a loop nest `opc.dsp.op = "vec"` (`schedules/dsp/chain.py`): a perfect nest
 over one block storing one expression into an AM tile. The nest becomes one VPU pass, one
 `vector.Nest`:
 
@@ -24,7 +24,7 @@ over one block storing one expression into an AM tile. The nest becomes one VPU 
 * functional mode executes the kernel (`vector.execute`) on the simulated memories; its cycles
   come from list-scheduling the same instructions (`vector.kernel_cost`).
 
-A vector nest holding a window reduction (pooling, `schedules/dsp/pool_tir.py`: a store that
+A vector nest holding a window reduction (pooling, `schedules/dsp/pool.py`: a store that
 reduces a load of its own buffer with max / + over loops its index does not mention) becomes the
 taps unrolled: the first tap loaded into the accumulator, the others through four rotating
 registers, one vmax / vadd each (the init block is the first tap). `opc.dsp.separable` reduces
@@ -40,7 +40,7 @@ the side columns once per buffer (a (planes, rows, pixels, channels) tile with p
 filled as (planes, rows, pixels x channels), whole pixels); tiles get their own dependency tags
 (in / pad / out).
 
-A vector nest marked `opc.dsp.rows` (softmax, `schedules/dsp/softmax_tir.py`) is a row nest:
+A vector nest marked `opc.dsp.rows` (softmax, `schedules/dsp/reduce.py`) is a row nest:
 loops (rows, vectors / acc, acc, lanes) over one element-wise store, optionally followed by a
 reduction of the stored element (or a sum of its square: layer norm's variance, one FMA a
 vector) reverse_compute_at its lanes loop. One `vector.Nest` per row block: per-row operands (loads that do not move along the row) issued once per row, the `acc`

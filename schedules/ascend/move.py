@@ -336,6 +336,31 @@ def _tiled(key: str, tile: int):
     return sch.mod, sch.get(copy_out).name_hint
 
 
+def _tile_loops(sch, loops, exts, sizes, tail=()):
+    """The copy-out's `loops` split by a tile's extents `exts` (of `sizes`): a loop the tile covers
+    whole stays inside, one of extent 1 in the tile goes outside, any other is split; the outer
+    loops (at least one) fused into the tile loop, the inner ones (then `tail`) under it, the
+    first inner loop the copy's DMA. Returns the tile loop."""
+    outer, inner = [], []
+    for lp, e, n in zip(loops, exts, sizes):
+        if e == n:
+            inner.append(lp)
+        elif e == 1:
+            outer.append(lp)
+        else:
+            o, i = sch.split(lp, [None, e])
+            outer.append(o)
+            inner.append(i)
+    inner += list(tail)
+    if not outer:  # one tile
+        o, inner[0] = sch.split(inner[0], [1, None])
+        outer = [o]
+    sch.reorder(*outer, *inner)
+    tiles = sch.fuse(*outer) if len(outer) > 1 else outer[0]
+    sch.annotate(inner[0], PRAGMA, DMA_COPY)
+    return tiles
+
+
 def _strided_runs(sch, blk, g: TransposeGeometry, tile: int):
     """A kept-run transpose: the op's block writes a UB tile laid out as y (cache_write) and the
     tile is copied out in one move; the copy-out loops (y's leading axes, the run) split by the
@@ -346,23 +371,7 @@ def _strided_runs(sch, blk, g: TransposeGeometry, tile: int):
     ylead = [g.sizes[k] for k in g.order[:-1]]
     copy_out = sch.cache_write(blk, 0, UB_SCOPE)
     loops = sch.get_loops(copy_out)
-    outer, inner = [], []
-    for lp, e, n in zip(loops[:-1], ext, ylead):
-        if e == n:
-            inner.append(lp)
-        elif e == 1:
-            outer.append(lp)
-        else:
-            o, i = sch.split(lp, [None, e])
-            outer.append(o)
-            inner.append(i)
-    inner.append(loops[-1])
-    if not outer:  # one tile
-        o, inner[0] = sch.split(inner[0], [1, None])
-        outer = [o]
-    sch.reorder(*outer, *inner)
-    tiles = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    sch.annotate(inner[0], PRAGMA, DMA_COPY)
+    tiles = _tile_loops(sch, loops[:-1], ext, ylead, loops[-1:])
     sch.compute_at(blk, tiles, preserve_unit_loops=True)
     bl = sch.get_loops(blk)[1:]  # y's leading axes within the tile, the run
     rest = [bl[k] for k in range(len(ylead)) if k not in chain]
@@ -379,22 +388,7 @@ def _vector_transpose(sch, blk, g: TransposeGeometry, itemsize: int, tile: int):
     ext = vector_tile(g.sizes, g.order, itemsize, tile)
     x_in = sch.cache_read(blk, 0, UB_SCOPE)
     copy_out = sch.cache_write(blk, 0, UB_SCOPE)
-    outer, inner = [], []
-    for lp, k in zip(sch.get_loops(copy_out), g.order):
-        if ext[k] == g.sizes[k]:
-            inner.append(lp)
-        elif ext[k] == 1:
-            outer.append(lp)
-        else:
-            o, i = sch.split(lp, [None, ext[k]])
-            outer.append(o)
-            inner.append(i)
-    if not outer:  # one tile
-        o, inner[0] = sch.split(inner[0], [1, None])
-        outer = [o]
-    sch.reorder(*outer, *inner)
-    tiles = sch.fuse(*outer) if len(outer) > 1 else outer[0]
-    sch.annotate(inner[0], PRAGMA, DMA_COPY)
+    tiles = _tile_loops(sch, sch.get_loops(copy_out), [ext[k] for k in g.order], [g.sizes[k] for k in g.order])
     sch.compute_at(blk, tiles, preserve_unit_loops=True)
     sch.compute_at(x_in, tiles, preserve_unit_loops=True)
     sch.annotate(sch.get_loops(blk)[1], PRAGMA, VEC_TRANSPOSE)
