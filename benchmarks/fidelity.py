@@ -90,8 +90,8 @@ def aibench_cube(m1: int, k1: int, n1: int, loops: int = 100, target: Target | N
     iteration two tik.matmul calls of (m1*16) x (k1*16) x (n1*16) on the same L1 operands, the
     second accumulating. On the 910 a tik.matmul is Load2D A and B (L1 -> L0A / L0B) and one MMAD.
     Returns the fraction of one core's cube peak (per busy cube cycle, per cycle of the whole loop)."""
-    from opcompiler.backend.ascend.builder import KernelBuilder
-    from opcompiler.backend.ascend.scheduler import schedule
+    from opcompiler.backend.ascend import KernelBuilder
+    from opcompiler.backend.ascend.timing import schedule
     t, m = _ascend_machine(target)
     kb = KernelBuilder(m)
     a1 = kb.alloc("L1", "input_r_cb", (m1, k1, 16, 16), "float16")
@@ -116,9 +116,9 @@ def aibench_vector(repeat: int, loops: int = 100, target: Target | None = None) 
     GM -> UB moves of `repeat` x 256 B, one fp16 vec_mul of `repeat` repeats (128 lanes), one
     UB -> GM move. Returns the fraction of one core's 128 fp16 lanes (per busy vector cycle, per
     cycle of the whole loop)."""
-    from opcompiler.backend.ascend.builder import KernelBuilder
-    from opcompiler.backend.ascend.isa import VOp
-    from opcompiler.backend.ascend.scheduler import schedule
+    from opcompiler.backend.ascend import KernelBuilder
+    from opcompiler.backend.ascend.program import VOp
+    from opcompiler.backend.ascend.timing import schedule
     t, m = _ascend_machine(target)
     kb = KernelBuilder(m)
     n = repeat * 128

@@ -248,11 +248,11 @@ def _measure_at_full_l2(params: Mapping[str, Any], cfg: Mapping, n_full: int, tp
     """A conv at a reduced batch, timed with the L2 hit rate its full batch would have.
 
     ascend-sim serves the share of GM reads that re-read the input tensors from L2 as far as L2
-    holds them (`scheduler._hbm_fraction`: 1 - reuse x min(1, L2 / unique input bytes)), a
+    holds them (`timing._hbm_fraction`: 1 - reuse x min(1, L2 / unique input bytes)), a
     whole-program figure: a small batch fits L2 and would look faster per tile than the full
     one. So the reduced program's reads are scaled to the full batch's (tiles per core
     `tpc_full` / `tpc`) and its unique bytes to the full batch's data, and that fraction is used."""
-    from opcompiler.backend.ascend import scheduler as sch
+    from opcompiler.backend.ascend import timing as sch
 
     orig = sch._hbm_fraction
     n = params["n"]

@@ -2,7 +2,7 @@
 
 For the ResNet-50 3x3 conv presets at batch 1 and 32 on ascend-sim (fp16, template default):
   build_ms       template + program emission for core 0 (what every tuning candidate pays)
-  timing_ms      backend.measure: the pipe-scheduler replay, no arithmetic
+  timing_ms      backend.measure: the timing model's pipe replay (ascend timing.py), no arithmetic
   candidate_ms   build + timing: the cost of one tuning candidate (goal <= 50 ms at batch 1)
   functional_s   backend.run: every core's program executed on simulated memories
                  (goal <= 30 s at batch 1; batch 32 is run only with --functional-all)
@@ -75,7 +75,7 @@ def random_row(backend, n: int = 24, seed: int = 1) -> dict:
     trace cache): the median cost of one candidate, build + timing mode (issue 12's goal: 10 ms)."""
     import random
 
-    import opcompiler.backend.ascend.tir_lower as tl
+    import opcompiler.backend.ascend.lower.cube as tl
     from opcompiler.ops import workload
     from opcompiler.target import load_target
     from opcompiler.template import get_template
@@ -98,7 +98,7 @@ def random_row(backend, n: int = 24, seed: int = 1) -> dict:
 def tir_rows(backend, repeat: int) -> list[dict]:
     """res2_3x3 b1 at fixed tiles: the first build of the tile shape and a cached one; then
     random candidates (`random_row`)."""
-    import opcompiler.backend.ascend.tir_lower as tl
+    import opcompiler.backend.ascend.lower.cube as tl
     from opcompiler.ops import get_op, workload
 
     wl = workload("conv2d", preset="resnet50.res2_3x3", batch=1, dtype="float16")

@@ -85,7 +85,7 @@ def _tvm_floor(wl, target, tmpl, n: int, seed: int, goal: float, name: str) -> d
     conv schedule (its primitives) and the lowering passes, medians over the same random
     configs with the schedule caches cleared."""
     import opcompiler.schedules.dsp.direct as ts
-    from opcompiler.backend.dsp.tir_lower import lowered
+    from opcompiler.backend.dsp.lower.direct import lowered
 
     rng = random.Random(seed)
     sched, passes = [], []

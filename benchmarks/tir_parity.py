@@ -110,7 +110,7 @@ def timing() -> int:
     compile, trace; intrinsics parsed once per process, the first candidate pays that) and TIR
     with the trace cached (same tiles, other knobs). The retired direct route took 2.0 ms."""
     from opcompiler.backend import get_backend
-    from opcompiler.backend.ascend import tir_lower
+    from opcompiler.backend.ascend.lower import cube
     from opcompiler.ops import workload
     from opcompiler.target import load_target
     from opcompiler.template import get_template
@@ -139,7 +139,7 @@ def timing() -> int:
     # candidates as a tuner draws them (every knob random), in a fresh trace cache
     import random
 
-    tir_lower.TRACES.clear()
+    cube.TRACES.clear()
     rng, drawn = random.Random(1), []
     while len(drawn) < 200:
         c = tmpl.config(wl, target, tmpl.random_config(wl, target, rng))
@@ -152,7 +152,7 @@ def timing() -> int:
     for label, ts in out.items():
         print(f"  {label:30s} median {1e3 * statistics.median(ts):7.1f} ms  min {1e3 * min(ts):7.1f}  "
               f"max {1e3 * max(ts):7.1f}  (n={len(ts)})")
-    print(f"  traces cached in this process: {len(tir_lower.TRACES)}")
+    print(f"  traces cached in this process: {len(cube.TRACES)}")
     return 0
 
 

@@ -97,7 +97,7 @@ def test_ascend_functional_and_timing_cycles_equal(dtype, shape):
 def test_dsp_functional_and_timing_cycles_equal(shape):
     """The functional clock (the per-core op lists as executed, `fclock`) equals the timing model
     on the same program; the timing program (repeat blocks, core groups) is the one measured."""
-    from opcompiler.backend.dsp import engine, fclock
+    from opcompiler.backend.dsp import fclock, timing as dsp_timing
     from opcompiler.backend.dsp.lower import lower
     from opcompiler.backend.dsp.machine import machine
     from opcompiler.template import get_template
@@ -109,7 +109,7 @@ def test_dsp_functional_and_timing_cycles_equal(shape):
     fprog = lower(get_template("batch_matmul", "dsp").apply(wl, t, kern.config), t, True)
     ins = get_op(wl.op).make_inputs(wl)
     out, _, fun = fclock.replay(machine(t), fprog, ins)
-    tim = engine.timing(machine(t), fprog)
+    tim = dsp_timing.timing(machine(t), fprog)
     assert fun.cycles == tim.cycles > 0 and fun.dsp_cycles == tim.dsp_cycles
     assert fun.cycles == be.measure(kern).cycles
     assert np.abs(out - _bmm64(wl, ins)).max() < 1e-4

@@ -81,7 +81,7 @@ def test_ascend_a_row_longer_than_ub_moves_in_chunks():
     ("rows=37,cols=33,n=29,idx=int32", {"tile": 8, "path": "ddr", "dbuf": 0, "cores": 4}),
     ("rows=500,cols=64,n=128,idx=int64", {"tile": 16, "path": "am", "dbuf": 1, "cores": 8})])
 def test_dsp_functional_and_timing_clocks_agree(shape, config):
-    from opcompiler.backend.dsp import engine, fclock
+    from opcompiler.backend.dsp import fclock, timing as dsp_timing
     from opcompiler.backend.dsp.lower import lower
     from opcompiler.backend.dsp.machine import machine
     from opcompiler.template import get_template
@@ -92,7 +92,7 @@ def test_dsp_functional_and_timing_clocks_agree(shape, config):
     assert res.cycles == be.measure(k).cycles == res.metrics["functional_cycles"] == res.metrics["timing_cycles"]
     fprog = lower(get_template("gather", "dsp").apply(wl, tgt, k.config), tgt, True)
     out, _, fun = fclock.replay(machine(tgt), fprog, ins)
-    tim = engine.timing(machine(tgt), fprog)
+    tim = dsp_timing.timing(machine(tgt), fprog)
     assert fun.cycles == tim.cycles and fun.dsp_cycles == tim.dsp_cycles
     assert fun.cycles == res.cycles  # each core timed on its own: the call's timing is the same program's
     assert np.array_equal(out, ins[0][ins[1]])

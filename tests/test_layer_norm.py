@@ -80,7 +80,7 @@ def test_ascend_functional_and_timing_clocks_agree(op, shape, dtype, config):
 def test_dsp_functional_and_timing_clocks_agree(op, shape, config):
     """The functional clock (`fclock.replay`: what executed) equals the timing model on the same
     per-core program; the timing program (identical cores as one group) within 3 % of the call."""
-    from opcompiler.backend.dsp import engine, fclock
+    from opcompiler.backend.dsp import fclock, timing as dsp_timing
     from opcompiler.backend.dsp.lower import lower
     from opcompiler.backend.dsp.machine import machine
     from opcompiler.template import get_template
@@ -91,7 +91,7 @@ def test_dsp_functional_and_timing_clocks_agree(op, shape, config):
     assert res.cycles == be.measure(k).cycles
     fprog = lower(get_template("norm", "dsp").apply(wl, tgt, k.config), tgt, True)
     out, _, fun = fclock.replay(machine(tgt), fprog, ins)
-    tim = engine.timing(machine(tgt), fprog)
+    tim = dsp_timing.timing(machine(tgt), fprog)
     assert fun.cycles == tim.cycles and fun.dsp_cycles == tim.dsp_cycles
     assert fun.cycles == pytest.approx(res.cycles, rel=0.03)
     _check(wl, ins, out)
@@ -116,7 +116,7 @@ def test_ascend_statistics_per_tile_and_gamma_once_per_core():
     """Per row tile: vcadd folds per row, the mean / var / + eps / sqrt / 1 / x once over the
     tile's rows; gamma and beta GM -> UB once per core; the capacity check lists what the
     lowering allocates."""
-    from opcompiler.backend.ascend.isa import DataMove, Vec
+    from opcompiler.backend.ascend.program import DataMove, Vec
     from opcompiler.template import get_template
 
     wl, be, k, ins, res = _run("layer_norm", "ascend-sim", "rows=32,cols=256", "float16",

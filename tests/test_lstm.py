@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend.isa import DataMove
+from opcompiler.backend.ascend.program import DataMove
 from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target
 

@@ -11,7 +11,7 @@ from typing import Any
 
 
 class Instruction:
-    """Base of Ascend's `isa.Instr` and the DSP's `program.Op` (attributes set by subclasses)."""
+    """Base of Ascend's `program.Instr` and the DSP's `program.Op` (attributes set by subclasses)."""
 
     __slots__ = ()
     pipe: str

@@ -1,6 +1,6 @@
 """The one program container both simulated machines' programs are, and its listing.
 
-A machine's program (Ascend's `backend/ascend/builder.Program`: one core's instruction stream;
+A machine's program (Ascend's `backend/ascend/program.Program`: one core's instruction stream;
 the DSP's `backend/dsp/program.Program`: per-core op lists of the whole cluster) subclasses
 `SimProgram` and says where its instruction lists are (`streams`: a title and a list per core,
 or per core group), the bytes in use per on-chip level (`high_water`; Ascend's program also

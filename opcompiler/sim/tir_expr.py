@@ -17,8 +17,8 @@ non-integer type, where floats come from, has no rule), for evaluators that fall
 the code otherwise.
 An expression with no rule raises `NoRule` (an `OpcFailure`).
 
-ascend-sim evaluates a schedule's event arguments with it (`backend/ascend/tir_trace.py`),
-dsp-sim its loop bounds, predicates, indices and micro-kernel bodies (`backend/dsp/tir_eval.py`).
+ascend-sim evaluates a schedule's event arguments with it (`backend/ascend/lower/trace.py`),
+dsp-sim its loop bounds, predicates, indices and micro-kernel bodies (`backend/dsp/lower/eval.py`).
 """
 from __future__ import annotations
 

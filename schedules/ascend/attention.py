@@ -15,7 +15,7 @@ TIR): the tile loops, the causal bound of the key loop, and with `double_buffer`
 skewed into a software pipeline, qk of tile j+2 and acc of tile j around sm / pv of tile j+1,
 so the cube works on the next tiles while the vector unit does the softmax. Each stage is one
 `T.call_packed(EVENT, stage, bh, q0, k0)`; the backend's lowering "attention"
-(`opcompiler/backend/ascend/tir_attention.py`) turns each into its instructions.
+(`opcompiler/backend/ascend/lower/attention.py`) turns each into its instructions.
 GM layouts (host-side): Q and O ND (b*h, sq, d), or with layout=sbhd (sq, b*h, d), a head's rows
 read and written by strided DMA; K as FRACTAL_Z of K^T and V as FRACTAL_Z,
 the mask fp16, all zero-padded to 16; a constant causal band fp32.

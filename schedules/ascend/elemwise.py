@@ -15,18 +15,18 @@ each input's contiguous channel block per image through UB (MTE2 -> UB -> MTE3, 
 Flat chains (relu, add, add_relu without broadcast, ew_chain without per-channel steps) take the
 TVM route: `flat_schedule` schedules the op's own TE compute (UB tiles, cache_read /
 cache_write, stages computed at the tile loop, emit_insn pragmas, the knobs as split factor and
-loop annotations) and the backend's `emit_insn` lowering turns the scheduled module into each
+loop annotations) and the backend's `lower.vector` lowering turns the scheduled module into each
 core's program. Per-channel chains take it too: `channel_schedule` schedules the
 chain on the NC1HWC0 view (parameters resident in UB, a per-channel step lowered to block
 stride 0 / half-row instructions). slice, pad and transpose take it too: `move.move_schedule`
 views the tensors as the runs the op moves and writes the op's block through a UB tile (MTE2 in,
-MTE3 out, a vector dup for padding), lowered by the backend's `emit_move`; concat too
+MTE3 out, a vector dup for padding), lowered by the backend's `lower.move`; concat too
 (`move.concat_schedule`). `apply` returns the schedule as a `Scheduled` whose lowering
 ("vector" or "move") the backend's `lower.py` runs.
 
 The flat schedule (`flat_schedule`). TBE schedules a vector op by tiling the output into UB-sized
 pieces, reading the inputs into UB (`cache_read`), keeping every intermediate stage in UB and computing it at the tile loop, and
-marking each loop nest with an `emit_insn` pragma; the backend's `emit_insn` lowering turns each
+marking each loop nest with an `lower.vector` pragma; the backend's `lower.vector` lowering turns each
 nest into one DMA or vector instruction. This is that schedule for flat chains (relu, add,
 add_relu without broadcast, ew_chain of relu / sigmoid / clip / affine / pow / add / mul):
 
@@ -41,10 +41,10 @@ add_relu without broadcast, ew_chain of relu / sigmoid / clip / affine / pow / a
                                             iterations) and opc.ascend.double_buffer (ping-pong)
     nests                                   pragma_emit_insn = dma_copy (GM <-> UB) or vector_auto
 
-The backend's `emit_insn` lowers the module; nothing here emits instructions.
+The backend's `lower.vector` lowers the module; nothing here emits instructions.
 
 The per-channel schedule (`channel_schedule`): an `s_tir.Schedule` over NC1HWC0, lowered by the
-backend's `emit_insn` (TBE style: UB tiles, pragma'd nests; nothing here emits instructions).
+backend's `lower.vector` (TBE style: UB tiles, pragma'd nests; nothing here emits instructions).
 Chains with per-channel steps (bias_add, batch_norm, bn_relu, add_relu with bcast=1, ew_chain
 with bias / scale / bn steps) work on NC1HWC0 so that one 256 B repeat covers 8 pixels x 16
 channels. As for pooling (`pool.py`), the compute is written on the NC1HWC0 view directly: the
@@ -178,7 +178,7 @@ class AscendElemwise(AscendTemplate):
     def _apply_move_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """Data movement through TVM: `move.move_schedule` schedules the op's TE compute
         (views of the runs it moves, the op's block cache_written into a UB tile, tiles of
-        ub_tile elements, dma_copy pragmas) for the backend's "move" lowering (`emit_move`:
+        ub_tile elements, dma_copy pragmas) for the backend's "move" lowering (`lower.move`:
         MTE2 / MTE3 boxes, a vector dup for padding). The inputs go to GM as the views of the
         runs the module moves."""
         from .move import logical_out_shape, move_schedule
@@ -191,7 +191,7 @@ class AscendElemwise(AscendTemplate):
     def _apply_flat_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """Flat chains through TVM: `flat_schedule` schedules the op's TE compute
         (UB tiles, cache_read / cache_write, stages computed at the tile loop, emit_insn pragmas)
-        for the backend's "vector" lowering (`emit_insn`). The tensors stream flat."""
+        for the backend's "vector" lowering (`lower.vector`). The tensors stream flat."""
         n, c, h, w = _shape(wl)
         out_shape = (n, c, h, w) if wl.layout == "NCHW" else (n, h, w, c)
         return Scheduled(lowering="vector", module=lambda: (flat_schedule(wl, cfg), ()),
@@ -204,7 +204,7 @@ class AscendElemwise(AscendTemplate):
     def _apply_channel_tir(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """Per-channel chains through TVM: `channel_schedule` schedules the chain on
         the NC1HWC0 view (UB tiles of ub_tile / 16 pixels of one channel block, parameters
-        resident in UB, emit_insn pragmas) for the backend's "vector" lowering (`emit_insn`;
+        resident in UB, emit_insn pragmas) for the backend's "vector" lowering (`lower.vector`;
         per-channel steps: block stride 0 for fp16, two half-row instructions for fp32)."""
         steps = _steps(wl)
         chain = chain_text(steps)

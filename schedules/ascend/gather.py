@@ -8,7 +8,7 @@
         rows_UB[:cnt] -> out GM                   MTE3, one DMA
 
 The indirect DMA's source row comes from the index the kernel read from simulated UB
-(`isa.IndirectMove`), so a functional run fetches the rows the indices name, and an index
+(`program.IndirectMove`), so a functional run fetches the rows the indices name, and an index
 outside the table is a one-line error naming it and the table size. Its cost is a DMA of that
 row's bytes (timing mode needs no values). The table never enters UB whole; the machine has no
 GM -> GM path, so rows stage through UB. A row longer than a UB slot (fp16 rows above ~64K
@@ -16,7 +16,7 @@ elements) moves in column chunks, one tile per index.
 
 `apply` returns the TVM schedule of the op's own compute (the index loop split by rows_tile,
 the indices cache_read into UB, the gather block cache_written into a UB row tile, pragmas
-`dma_copy` / `dma_gather`) for the backend's "gather" lowering (`emit_gather`).
+`dma_copy` / `dma_gather`) for the backend's "gather" lowering (`lower.gather`).
 """
 from __future__ import annotations
 
@@ -34,7 +34,7 @@ from opcompiler.workload import Workload
 from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
 
 ROWS_TILES = (1, 2, 4, 8, 16, 32, 64, 128)
-GATHER = "dma_gather"  # the backend's `emit_gather.GATHER`
+GATHER = "dma_gather"  # the backend's `lower.gather.GATHER`
 
 
 def _tiled(wl: Workload, rows_tile: int):

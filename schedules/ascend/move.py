@@ -1,5 +1,5 @@
 """The data-movement ops' schedules (slice, pad, transpose, concat): an `s_tir.Schedule` over
-the op's own TE compute (concat's written per input), lowered by the backend's `emit_move`
+the op's own TE compute (concat's written per input), lowered by the backend's `lower.move`
 (DMA boxes, TBE style: nothing here emits instructions).
 
 Each op is a copy: the schedule views the tensors as the runs the op moves (`transform_layout`
@@ -34,7 +34,7 @@ tile (`cache_write`: the block itself becomes the GM -> UB move, MTE2) and copie
                 the image loop, all as (image, run); each input's run in tiles of ub_tile (a
                 tile loop per input, `opc.ascend.item_tiles`), the tile read into UB
                 (cache_read) and copied out; the image loop carries the cores and buffering,
-                its tile loops' iterations in order are the items (`emit_move`)
+                its tile loops' iterations in order are the items (`lower.move`)
 
 The tile loop carries opc.ascend.block_dim and opc.ascend.double_buffer; the tiled module
 depends on the workload and ub_tile only (cached), cores and buffering are annotations added

@@ -13,7 +13,7 @@
 The statistics (mean, var, + eps, sqrt, 1 / x) are vector instructions over the tile's column of
 per-row values, once per tile rather than once per row. `norm_schedule` schedules the op's own TE
 compute (what `reduce.py` does for softmax: row tiles, cache_read / cache_write into UB, emit_insn
-pragmas; here three row loops); the backend's "reduce" lowering (`emit_reduce`) turns it into each
+pragmas; here three row loops); the backend's "reduce" lowering (`lower.reduce`) turns it into each
 core's program.
 """
 from __future__ import annotations
@@ -160,7 +160,7 @@ class AscendNorm(AscendTemplate):
         return [{"rows_tile": t, "double_buffer": 1, "block_dim": target.cores} for t in order]
 
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
-        """What `emit_reduce` allocates in UB: gamma and beta (fp16: and their fp32 casts) and the
+        """What `lower.reduce` allocates in UB: gamma and beta (fp16: and their fp32 casts) and the
         folds' scratch once; per ping-pong slot the tile's rows (at their 32 B aligned stride): the
         inputs, fp16: their fp32 casts, add: the sum, d, the output, fp16: its cast, and seven
         (rows, 1) fp32 statistics."""

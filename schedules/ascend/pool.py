@@ -2,7 +2,7 @@
 
 The kernel is a TVM schedule (`pool_schedule`, below: pool2d's own compute on the NC1HWC0
 view, the knobs as split factor and tile-loop annotations), returned as a `Scheduled` for the
-backend's "vector" lowering (its `emit_insn`); what it issues:
+backend's "vector" lowering (its `lower.vector`); what it issues:
 
     FOR plane (n, c1), output-row tile (split over `block_dim` cores):
       fill the padded input tile with the pad value (V, only when pad > 0)
@@ -20,11 +20,11 @@ reduction, not a window: one instruction per tap per output row would cover a si
 pixel (16 of 128 lanes) for each of H*W taps. Such a workload is scheduled as the row reduction
 it is (v2): the reduce template's TVM schedule of `reduce_mean` / `reduce_max` over the (N*C,
 H*W) rows (x read ND, relaid on the host like every layout change here), lowered by
-`emit_reduce` (per row a vcadd / vcmax fold, the mean's 1/(H*W) one vmuls); its knobs are the
+`lower.reduce` (per row a vcadd / vcmax fold, the mean's 1/(H*W) one vmuls); its knobs are the
 reduce template's (`rows_tile`, `double_buffer`, `block_dim`).
 
 The schedule (`pool_schedule`): an `s_tir.Schedule` of pool2d over NC1HWC0, lowered by the
-backend's `emit_insn` (TBE style: UB tiles, pragma'd nests; nothing here emits instructions).
+backend's `lower.vector` (TBE style: UB tiles, pragma'd nests; nothing here emits instructions).
 
 The compute is the catalogue op's own definition (`dsl.pool2d`: the padded input, the window
 reduction, for avg the division by the number of in-image taps) applied to the NC1HWC0 view
@@ -134,7 +134,7 @@ class AscendPool(AscendTemplate):
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """pool2d through TVM: `pool_schedule` schedules the op's compute on the
-        NC1HWC0 view, for the backend's "vector" lowering (`emit_insn`)."""
+        NC1HWC0 view, for the backend's "vector" lowering (`lower.vector`)."""
         if (rw := row_workload(wl)) is not None:  # a global window: the row reduction it is
             rs = _rows().apply(rw, target, cfg)
             n, c, layout = wl["n"], wl["c"], wl.layout

@@ -18,7 +18,7 @@ GM traffic: X, W, R, B, h0 (c0) read once each (W and R resident; streamed: once
 written once, and with a hidden split h_s read back once a step by each core of the group:
 no gate ever leaves the core. The kernel is a TIR loop nest of stage events
 (`T.call_packed(EVENT, ...)`), turned into instructions by the backend's lowering "recurrent"
-(`opcompiler/backend/ascend/tir_recurrent.py`). GM layouts (host-side): X (t, Bp, Ip) fp16;
+(`opcompiler/backend/ascend/lower/recurrent.py`). GM layouts (host-side): X (t, Bp, Ip) fp16;
 W, R as FRACTAL_Z of W^T / R^T with the gate columns regrouped per hidden tile (LSTM
 [i | o | f | c], GRU [z | r | n_x | n_h], W's n_h and R's n_x columns zero); B fp32 per packed
 column; h0, c0 (Bp, Hp) fp16; Y (t, Bp, Hp) fp16; all zero-padded to 16.

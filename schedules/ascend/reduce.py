@@ -9,12 +9,12 @@
 Both templates take the TVM route: `reduce_schedule` (below) schedules the op's own TE
 compute (row tiles, cache_read / cache_write into UB, the casts and softmax's stages as UB
 stages, emit_insn pragmas, the reduction loop `vector_reduce`); `apply` returns it as a
-`Scheduled` whose "reduce" lowering (the backend's `emit_reduce`) turns it into each core's
+`Scheduled` whose "reduce" lowering (the backend's `lower.reduce`) turns it into each core's
 program.
 
 The schedule (`reduce_schedule`): an `s_tir.Schedule` over the op's own TE compute
 (reduce_sum / reduce_max / softmax over the last axis of (m, n)), lowered by the backend's
-`emit_reduce` (TBE style: UB tiles of rows, pragma'd nests; nothing here emits instructions).
+`lower.reduce` (TBE style: UB tiles of rows, pragma'd nests; nothing here emits instructions).
 
     output                      cache_write into local.UB; the copy-out's row loop split by
                                 `rows_tile` into [tiles, rows]; the tile loop carries
@@ -92,7 +92,7 @@ class _RowTemplate(AscendTemplate):
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         """The TVM route: the scheduled module (`reduce_schedule`) for the backend's
-        "reduce" lowering (`emit_reduce`: per row a vcadd / vcmax fold; softmax's stages per
+        "reduce" lowering (`lower.reduce`: per row a vcadd / vcmax fold; softmax's stages per
         row). The rows go to GM as they are: x (m, n), the op's input."""
         return Scheduled(lowering="reduce", module=lambda: (reduce_schedule(wl, cfg), ()),
                          host=HostLayout(pack=lambda ins: {"x": np.ascontiguousarray(ins[0])}, out_dtype=wl.dtype),

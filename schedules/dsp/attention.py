@@ -17,7 +17,7 @@ with `dbuf` (the next tile's copies issued before this tile's passes; Q^T and O^
 by query tile, so the next tile's Q^T arrives and the last tile's O leaves while the VPEs work).
 The kernel is a TIR loop nest of stage events, as the ascend-sim flash kernel's: each stage one
 `T.call_packed(EVENT, stage, bh, q0[, k0])`; the backend's lowering "attention"
-(`opcompiler/backend/dsp/tir_attention.py`) turns each into its DMA descriptors and vector
+(`opcompiler/backend/dsp/lower/attention.py`) turns each into its DMA descriptors and vector
 instructions. A mask is relaid once, by the cores, to (skv, mask batches, sq) so its tiles are
 row runs in the transposed orientation. layout=sbhd (Q, K, V, O sequence first) reads and writes
 a head's rows at their pitch. fp32 only (the VPEs' type: a declared limit for float16).

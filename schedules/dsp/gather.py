@@ -8,7 +8,7 @@ descriptor), `path=am` into an AM row tile (two with `dbuf`) that leaves in one 
 outside the table is a one-line error naming it and the table size.
 
 `apply` returns the TVM schedule of the op's compute (the index loop split by `tile`) for the
-backend's "gather" lowering (`backend/dsp/tir_gather.py`)."""
+backend's "gather" lowering (`backend/dsp/lower/gather.py`)."""
 from __future__ import annotations
 
 from typing import Any, Mapping

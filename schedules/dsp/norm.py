@@ -1,6 +1,6 @@
 """dsp-sim template for layer normalisation (layer_norm, add_layer_norm) over the last axis of
 (rows, cols), on the VPU in fp32, lowered from the TVM schedule of the op's compute by the
-backend's vector-nest lowering (`backend/dsp/tir_vector.py`), staged as the row reductions and
+backend's vector-nest lowering (`backend/dsp/lower/vector.py`), staged as the row reductions and
 softmax are (`reduce.py`).
 
 A stage is a block of `rows` rows DMAed DDR -> AM (row pitch padded to a multiple of 32 x

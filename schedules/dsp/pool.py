@@ -1,6 +1,6 @@
 """dsp-sim template for pool2d (max / average, kernel, stride, padding), NCHW and NHWC: its knobs, the
 tile geometry and the AM budget. The program is lowered from the TVM schedule of the op's own
-compute (`pool_schedule`, below) by the backend's window-nest lowering (`backend/dsp/tir_vector.py`).
+compute (`pool_schedule`, below) by the backend's window-nest lowering (`backend/dsp/lower/vector.py`).
 
 NCHW: the N*C planes are independent. An item is (block of `planes` planes, block of `rows` output
 rows); items are split over the cores. Per item the input rows it needs (with the halo of the

@@ -26,7 +26,7 @@ fit; the rest stream per step from GSM (`w_path=gsm`, loaded once) or DDR, doubl
 `dbuf` (the next chunk's copies issued before this chunk's product). fp32 only.
 
 The kernel is a TIR loop nest of stage events (as `attention.py`'s); the backend's lowering
-"recurrent" (`opcompiler/backend/dsp/tir_recurrent.py`) turns each into DMA descriptors and
+"recurrent" (`opcompiler/backend/dsp/lower/recurrent.py`) turns each into DMA descriptors and
 vector instructions. `plan` states the layout both sides read (plain data in `params`).
 """
 from __future__ import annotations

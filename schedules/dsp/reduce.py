@@ -1,6 +1,6 @@
 """dsp-sim templates for row reductions (reduce_sum, reduce_max, reduce_mean over the last axis of (m, n))
 and row softmax, both lowered from the TVM schedule of the op's compute (`reduce_schedule`,
-`softmax_schedule`, below) by the backend's vector-nest lowering (`backend/dsp/tir_vector.py`).
+`softmax_schedule`, below) by the backend's vector-nest lowering (`backend/dsp/lower/vector.py`).
 
 Rows are independent. A stage is a block of `rows` rows, DMAed DDR -> AM with the row pitch
 padded to a multiple of 32 x `acc` (the pad columns hold the reduction's identity, written by

@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 
-from opcompiler.backend.ascend.isa import DataMove, Mmad
+from opcompiler.backend.ascend.program import DataMove, Mmad
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from opcompiler.backend.ascend import KernelBuilder, Machine
-from opcompiler.backend.ascend.isa import Memory, VOp
-from opcompiler.backend.ascend.scheduler import schedule
+from opcompiler.backend.ascend.program import Memory, VOp
+from opcompiler.backend.ascend.timing import schedule
 from opcompiler.target import load_target
 
 

@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend import scheduler
-from opcompiler.backend.ascend.isa import Barrier, DataMove, Scalar, SyncAll
+from opcompiler.backend.ascend import execute
+from opcompiler.backend.ascend.program import Barrier, DataMove, Memory, Scalar, SyncAll
 from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target
 
@@ -52,13 +52,13 @@ def test_a_core_that_skips_the_barrier_reads_stale_h():
     m = plan.make_program(0).machine
     caps = {lvl: lv.capacity for lvl, lv in m.levels.items()}
     for core in range(plan.active_cores):
-        mem = scheduler.Memory(caps, gm)
+        mem = Memory(caps, gm)
         for ins_ in plan.make_program(core).instrs:
             if not isinstance(ins_, (Barrier, SyncAll, Scalar)):
                 ins_.execute(mem)
     want = get_op("lstm").reference(wl, [a.astype(np.float32) for a in ins])
     stale = np.abs(plan.unpack(gm[plan.out_name]).astype(np.float32) - want).max()
-    out, _ = scheduler.run(plan, plan.make_program(0), ins)
+    out, _ = execute.run(plan, plan.make_program(0), ins)
     locked = np.abs(out.astype(np.float32) - want).max()
     assert locked < 4e-3 and stale > 20 * locked
 

@@ -84,7 +84,7 @@ def test_small_tiles_and_single_buffer(config):
 def test_a_wrong_schedule_gives_a_wrong_result(monkeypatch):
     """The simulator executes the program: a Load3D told the wrong first input row reads the
     wrong rows (here caught as an out-of-buffer read) instead of the reference's answer."""
-    from opcompiler.backend.ascend import builder
+    from opcompiler.backend.ascend.lower import builder
 
     real = builder.KernelBuilder.load3d
 

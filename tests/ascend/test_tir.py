@@ -23,7 +23,7 @@ def test_tir_matmul_matches_numpy(op, shape, tiles):
 def test_tir_trace_is_the_schedules_loop_nest(backend):
     """64x128x96 in 32x64x32 tiles: 2*3 output tiles, 2 k steps each -> 12 MMADs of 2x4x2
     fractals, 12 A and 12 B DMAs, 6 casts out; core 0 of 4 holds 2 tiles."""
-    from opcompiler.backend.ascend.isa import DataMove, Mmad
+    from opcompiler.backend.ascend.program import DataMove, Mmad
 
     wl = workload("matmul", "m=64,k=128,n=96", dtype="float16")
     kern = backend.build(wl, {**TIR, "m_tile": 32, "k_tile": 64, "n_tile": 32})

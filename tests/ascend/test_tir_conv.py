@@ -39,7 +39,7 @@ def test_tir_conv_trace_is_the_schedules_loop_nest(backend):
     tiles -> 2 pixel tiles per image (pad_einsum pads 25 to 32) and 2 n tiles
     -> 8 output tiles (2 images x 2 x 2); K = 16*3*3 = 144 in 32-deep steps -> 5 steps, the last one holding one
     real fractal (K padded to 160 is zero on both operands and not issued)."""
-    from opcompiler.backend.ascend.isa import DataMove, Load3D, Mmad
+    from opcompiler.backend.ascend.program import DataMove, Load3D, Mmad
 
     wl = workload("conv2d", "n=2,c=16,h=9,w=9,k=32,r=3,s=3,stride=2,pad=1", dtype="float16")
     kern = backend.build(wl, _cfg(16, 32, 16))
@@ -74,7 +74,7 @@ def test_a_corrupted_instruction_offset_gives_a_wrong_result(backend):
     """The simulator runs the lowered program: point one img2col (Load3D) of the recorded trace
     at the previous k step's taps and the output is wrong; point one at another pixel tile and
     the builder refuses it (its input rows are not in L1)."""
-    import opcompiler.backend.ascend.tir_lower as tl
+    import opcompiler.backend.ascend.lower.cube as tl
     from opcompiler.errors import OpcFailure
 
     wl = workload("conv2d", "n=1,c=16,h=8,w=8,k=16,r=3,s=3,pad=1", dtype="float16")

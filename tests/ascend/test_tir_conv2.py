@@ -89,7 +89,7 @@ def test_a_grouped_trace_is_one_gemm_per_image_and_group(backend):
     """groups=2, C=K=32, 4x4, 3x3 pad 1: per (image, group) one 16-pixel tile, one 16-channel n
     tile, K = 16*9 = 144 in 32-deep steps -> 5 k steps (the last one fractal); each group's
     feature-map rows are their own DMA and its weights start at group*C1*R*S in GM."""
-    from opcompiler.backend.ascend.isa import DataMove, Load3D, Mmad
+    from opcompiler.backend.ascend.program import DataMove, Load3D, Mmad
 
     wl = workload("conv2d", "n=1,c=32,h=4,w=4,k=32,r=3,s=3,pad=1,groups=2", dtype="float16")
     kern = backend.build(wl, _c(16, 32, 16, block_dim=1))
@@ -108,7 +108,7 @@ def test_a_grouped_trace_is_one_gemm_per_image_and_group(backend):
 def test_a_corrupted_group_offset_gives_a_wrong_result(backend):
     """The simulator runs the lowered program: name group 0 in the second group's weight DMAs
     of the recorded trace and the output is wrong."""
-    import opcompiler.backend.ascend.tir_lower as tl
+    import opcompiler.backend.ascend.lower.cube as tl
 
     wl = workload("conv2d", "n=1,c=32,h=4,w=4,k=32,r=3,s=3,pad=1,groups=2", dtype="float16")
     cfg = _c(16, 32, 16, block_dim=1)

@@ -1,4 +1,4 @@
-"""The Ascend backend's one TIR lowering (`opcompiler.backend.ascend.tir_lower`; the intrinsics
+"""The Ascend backend's one TIR lowering (`opcompiler.backend.ascend.lower.cube`; the intrinsics
 in `intrin`): intrinsics registered once per shape, traces cached by what they depend on, the
 same lowering for the matmul and conv schedules, ping-pong output buffers that give right
 results (numpy, fp16 tolerance of opcompiler.verify) and the same cycles in functional and
@@ -12,8 +12,8 @@ import pytest
 
 from opcompiler.api import run_op
 from opcompiler.backend.ascend import intrin
-from opcompiler.backend.ascend import tir_lower as tl
-from opcompiler.backend.ascend import tir_trace as tt
+from opcompiler.backend.ascend.lower import cube as tl
+from opcompiler.backend.ascend.lower import trace as tt
 from opcompiler.ops import get_op, workload
 from opcompiler.verify import compare
 
@@ -27,7 +27,7 @@ def _imports(path: Path) -> set[str]:
 
 
 def test_the_lowering_lives_in_the_backend_and_the_schedules_use_it():
-    for name in ("tir_lower.py", "lower.py", "intrin.py"):
+    for name in ("lower/cube.py", "lower/__init__.py", "intrin.py"):
         assert not any("schedules" in m for m in _imports(ROOT / "opcompiler" / "backend" / "ascend" / name))
     for name in ("matmul.py", "conv2d.py"):
         text = (ROOT / "schedules" / "ascend" / name).read_text()

@@ -2,7 +2,7 @@
 
 `schedules/ascend/move.py` schedules the op's own TE compute (views of the runs the op moves,
 the op's block cache_written into a UB tile, tiles of ub_tile elements, dma_copy pragmas); the
-backend's `emit_move` lowering (emit_insn's shaped lowering: DMA boxes, an instruction loop per
+backend's `lower.move` lowering (emit_insn's shaped lowering: DMA boxes, an instruction loop per
 transposed block, a vector dup then the in-image box for padding) turns it into the program.
 Outputs are copies: exact against numpy. Cycles and core-0 instruction counts below were
 measured at afeecc6 by the retired TIK-style emitter (`AscendElemwise._apply_slice / _pad /
@@ -19,8 +19,9 @@ import numpy as np
 import pytest
 
 from opcompiler.api import run_op
-from opcompiler.backend.ascend import emit_move, scheduler
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, split_even
+from opcompiler.backend.ascend import execute
+from opcompiler.backend.ascend.lower import move
+from opcompiler.backend.ascend import KernelBuilder, Plan, split_even
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 
@@ -154,7 +155,7 @@ def test_the_schedule_is_the_op_s_compute():
                              ("transpose", "dims=4x6x5,perm=201", ["x", "transpose"])]:
         mod = move_schedule(workload(op, shape, dtype="float16"), cfg)
         assert [b.name for b in mod["main"].params] == names
-        vk = emit_move.lower(mod)
+        vk = move.lower(mod)
         trans = [n for n in vk.nests if "vector_transpose" in n]  # 201 moves the innermost axis: vnchwconv
         assert vk.cores == 2 and vk.slots == 2 and all("dma_copy" in n for n in vk.nests if n not in trans)
         assert len(trans) == (op == "transpose")
@@ -163,7 +164,7 @@ def test_the_schedule_is_the_op_s_compute():
 def test_a_corrupted_program_gives_a_wrong_result(monkeypatch):
     """The simulator runs what the lowering emitted: shifting the first move's source box by
     one element changes the output."""
-    real = emit_move.lower
+    real = move.lower
 
     def shifted(mod):
         vk = copy.deepcopy(real(mod))
@@ -173,7 +174,7 @@ def test_a_corrupted_program_gives_a_wrong_result(monkeypatch):
         o.srcs[0].box = (lo, o.srcs[0].box[1])
         return vk
 
-    monkeypatch.setattr(emit_move, "lower", shifted)
+    monkeypatch.setattr(move, "lower", shifted)
     rep = run_op("slice", "ascend-sim", shape="dims=5x7x33,axis=2,start=1,end=30", dtype="float16")
     assert not rep["correct"]
 
@@ -244,7 +245,7 @@ def test_concat_random_parity_with_the_retired_emitter(pinned_backend):
         run = pinned_backend.run(kern, ins)
         plan = tik_concat_plan(wl, pinned_backend.target, cfg)
         prog = plan.make_program(0)
-        old_out, t = scheduler.run(plan, prog, ins)
+        old_out, t = execute.run(plan, prog, ins)
         assert run.outputs[0].tobytes() == old_out.tobytes() == np.concatenate(ins, axis=1).tobytes(), (shape, cfg)
         assert run.cycles == pinned_backend.measure(kern).cycles == t.cycles, (shape, cfg, run.cycles, t.cycles)
         assert len(kern.artifact.plan.make_program(0).instrs) == len(prog.instrs), (shape, cfg)
@@ -272,7 +273,7 @@ def test_concat_per_input_is_the_op_s_compute():
 
 def test_a_corrupted_concat_program_gives_a_wrong_result(monkeypatch):
     """The first input's move out of UB shifted by one element: a wrong result."""
-    real = emit_move.lower
+    real = move.lower
 
     def shifted(mod):
         vk = copy.deepcopy(real(mod))
@@ -283,6 +284,6 @@ def test_a_corrupted_concat_program_gives_a_wrong_result(monkeypatch):
         return vk
 
     assert run_op("concat", "ascend-sim", shape="n=2,c=13,c1=20,h=5,w=7", dtype="float16")["correct"]
-    monkeypatch.setattr(emit_move, "lower", shifted)
+    monkeypatch.setattr(move, "lower", shifted)
     rep = run_op("concat", "ascend-sim", shape="n=2,c=13,c1=20,h=5,w=7", dtype="float16")
     assert not rep["correct"]

@@ -3,7 +3,7 @@
 `schedules/ascend/reduce.py` (`reduce_schedule`) schedules reduce_sum / reduce_max / softmax's own TE compute
 (row tiles of `rows_tile`, cache_read / cache_write into UB, fp16 -> fp32 casts and softmax's
 stages as UB stages, the reduction loop marked `vector_reduce`, the tile loop annotated with
-the core split and double buffering); the backend's `emit_reduce` lowering turns it into the
+the core split and double buffering); the backend's `lower.reduce` lowering turns it into the
 AI Core program (a vcadd / vcmax fold per row). These tests pin the retired TIK-style emitter's
 cycles, compare the lowered program with that emitter (kept here as the oracle) instruction
 for instruction, check outputs against numpy, and that the simulator runs what the lowering
@@ -15,9 +15,10 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend import emit_reduce, scheduler
-from opcompiler.backend.ascend.builder import KernelBuilder, ceil_div, split_even
-from opcompiler.backend.ascend.isa import DataMove, Vec, VOp
+from opcompiler.backend.ascend import execute
+from opcompiler.backend.ascend.lower import reduce as reduce_lowering
+from opcompiler.backend.ascend import KernelBuilder, ceil_div, split_even
+from opcompiler.backend.ascend.program import DataMove, Vec, VOp
 from opcompiler.errors import OpcError, OpcFailure
 from opcompiler.ops import get_op, workload
 from opcompiler.schedules.ascend.common import machine
@@ -279,7 +280,7 @@ def test_mutations_change_the_output(tgt):
     k = be.build(wl, _cfg(4, 1, 1))
     plan, prog = k.artifact.plan, k.artifact.program
     ins = get_op("softmax").make_inputs(wl, 0)
-    good, _ = scheduler.run(plan, prog, ins)
+    good, _ = execute.run(plan, prog, ins)
     vecs = [i for i in prog.instrs if isinstance(i, Vec)]
     for mutate in (lambda: setattr(next(v for v in vecs if v.op == "cadd"), "op", "cmax"),
                    lambda: prog.instrs.remove(next(v for v in vecs if v.op == "dups"))):
@@ -287,7 +288,7 @@ def test_mutations_change_the_output(tgt):
         prog = k2.artifact.program
         vecs = [i for i in prog.instrs if isinstance(i, Vec)]
         mutate()
-        bad, _ = scheduler.run(plan, prog, ins)
+        bad, _ = execute.run(plan, prog, ins)
         assert not np.allclose(bad, good)
 
 
@@ -298,7 +299,7 @@ def test_lowering_refuses_what_it_cannot_map(tgt):
     reduce_sched._WL[wl.key_str()] = wl
     mod, _ = reduce_sched._tiled(wl.key_str(), 4)  # no core / double-buffer annotations
     with pytest.raises(OpcFailure, match="block_dim"):
-        emit_reduce.lower(mod)
+        reduce_lowering.lower(mod)
 
 
 def test_bad_inputs_still_raise(tgt):

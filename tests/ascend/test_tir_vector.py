@@ -2,7 +2,7 @@
 
 `schedules/ascend/elemwise.py` (`flat_schedule`) schedules the op's own TE compute (UB tiles, cache_read /
 cache_write, stages computed at the tile loop, emit_insn pragmas); the backend's
-`emit_insn` lowering turns the scheduled module into the AI Core program. These tests check
+`lower.vector` lowering turns the scheduled module into the AI Core program. These tests check
 that the result equals numpy, that it is the same kernel, cycle for cycle, as the TIK-style
 emission it replaced (kept here, below, as the oracle), and that the simulator really runs
 what the lowering emitted (a corrupted offset or instruction gives a wrong answer).
@@ -18,12 +18,13 @@ import numpy as np
 import pytest
 
 from opcompiler.api import run_op
-from opcompiler.backend.ascend import emit_insn, scheduler
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, split_even
-from opcompiler.backend.ascend.isa import Buf, DataMove, Vec, VOp
+from opcompiler.backend.ascend import execute, timing
+from opcompiler.backend.ascend.lower import vector
+from opcompiler.backend.ascend import KernelBuilder, Plan, split_even
+from opcompiler.backend.ascend.program import Buf, DataMove, Vec, VOp
 from opcompiler.errors import OpcError, OpcFailure
 from opcompiler.ops import get_op, workload
-from opcompiler.backend.ascend.tir_lower import channel_op
+from opcompiler.backend.ascend.lower.cube import channel_op
 from opcompiler.schedules.ascend.common import machine
 from opcompiler.schedules.ascend.elemwise import UB_TILES, _steps
 from opcompiler.schedules.ascend.elemwise import flat_schedule
@@ -115,8 +116,8 @@ def tik_flat_plan(wl, target, cfg) -> Plan:
 
 def _run_plan(plan, ins):
     prog = plan.make_program(0)
-    out, t = scheduler.run(plan, prog, ins)
-    return out, t.cycles, scheduler.schedule(prog).cycles
+    out, t = execute.run(plan, prog, ins)
+    return out, t.cycles, timing.schedule(prog).cycles
 
 
 @pytest.mark.parametrize("dtype", ["float16", "float32"])
@@ -181,8 +182,8 @@ def test_decomposes_one_stage_holding_the_whole_chain(backend):
     wl = workload("ew_chain", "n=2,c=40,h=33,w=31,chain=affine:0.5:-1;sigmoid;mul;clip:-1:0.5", dtype="float16")
     cfg = {"ub_tile": 4096, "double_buffer": 1, "block_dim": 4}
     m = machine(backend.target)
-    staged = emit_insn.lower(flat_schedule(wl, cfg))
-    fused = emit_insn.lower(flat_schedule(wl, cfg, inline=True))
+    staged = vector.lower(flat_schedule(wl, cfg))
+    fused = vector.lower(flat_schedule(wl, cfg, inline=True))
     assert len(fused.nests) == 4 and len(staged.nests) == 12
     assert [o.op for o in fused.ops] == [o.op for o in staged.ops]
     assert len(fused.phys) == len(staged.phys) == 2
@@ -215,7 +216,7 @@ def _mutated_run(backend, wl, cfg, mutate):
         return prog
 
     plan = replace(plan, make_program=program)
-    out, _ = scheduler.run(plan, program(0), _inputs(wl))
+    out, _ = execute.run(plan, program(0), _inputs(wl))
     return out
 
 
@@ -256,25 +257,25 @@ def test_unmappable_nest_is_a_one_line_error():
     out = sch.cache_write(blk, 0, "local.UB")
     rd = sch.cache_read(blk, 0, "local.UB")
     t, i = sch.split(sch.get_loops(out)[0], [None, 128])
-    sch.annotate(t, emit_insn.CORES, 1)
-    sch.annotate(i, emit_insn.PRAGMA, "dma_copy")
+    sch.annotate(t, vector.CORES, 1)
+    sch.annotate(i, vector.PRAGMA, "dma_copy")
     sch.compute_at(blk, t)
-    sch.annotate(sch.get_loops(blk)[-1], emit_insn.PRAGMA, "vector_auto")
+    sch.annotate(sch.get_loops(blk)[-1], vector.PRAGMA, "vector_auto")
     sch.compute_at(rd, t, index=0)
-    sch.annotate(sch.get_loops(rd)[-1], emit_insn.PRAGMA, "dma_copy")
+    sch.annotate(sch.get_loops(rd)[-1], vector.PRAGMA, "dma_copy")
     with pytest.raises(OpcFailure, match=r"nest 1 \(128 over vsin_local.UB, vector_auto\).*tirx.sin") as e:
-        emit_insn.lower(sch.mod)
+        vector.lower(sch.mod)
     assert "\n" not in str(e.value)
-    sch.unannotate(sch.get_loops(blk)[-1], emit_insn.PRAGMA)
+    sch.unannotate(sch.get_loops(blk)[-1], vector.PRAGMA)
     with pytest.raises(OpcFailure, match="has no pragma_emit_insn"):
-        emit_insn.lower(sch.mod)
+        vector.lower(sch.mod)
 
 
 def test_lowering_is_cached_per_schedule():
     wl = workload("relu", "n=1,c=13,h=7,w=9", dtype="float16")
     cfg = {"ub_tile": 1024, "double_buffer": 1, "block_dim": 4}
-    assert emit_insn.lower(flat_schedule(wl, cfg)) is emit_insn.lower(flat_schedule(wl, cfg))
-    assert emit_insn.lower(flat_schedule(wl, {**cfg, "block_dim": 8})).cores == 8
+    assert vector.lower(flat_schedule(wl, cfg)) is vector.lower(flat_schedule(wl, cfg))
+    assert vector.lower(flat_schedule(wl, {**cfg, "block_dim": 8})).cores == 8
 
 
 def bench(shape: str = "n=1,c=256,h=56,w=56", dtype: str = "float16") -> None:

@@ -19,9 +19,9 @@ import numpy as np
 import pytest
 
 from opcompiler.api import run_op
-from opcompiler.backend.ascend import scheduler
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
-from opcompiler.backend.ascend.isa import Buf, DataMove, Vec, VOp
+from opcompiler.backend.ascend import execute, timing
+from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.backend.ascend.program import Buf, DataMove, Vec, VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 from opcompiler.ops.catalogue import pool_out_hw
@@ -110,8 +110,8 @@ def tik_pool_plan(wl, target, cfg) -> Plan:
 
 def _run_plan(plan, ins):
     prog = plan.make_program(0)
-    out, t = scheduler.run(plan, prog, ins)
-    return out, t.cycles, scheduler.schedule(prog).cycles
+    out, t = execute.run(plan, prog, ins)
+    return out, t.cycles, timing.schedule(prog).cycles
 
 
 def _aligned(wl) -> bool:
@@ -190,7 +190,7 @@ def _mutated(kern, wl, ins, mutate):
         prog.instrs = [mutate(i) for i in prog.instrs]
         return prog
 
-    out, _ = scheduler.run(replace(plan, make_program=program), program(0), ins)
+    out, _ = execute.run(replace(plan, make_program=program), program(0), ins)
     return out
 
 

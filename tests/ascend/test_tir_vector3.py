@@ -20,12 +20,12 @@ import numpy as np
 import pytest
 
 from opcompiler.api import run_op
-from opcompiler.backend.ascend import scheduler
-from opcompiler.backend.ascend.builder import KernelBuilder, Plan, ceil_div, split_even
-from opcompiler.backend.ascend.isa import DataMove, Vec, VOp
+from opcompiler.backend.ascend import execute, timing
+from opcompiler.backend.ascend import KernelBuilder, Plan, ceil_div, split_even
+from opcompiler.backend.ascend.program import DataMove, Vec, VOp
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
-from opcompiler.backend.ascend.tir_lower import channel_op
+from opcompiler.backend.ascend.lower.cube import channel_op
 from opcompiler.schedules.ascend.common import from_5hd, machine, per_channel, to_5hd
 from opcompiler.ops.steps import STEPS
 from opcompiler.schedules.ascend.elemwise import AscendElemwise, _steps
@@ -127,8 +127,8 @@ def tik_channel_plan(wl, target, cfg) -> Plan:
 
 def _run_plan(plan, ins):
     prog = plan.make_program(0)
-    out, t = scheduler.run(plan, prog, ins)
-    return out, t.cycles, scheduler.schedule(prog).cycles
+    out, t = execute.run(plan, prog, ins)
+    return out, t.cycles, timing.schedule(prog).cycles
 
 
 def _inputs(wl):
@@ -200,7 +200,7 @@ def _mutated(kern, ins, mutate):
         prog.instrs = [mutate(i) for i in prog.instrs]
         return prog
 
-    out, _ = scheduler.run(replace(plan, make_program=program), program(0), ins)
+    out, _ = execute.run(replace(plan, make_program=program), program(0), ins)
     return out
 
 

@@ -19,8 +19,9 @@ import pytest
 
 from opcompiler.api import run_op
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend import fclock, scheduler
-from opcompiler.backend.ascend.isa import DataMove, Memory
+from opcompiler.backend.ascend import execute, fclock
+from opcompiler.backend.ascend.timing import schedule
+from opcompiler.backend.ascend.program import DataMove, Memory
 from opcompiler.ops import get_op, workload
 from opcompiler.schedules.ascend.move import runs_tile, transpose_geometry
 from opcompiler.target import load_target
@@ -140,7 +141,7 @@ def test_a_corrupted_strided_dma_gives_a_wrong_result(be):
     assert t.src_idx[1] == slice(0, 1)
     prog.instrs[k] = dataclasses.replace(t, src_idx=(t.src_idx[0], slice(1, 2), t.src_idx[2]))
     prog.instrs[k].pipe, prog.instrs[k].reads, prog.instrs[k].writes = t.pipe, t.reads, t.writes
-    out, _ = scheduler.run(plan, prog, ins)
+    out, _ = execute.run(plan, prog, ins)
     assert not np.array_equal(out, get_op("transpose").reference(wl, ins))
 
 
@@ -154,9 +155,9 @@ def test_each_clock_counts_the_bursts_on_its_own(be, monkeypatch):
     def functional(fc=None):
         mem = Memory({lv: v.capacity for lv, v in prog.machine.levels.items()}, plan.pack(ins))
         mem.gm[plan.out_name] = np.zeros(plan.out_shape, plan.out_dtype)
-        return scheduler.replay(prog, mem, fc).cycles
+        return execute.replay(prog, mem, fc).cycles
 
-    timing = scheduler.schedule(prog).cycles
+    timing = schedule(prog).cycles
     assert functional() == timing
     fc = fclock.clock(TARGET)
     paths = {k: (bpc, lat, burst * 2) for k, (bpc, lat, burst) in fc.paths.items()}
@@ -164,4 +165,4 @@ def test_each_clock_counts_the_bursts_on_its_own(be, monkeypatch):
     orig = DataMove.cost_cycles
     monkeypatch.setattr(DataMove, "cost_cycles",
                         lambda self, m, r=0.0, w=0.0: orig(self, m, r, w) + (self.bursts > 1))
-    assert scheduler.schedule(prog).cycles != functional()
+    assert schedule(prog).cycles != functional()

@@ -1,8 +1,8 @@
 """Transposes that move the innermost axis on ascend-sim: vnchwconv, the vector unit's transpose.
 
 `schedules/ascend/move.py` reads a tile of x into UB in runs of whole rows (MTE2), the op's
-block is the transpose UB -> UB (`vector_transpose`), which `emit_move` lowers to vnchwconv
-(`isa.VecTrans`: 16 x 32 B blocks per repeat, the tile's rows padded to 16 and its columns to a
+block is the transpose UB -> UB (`vector_transpose`), which `lower.move` lowers to vnchwconv
+(`program.VecTrans`: 16 x 32 B blocks per repeat, the tile's rows padded to 16 and its columns to a
 32 B block in UB), and the transposed tile leaves in runs (MTE3). Before, such a transpose was
 copied one element per DMA (about 200 cycles an element) and refused past 65536 elements.
 Outputs are copies: bit-exact against numpy; both clocks (functional, timing) agree.
@@ -16,9 +16,10 @@ import pytest
 
 from opcompiler.api import run_op
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend import fclock, scheduler
-from opcompiler.backend.ascend.builder import KernelBuilder
-from opcompiler.backend.ascend.isa import DataMove, Memory, Scalar, VecTrans
+from opcompiler.backend.ascend import execute, fclock
+from opcompiler.backend.ascend.timing import schedule
+from opcompiler.backend.ascend import KernelBuilder
+from opcompiler.backend.ascend.program import DataMove, Memory, Scalar, VecTrans
 from opcompiler.backend.ascend.machine import Machine
 from opcompiler.ops import get_op, workload
 from opcompiler.schedules.ascend.move import transpose_geometry, vector_tile
@@ -158,7 +159,7 @@ def test_a_corrupted_vnchwconv_gives_a_wrong_result(be):
     t = prog.instrs[k]
     prog.instrs[k] = dataclasses.replace(t, src_addrs=(t.src_addrs[1],) + t.src_addrs[1:])
     prog.instrs[k].pipe, prog.instrs[k].reads, prog.instrs[k].writes = t.pipe, t.reads, t.writes
-    out, _ = scheduler.run(plan, prog, ins)
+    out, _ = execute.run(plan, prog, ins)
     assert not np.array_equal(out, get_op("transpose").reference(wl, ins))
 
 
@@ -172,15 +173,15 @@ def test_each_clock_counts_the_transpose_on_its_own(be, monkeypatch):
     def functional(fc=None):
         mem = Memory({lv: v.capacity for lv, v in prog.machine.levels.items()}, plan.pack(ins))
         mem.gm[plan.out_name] = np.zeros(plan.out_shape, plan.out_dtype)
-        return scheduler.replay(prog, mem, fc).cycles
+        return execute.replay(prog, mem, fc).cycles
 
-    timing = scheduler.schedule(prog).cycles
+    timing = schedule(prog).cycles
     assert functional() == timing
     fc = fclock.clock(TARGET)
     assert functional(dataclasses.replace(fc, vec_repeat_bytes=fc.vec_repeat_bytes * 2)) != timing
     orig = VecTrans.cost_cycles
     monkeypatch.setattr(VecTrans, "cost_cycles", lambda self, m, r=0.0, w=0.0: orig(self, m, r, w) + 1)
-    assert scheduler.schedule(prog).cycles != functional()
+    assert schedule(prog).cycles != functional()
 
 
 def test_the_tile_choice():

@@ -12,12 +12,12 @@ from __future__ import annotations
 from contextlib import contextmanager
 from typing import Any, Callable, Hashable, Sequence
 
-from opcompiler.backend.dsp import vector as vx
+from opcompiler.backend.dsp import execute as ex, program as vx, timing as tm
 from opcompiler.backend.dsp.lower import lower, lowered_func
 from opcompiler.backend.dsp.machine import DspMachine
 from opcompiler.backend.dsp.program import Op, stage_order
-from opcompiler.backend.dsp.tir_lower import Lowerer
-from opcompiler.backend.dsp.tir_vector import VecLowerer
+from opcompiler.backend.dsp.lower.direct import Lowerer
+from opcompiler.backend.dsp.lower.vector import VecLowerer
 
 FILLS = ("padding fill", "identity fill")
 
@@ -59,8 +59,8 @@ def func(tmpl, wl, target, cfg):
 
 def vpu_op(m: DspMachine, kernel: vx.VKernel, reads: tuple, writes: tuple, functional: bool, label: str) -> Op:
     """One hand-built VPU pass: cycles from list-scheduling its instructions, values from executing them."""
-    cost = vx.kernel_cost(m, kernel)
-    fn = (lambda mem, k=kernel: vx.execute(mem, k, m.lanes)) if functional else None
+    cost = tm.kernel_cost(m, kernel)
+    fn = (lambda mem, k=kernel: ex.execute_pass(mem, k, m.lanes)) if functional else None
     return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kernel.nests), fn=fn,
               label=label)
 

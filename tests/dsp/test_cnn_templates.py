@@ -1,6 +1,6 @@
 """The dsp-sim templates a common CNN needs besides the direct convolution: pool2d, ew_chain,
 grouped / depthwise conv2d, concat, pad, softmax, reduce_sum / reduce_max (VPU instruction
-streams, `opcompiler.backend.dsp.vector`; concat is DMA only, pad DMA and fills).
+streams, `opcompiler.backend.dsp.program`; concat is DMA only, pad DMA and fills).
 
 Values: functional mode against the op's numpy reference (tolerances stated per test). Cycles:
 hand counts for instruction streams and DDR-bound kernels, cycles growing with the work, knobs
@@ -14,10 +14,10 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp import vector as vx
-from opcompiler.backend.dsp.engine import timing
+from opcompiler.backend.dsp import execute as ex, timing as tm
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
-from opcompiler.backend.dsp.vector import Mem, Nest, VI
+from opcompiler.backend.dsp.program import Mem, Nest, VI
 from opcompiler.cli import main
 from opcompiler.ops import get_op, workload
 from opcompiler.target import load_target
@@ -195,9 +195,9 @@ def test_functional_execution_issues_what_timing_counts(op: str, shape: str) -> 
     as one block, where separate cores interleave theirs."""
     wl = workload(op, shape, dtype="float32")
     kernel = BE.build(wl)
-    before = dict(vx.EXECUTED)
+    before = dict(ex.EXECUTED)
     res = BE.run(kernel, get_op(op).make_inputs(wl, 0))
-    done = {u: vx.EXECUTED[u] - before.get(u, 0) for u in ("fmac", "ldst", "sld", "valu")}
+    done = {u: ex.EXECUTED[u] - before.get(u, 0) for u in ("fmac", "ldst", "sld", "valu")}
     c = res.metrics["counters"]
     assert (done["fmac"], done["ldst"], done["sld"], done["valu"]) == (c["fmas"], c["vldst"], c["slds"], c["valu"])
     assert sum(done.values()) > 0
@@ -209,7 +209,7 @@ def test_functional_execution_issues_what_timing_counts(op: str, shape: str) -> 
 # ---------------------------------------------------------------- cycles by hand
 
 def _nest_cycles(body: tuple, n: int) -> int:
-    return vx.nest_cost(M, Nest(outer=(n,), post=body)).cycles
+    return tm.nest_cost(M, Nest(outer=(n,), post=body)).cycles
 
 
 def test_instruction_stream_cycles_by_hand() -> None:
@@ -231,7 +231,7 @@ def test_instruction_stream_cycles_by_hand() -> None:
     # one accumulator carried over the inner loop: every vadd waits the 6-cycle FMAC latency
     acc = Nest(outer=(1,), inner=(n,), pre=(VI("vmov", "s", (0.0,)),),
                body=(VI("vld", "x", (Mem("AM", 0, (0, 32)),)), VI("vadd", "s", ("s", "x"))))
-    assert M.fmac_latency * n <= vx.nest_cost(M, acc).cycles <= M.fmac_latency * n + 40
+    assert M.fmac_latency * n <= tm.nest_cost(M, acc).cycles <= M.fmac_latency * n + 40
 
 
 def test_dma_bound_kernels_run_at_ddr_bandwidth() -> None:

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp.engine import timing
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload

@@ -3,8 +3,8 @@ import math
 
 import pytest
 
-from opcompiler.backend.dsp.core import mk_out, mk_ws
-from opcompiler.backend.dsp.engine import timing
+from opcompiler.backend.dsp.timing import mk_out, mk_ws
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import Op, Program, View, dma_op
 from opcompiler.errors import CapacityError, OpcError
@@ -94,10 +94,10 @@ def test_barrier_waits_for_slowest(m):
 ])
 def test_steady_state_skip_is_exact(m, monkeypatch, kind, args):
     """Skipping whole periods of a periodic loop gives exactly the fully simulated counts."""
-    import opcompiler.backend.dsp.core as core
-    fn = (core.mk_out if kind == "out" else core.mk_ws).__wrapped__
+    import opcompiler.backend.dsp.timing as tm
+    fn = (tm.mk_out if kind == "out" else tm.mk_ws).__wrapped__
     fast = fn(m, *args)
-    monkeypatch.setattr(core, "SKIP_PERIODS", False)
+    monkeypatch.setattr(tm, "SKIP_PERIODS", False)
     assert fn(m, *args) == fast
 
 
@@ -110,13 +110,13 @@ def test_steady_state_skip_is_exact(m, monkeypatch, kind, args):
 def test_repeat_skip_is_exact(monkeypatch, op, shape, config):
     """Skipping repetitions of identical stages once the state is a pure time shift gives the
     same cycles, busy time and counters as issuing every stage."""
-    import opcompiler.backend.dsp.engine as engine
+    import opcompiler.backend.dsp.timing as tm
     from opcompiler.backend import get_backend
     from opcompiler.ops import workload
     be = get_backend(load_target("dsp-sim"))
     k = be.build(workload(op, shape=shape), config)
     fast = be.measure(k)
-    monkeypatch.setattr(engine, "SKIP_REPEATS", False)
+    monkeypatch.setattr(tm, "SKIP_REPEATS", False)
     slow = be.measure(k)
     assert fast.cycles == slow.cycles
     assert fast.metrics["counters"] == slow.metrics["counters"]

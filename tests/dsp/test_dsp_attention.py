@@ -1,5 +1,5 @@
 """The flash-attention kernel on dsp-sim (schedules/dsp/attention.py, lowered by
-opcompiler/backend/dsp/tir_attention.py): values against numpy (odd sizes, causal, both masks,
+opcompiler/backend/dsp/lower/attention.py): values against numpy (odd sizes, causal, both masks,
 d not a multiple of 16, several key / value tiles, single- and double-buffered), the two clocks,
 no score byte written to DDR, the causal bound, capacity refused in one line, fp32 only."""
 from __future__ import annotations
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp.engine import timing
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.errors import CapacityError, OpcError
 from opcompiler.ops import get_op, workload
@@ -61,7 +61,7 @@ def test_large_scores_keep_the_softmax_exact():
 
 @pytest.mark.parametrize("shape,cfg", [CASES[3], CASES[2]])
 def test_timing_and_functional_clocks_agree(shape, cfg):
-    """Two accountings of one kernel: the timing model's cycles (`engine.timing`) and the functional
+    """Two accountings of one kernel: the timing model's cycles (`timing.timing`) and the functional
     replay's own clock (`fclock`, costing what executed). Equal on the same per-core program; the
     reported run (core groups of identical cores timed once) equal here too."""
     wl, kern, _, res = _run(shape, cfg)
@@ -73,7 +73,7 @@ def test_timing_and_functional_clocks_agree(shape, cfg):
 def test_a_wrong_schedule_gives_wrong_values(monkeypatch):
     """The simulator executes what the lowering issued: K tiles fetched one row off, or the
     causal band read one key off, and the output is wrong."""
-    from opcompiler.backend.dsp import tir_attention as ta
+    from opcompiler.backend.dsp.lower import attention as ta
     from opcompiler.backend.dsp.program import View
 
     shape, cfg = CASES[3]

@@ -1,5 +1,5 @@
 """The fused LSTM / GRU cell on dsp-sim (schedules/dsp/recurrent.py, lowered by
-opcompiler/backend/dsp/tir_recurrent.py): values against numpy (sizes off the 32 lanes, hidden and
+opcompiler/backend/dsp/lower/recurrent.py): values against numpy (sizes off the 32 lanes, hidden and
 batch splits, reverse, single- and double-buffered, weights resident or streamed from GSM / DDR,
 gru with lbr 1 and 0), the two clocks, cycles linear in the steps, no gate byte in DDR, the knob
 space and its default, capacity and fp32 refused in one line."""
@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp.engine import timing
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
@@ -98,7 +98,7 @@ def test_streamed_weights_values_against_numpy(op, shape, cfg):
 def test_a_dropped_exchange_gives_wrong_values(monkeypatch):
     """The simulator executes what the lowering issued: without the barrier after h reaches GSM
     each core runs ahead and reads the other cores' h before it is there (fresh GSM: NaN)."""
-    from opcompiler.backend.dsp import tir_recurrent as tr
+    from opcompiler.backend.dsp.lower import recurrent as tr
 
     shape, cfg = LSTM_CASES[1]
     wl = workload("lstm", shape, dtype="float32")

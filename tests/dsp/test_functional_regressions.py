@@ -40,9 +40,9 @@ class _Low:
 def test_out_of_memory_load_that_runs_is_a_failure():
     """Only the loads of iterations the predicates exclude are skipped: an index outside the
     memory at an iteration that runs is the program's bug, reported, never clamped."""
-    from opcompiler.backend.dsp.tir_eval import _Exec
+    from opcompiler.backend.dsp.lower.eval import TirExec
 
-    ex = _Exec(_Low(), None, 0)
+    ex = TirExec(_Low(), None, 0)
     arr = np.arange(8, dtype=np.float32)
     idx = np.arange(6, 10).reshape(1, 4)  # 8 and 9 are past the end
     got = ex._masked_load(7, arr, idx, np.array([[True, True, False, False]]), 2)

@@ -15,12 +15,13 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp import vector as vx
-from opcompiler.backend.dsp.engine import Memory, timing
+from opcompiler.backend.dsp import execute as ex, program as vx, timing as tm
+from opcompiler.backend.dsp.execute import Memory
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
-from opcompiler.backend.dsp.tir_gemm import register_nests
+from opcompiler.backend.dsp.lower.gemm import register_nests
 from opcompiler.schedules.dsp.gemm import GemmGeo
 from opcompiler.target import load_target
 from opcompiler.template import get_template
@@ -118,9 +119,9 @@ def test_contraction_equals_stepping_the_instructions() -> None:
         nests = _nests(g, a0, b0, c0, 40, 200, 70, first=False, last=True, bias0=bias0)
         assert len(nests) == 4  # 6 x 3 blocks, a row tail (4 rows) and a column tail (1 vector)
         nests = tuple(vx.Nest(n.outer, n.body, n.inner, n.pre, n.post, contract) for n in nests)
-        before = dict(vx.EXECUTED)
-        vx.execute(mem, vx.VKernel(nests), M.lanes)
-        counts.append({u: vx.EXECUTED[u] - before.get(u, 0) for u in ("fmac", "ldst", "sld", "valu")})
+        before = dict(ex.EXECUTED)
+        ex.execute_pass(mem, vx.VKernel(nests), M.lanes)
+        counts.append({u: ex.EXECUTED[u] - before.get(u, 0) for u in ("fmac", "ldst", "sld", "valu")})
         results.append(mem.am[0][c0:c0 + 40 * g.nbp].reshape(40, g.nbp)[:, :200].copy())
     ref = np.maximum(a_vals.reshape(40, 70).astype(np.float64) @ b_vals.reshape(70, g.nbp)[:, :200]
                      + c_vals.reshape(40, g.nbp)[:, :200] + bias_vals[:200], 0)
@@ -135,12 +136,12 @@ def test_micro_kernel_cycles_by_hand() -> None:
     and 3 vector loads); a 2 x 1 block has only 2 chains: each step waits for the latency."""
     g = GemmGeo.of(M, 6, 128, 96, dict(G, pw=6, kv=3, rows=6, kc=128, mb=6, nb=96, dbuf=1, w_path="gsm"), ())
     (nest,) = _nests(g, 0, 0, 0, 6, 96, 128, first=False, last=False, bias0=0)
-    c = vx.nest_cost(M, nest)
+    c = tm.nest_cost(M, nest)
     assert c.fmas == 128 * 18 and c.slds == 128 * 6 and c.vldst == 128 * 3 + 2 * 18
     assert 128 * 6 <= c.cycles <= 128 * 6 + 40, c.cycles
     g = GemmGeo.of(M, 2, 128, 32, dict(G, pw=2, kv=1, rows=2, kc=128, mb=2, nb=32, dbuf=1, w_path="gsm"), ())
     (nest,) = _nests(g, 0, 0, 0, 2, 32, 128, first=False, last=False, bias0=0)
-    assert 128 * M.fmac_latency <= vx.nest_cost(M, nest).cycles <= 128 * M.fmac_latency + 40
+    assert 128 * M.fmac_latency <= tm.nest_cost(M, nest).cycles <= 128 * M.fmac_latency + 40
 
 
 def test_gemm_4096_cubed_reaches_95_percent_of_peak_fast() -> None:
@@ -214,7 +215,7 @@ def test_tvm_route_keeps_the_retired_emitters_cycles() -> None:
 def test_timing_ops_shared_by_shape_are_the_ops_built_fresh(monkeypatch) -> None:
     """Timing mode shares one op among the uses with the same memo key; building every op afresh
     instead gives the same cycles (a key that missed something an op depends on would not)."""
-    from opcompiler.backend.dsp.tir_gemm import GemmLowerer
+    from opcompiler.backend.dsp.lower.gemm import GemmLowerer
 
     cases = [("matmul_bias_relu", "m=300,k=260,n=270", dict(G, pw=4, kv=2, rows=24, kc=96, mb=64, nb=96)),
              ("matmul", "m=70,k=150,n=200", dict(G, pw=4, kv=2, rows=8, kc=32, mb=32, nb=96, dbuf=0, w_path="ddr"))]
@@ -244,7 +245,7 @@ def test_the_template_is_a_tvm_schedule() -> None:
 def test_the_lowered_program_is_what_runs(name: str, cfg) -> None:
     """Shifting one copy's destination by one element (the A stage into SM, the B slice into
     GSM) breaks the output: the values come from the lowered DMA and vector program."""
-    from opcompiler.backend.dsp.engine import execute
+    from opcompiler.backend.dsp.execute import execute
     from opcompiler.backend.dsp.program import View
     wl = workload("matmul_bias_relu", "m=45,k=77,n=100", dtype="float32")
     cfg = TM.config(wl, TGT, cfg)

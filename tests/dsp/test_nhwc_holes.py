@@ -10,8 +10,8 @@ import pytest
 
 from opcompiler.api import run_op
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp import vector as vx
-from opcompiler.backend.dsp.engine import execute
+from opcompiler.backend.dsp import program as vx
+from opcompiler.backend.dsp.execute import execute
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload

@@ -43,7 +43,7 @@ def test_configs_sharing_their_staging_share_its_schedule_and_lower_alike():
     """Configs that differ only in `pw` and `w_path` continue one cached staged schedule; what
     they lower to is what a schedule built from scratch lowers to. order=ws has no register
     blocks: its `pw` does not make another lowered function."""
-    from opcompiler.backend.dsp.tir_lower import lowered
+    from opcompiler.backend.dsp.lower.direct import lowered
     from opcompiler.schedules.dsp import direct as ts
 
     t = load_target("dsp-sim")

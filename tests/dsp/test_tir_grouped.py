@@ -1,5 +1,5 @@
 """Grouped / depthwise convolution lowered from its TVM schedule (schedules/dsp/grouped.py)
-by the backend's register-blocked conv lowering (opcompiler/backend/dsp/tir_gconv.py): numpy,
+by the backend's register-blocked conv lowering (opcompiler/backend/dsp/lower/gconv.py): numpy,
 the cycles of the retired direct emission (pinned below, and kept as `_Retired` for a live
 comparison on random configs), functional == timing, mutations, errors."""
 import random
@@ -8,11 +8,12 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.engine import execute, timing
+from opcompiler.backend.dsp.lower.assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.execute import execute
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import Allocator, View, dma_op
-from opcompiler.backend.dsp.vector import VI, Mem, Nest, VKernel
+from opcompiler.backend.dsp.program import VI, Mem, Nest, VKernel
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload
 from opcompiler.schedules.dsp.grouped import DspGroupedConv, _Geo

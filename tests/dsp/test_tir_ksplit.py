@@ -1,6 +1,6 @@
 """The reduction-split fully connected layer (`split=k`) lowered from TVM's TIR: the K axis of the
 op's compute split into one part per core and rfactored, partial tiles in GSM, one core per block
-reducing them (schedules/dsp/ksplit.py, lowered by opcompiler/backend/dsp/tir_ksplit.py).
+reducing them (schedules/dsp/ksplit.py, lowered by opcompiler/backend/dsp/lower/ksplit.py).
 
 RETIRED: what the direct emitter (schedules/dsp/ksplit.py's core_ops, measured at abb07b1) reported,
 (cycles, dma_transfers, mk_calls). That emitter cached its pass cost per row count only, so every
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp.engine import execute
+from opcompiler.backend.dsp.execute import execute
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import View
 from opcompiler.errors import OpcError

@@ -1,10 +1,11 @@
 """The DSP program derived from TVM's scheduled, lowered TIR (schedules/dsp/direct.py, lowered by
-opcompiler/backend/dsp/tir_lower.py): the convolution's only route, and the FC layer's algo=fc split=items."""
+opcompiler/backend/dsp/lower/direct.py): the convolution's only route, and the FC layer's algo=fc split=items."""
 import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp.engine import execute, timing
+from opcompiler.backend.dsp.execute import execute
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, workload

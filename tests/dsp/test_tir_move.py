@@ -1,6 +1,6 @@
 """Data movement (slice, pad, transpose, concat) lowered from the TVM schedules of the ops' own
 computes (schedules/dsp/move.py; concat's compute written per input) by the backend's
-data-movement lowering (opcompiler/backend/dsp/tir_move.py): outputs against numpy (exact: copies
+data-movement lowering (opcompiler/backend/dsp/lower/move.py): outputs against numpy (exact: copies
 and fill constants), functional counters equal to the timing program's, cycles against the
 retired direct emitters, mutations of the lowered program, the errors the templates raised
 before. concat's rows pin the retired direct emitter (schedules/dsp/concat.py at abb07b1); 342
@@ -151,7 +151,7 @@ def _program(op, shape, cfg, tamper):
 def test_a_corrupted_descriptor_changes_the_output(op, shape, cfg) -> None:
     """The simulator executes the lowered descriptors: shifting one destination view by an
     element (the first copy into the output) breaks the result; the untampered program is exact."""
-    from opcompiler.backend.dsp.engine import execute
+    from opcompiler.backend.dsp.execute import execute
 
     seen = []
 
@@ -172,8 +172,8 @@ def test_the_lowering_refuses_other_nests() -> None:
     """A move kernel holds dma nests only; a vector nest is a one-line failure."""
     import tvm
 
-    from opcompiler.backend.dsp.tir_lower import lowered
-    from opcompiler.backend.dsp.tir_move import MoveLowerer
+    from opcompiler.backend.dsp.lower.direct import lowered
+    from opcompiler.backend.dsp.lower.move import MoveLowerer
 
     wl = workload("slice", "dims=3x7x5x9,axis=2,start=1,end=4", dtype="float32")
     sch = move.slice_schedule(wl, 4096, False)
@@ -247,7 +247,7 @@ def test_concat_stages_are_shared_like_the_retired_items() -> None:
     for c in range(M.cores):
         dmas = [o for o in p.cores[c] if o.kind == "dma"]
         assert len(dmas) == 2 * len(shares[c])
-    from opcompiler.backend.dsp.tir_move import MoveLowerer
+    from opcompiler.backend.dsp.lower.move import MoveLowerer
 
     func = lowered(EW, wl, T, cfg)
     low = MoveLowerer(M, func, {}, {p.name: tuple(p.shape) for p in func.params}, True, False)

@@ -1,6 +1,6 @@
 """Pooling and row reductions lowered from their TVM schedules (schedules/dsp/pool.py,
 reduce.py) by the backend's window / lane-reduction lowering (opcompiler/backend/dsp/
-tir_vector.py): numpy, the cycles of the retired direct emissions (kept below as the references),
+lower/vector.py): numpy, the cycles of the retired direct emissions (kept below as the references),
 functional == timing, mutations."""
 import random
 
@@ -8,8 +8,9 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp import vector as vx
-from opcompiler.backend.dsp.engine import execute, timing
+from opcompiler.backend.dsp import program as vx
+from opcompiler.backend.dsp.execute import execute
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import Allocator, View, dma_op
 from opcompiler.ops import get_op, workload
@@ -97,7 +98,7 @@ def _retired_stage(g, it, slot, first, ib, ob, hb, rc_am, rr_sm, fn):
 
 
 def _retired_program(wl, config, functional=False):
-    from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+    from opcompiler.backend.dsp.lower.assemble import assemble, host_ops, nbytes
 
     op = get_op(wl.op)
     g = _Geo(M, wl, config)
@@ -303,7 +304,7 @@ def _retired_combine(op, A):
 
 
 def _retired_reduce_program(wl, config, functional=False):
-    from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+    from opcompiler.backend.dsp.lower.assemble import assemble, host_ops, nbytes
 
     op = get_op(wl.op)
     g = _RGeo(M, wl, config)

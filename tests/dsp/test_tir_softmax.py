@@ -1,6 +1,6 @@
 """Row softmax lowered from its TVM schedule (schedules/dsp/reduce.py `softmax_schedule`: the op's own compute,
 max / subtract / exp / sum / divide) by the backend's vector-nest lowering (lane reduction for
-the max, row nests for exp + fused sum and the scale; opcompiler/backend/dsp/tir_vector.py):
+the max, row nests for exp + fused sum and the scale; opcompiler/backend/dsp/lower/vector.py):
 numpy, the cycles of the retired direct emission (kept below as the reference and pinned),
 bit-identical outputs, functional == timing, the VPU exp sequence, mutations."""
 import random
@@ -9,9 +9,10 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp import vector as vx
-from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
-from opcompiler.backend.dsp.engine import execute, timing
+from opcompiler.backend.dsp import program as vx
+from opcompiler.backend.dsp.lower.assemble import assemble, host_ops, nbytes
+from opcompiler.backend.dsp.execute import execute
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import Allocator, View, dma_op
 from opcompiler.errors import OpcError

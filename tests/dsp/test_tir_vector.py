@@ -1,5 +1,5 @@
 """The DSP element-wise chains lowered from their TVM schedule (schedules/dsp/chain.py) by the
-backend's vector-nest lowering (opcompiler/backend/dsp/tir_vector.py): numpy, the same program as
+backend's vector-nest lowering (opcompiler/backend/dsp/lower/vector.py): numpy, the same program as
 the retired direct emission (kept below as the reference), functional == timing, mutations."""
 import random
 
@@ -7,8 +7,9 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.dsp import vector as vx
-from opcompiler.backend.dsp.engine import execute, timing
+from opcompiler.backend.dsp import program as vx
+from opcompiler.backend.dsp.execute import execute
+from opcompiler.backend.dsp.timing import timing
 from opcompiler.backend.dsp.machine import machine
 from opcompiler.backend.dsp.program import F32, Allocator, View, dma_op
 from opcompiler.errors import OpcFailure
@@ -62,7 +63,7 @@ def _retired_steps(steps, fulls, chans, chan_load, x="x"):
 
 
 def _retired_program(wl, config, functional=False):
-    from opcompiler.backend.dsp.assemble import assemble, host_ops, nbytes
+    from opcompiler.backend.dsp.lower.assemble import assemble, host_ops, nbytes
 
     op = get_op(wl.op)
     g = _Geo(M, wl, config)
@@ -304,8 +305,8 @@ def test_an_unmappable_expression_is_a_one_line_failure():
     import tvm
     from tvm import te
 
-    from opcompiler.backend.dsp.tir_vector import VecLowerer
-    from opcompiler.backend.dsp.tir_lower import lowered
+    from opcompiler.backend.dsp.lower.vector import VecLowerer
+    from opcompiler.backend.dsp.lower.direct import lowered
 
     x = te.placeholder((64,), name="x")
     y = te.compute((64,), lambda i: te.sqrt(x[i]), name="y")

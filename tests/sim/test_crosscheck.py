@@ -16,9 +16,9 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend import scheduler as asc
-from opcompiler.backend.ascend.isa import Barrier, DataMove, Load3D, Mmad, Scalar, Vec
-from opcompiler.backend.dsp import core as dsp_core, engine, fclock, program, vector
+from opcompiler.backend.ascend import execute as aex, timing as asc
+from opcompiler.backend.ascend.program import Barrier, DataMove, Load3D, Mmad, Scalar, Vec
+from opcompiler.backend.dsp import fclock, program, timing as tm
 from opcompiler.backend.dsp.lower import lower as dsp_lower
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.backend.dsp.program import Program as DspProgram, View, dma_op
@@ -55,7 +55,7 @@ def _close(a, b) -> bool:
 @pytest.mark.parametrize("op,shape,dtype", ASC_KERNELS)
 def test_ascend_functional_accounting_equals_timing(op, shape, dtype):
     wl, k, inputs = _asc(op, shape, dtype)
-    out, fun = asc.run(k.artifact.plan, k.artifact.program, inputs)
+    out, fun = aex.run(k.artifact.plan, k.artifact.program, inputs)
     tim = asc.schedule(k.artifact.program)
     assert fun.cycles == tim.cycles > 0
     assert fun.busy == tim.busy and fun.syncs == tim.syncs
@@ -80,19 +80,19 @@ def test_ascend_accountings_do_not_share_the_scheduler(monkeypatch):
     monkeypatch.setattr(asc, "cost", broken)
     for cls in (DataMove, Load3D, Mmad, Vec, Scalar):
         monkeypatch.setattr(cls, "cost_cycles", broken)
-    assert asc.run(k.artifact.plan, k.artifact.program, inputs)[1].cycles == want
+    assert aex.run(k.artifact.plan, k.artifact.program, inputs)[1].cycles == want
 
 
 def test_dsp_accountings_do_not_share_the_cost_model(monkeypatch):
     """The DSP functional clock never calls the timing model's transfer cost, VPU scheduler or
     scoreboard."""
     wl, k, fprog, inputs = _dsp("ew_chain", "n=2,c=5,h=7,w=9,chain=bn;sigmoid;add", None)
-    want = engine.timing(DM, fprog).cycles
+    want = tm.timing(DM, fprog).cycles
 
     def broken(*a, **kw):
         raise AssertionError("the functional clock called the timing model")
-    for mod, name in ((engine, "_dma_cycles"), (program, "dma_cycles"), (engine, "Scoreboard"),
-                      (vector, "kernel_cost"), (vector, "nest_cost"), (dsp_core, "_run")):
+    for mod, name in ((tm, "dma_cycles"), (tm, "Scoreboard"),
+                      (tm, "kernel_cost"), (tm, "nest_cost"), (tm, "_run")):
         monkeypatch.setattr(mod, name, broken)
     monkeypatch.setattr(program.Op, "cost_cycles", broken)
     assert fclock.replay(DM, fprog, inputs)[2].cycles == want
@@ -110,7 +110,7 @@ def test_ascend_shifted_address_changes_the_result():
     index) multiplies the wrong A fractals: a wrong output."""
     wl, k, inputs = _asc("matmul", "m=40,k=100,n=70", "float16")
     prog = k.artifact.program
-    good, _ = asc.run(k.artifact.plan, prog, inputs)
+    good, _ = aex.run(k.artifact.plan, prog, inputs)
     j = _first(prog, Mmad)
     ins = prog.instrs[j]
     a = ins.a
@@ -119,7 +119,7 @@ def test_ascend_shifted_address_changes_the_result():
     mut.pipe, mut.reads, mut.writes = ins.pipe, tuple(shifted if b is a else b for b in ins.reads), ins.writes
     prog.instrs[j] = mut
     try:
-        bad, _ = asc.run(k.artifact.plan, prog, inputs)
+        bad, _ = aex.run(k.artifact.plan, prog, inputs)
     finally:
         prog.instrs[j] = ins
     assert _close(good, get_op("matmul").reference(wl, inputs)) and not _close(bad, good)
@@ -139,7 +139,7 @@ def test_ascend_dropped_flag_is_caught_by_the_cross_check():
         kept = ins.reads
         ins.reads = tuple(b for b in kept if b.level not in ("L0A", "L0B"))
         t = asc.schedule(prog)
-        _, fun = asc.run(k.artifact.plan, prog, inputs)
+        _, fun = aex.run(k.artifact.plan, prog, inputs)
         ins.reads = kept
         assert fun.cycles == t0  # the execution still reads L0A and L0B
         if t.cycles != t0:
@@ -158,7 +158,7 @@ def test_ascend_dropped_barrier_changes_the_cycles():
     b.pipe = "S"
     prog.instrs.insert(j, b)
     with_barrier = asc.schedule(prog).cycles
-    assert with_barrier == asc.run(k.artifact.plan, prog, inputs)[1].cycles
+    assert with_barrier == aex.run(k.artifact.plan, prog, inputs)[1].cycles
     prog.instrs.pop(j)
     assert with_barrier > base == asc.schedule(prog).cycles
 
@@ -169,12 +169,12 @@ def test_ascend_wrong_latency_is_caught_by_the_cross_check():
     wl, k, inputs = _asc("matmul", "m=40,k=100,n=70", "float16")
     prog = k.artifact.program
     base = asc.schedule(prog).cycles
-    assert asc.run(k.artifact.plan, prog, inputs)[1].cycles == base
+    assert aex.run(k.artifact.plan, prog, inputs)[1].cycles == base
     m0 = prog.machine
     prog.machine = dataclasses.replace(m0, cube_startup=m0.cube_startup + 7)
     try:
         slow = asc.schedule(prog).cycles
-        fun = asc.run(k.artifact.plan, prog, inputs)[1].cycles
+        fun = aex.run(k.artifact.plan, prog, inputs)[1].cycles
     finally:
         prog.machine = m0
     assert slow > base == fun
@@ -190,7 +190,7 @@ def test_ascend_wrong_byte_count_is_caught_by_the_counters():
     prog.instrs[j].nbytes *= 2
     try:
         t = asc.schedule(prog)
-        _, fun = asc.run(k.artifact.plan, prog, inputs)
+        _, fun = aex.run(k.artifact.plan, prog, inputs)
         assert t.cycles != base.cycles
         assert fun.gm_read_bytes == base.gm_read_bytes != t.gm_read_bytes
     finally:
@@ -227,13 +227,13 @@ def test_dsp_functional_accounting_equals_timing(op, shape, config, exact):
     steady-state skips, core groups) within 3 % of the whole call, as before."""
     wl, k, fprog, inputs = _dsp(op, shape, config)
     out, counters, fun = fclock.replay(DM, fprog, inputs)
-    tim = engine.timing(DM, fprog)
+    tim = tm.timing(DM, fprog)
     if exact:
         assert fun.cycles == tim.cycles and fun.dsp_cycles == tim.dsp_cycles
     else:
         assert fun.dsp_cycles < tim.dsp_cycles
     assert fun.cycles == pytest.approx(DSP.measure(k).cycles, rel=0.03)
-    assert fun.host_cycles == engine.timing(DM, k.artifact["program"]).host_cycles
+    assert fun.host_cycles == tm.timing(DM, k.artifact["program"]).host_cycles
     assert _close(out, get_op(op).reference(wl, inputs))
 
 
@@ -270,7 +270,7 @@ def test_dsp_dropped_barrier_changes_the_result_and_the_cycles():
     bad, _, t_bad = fclock.replay(DM, cut, inputs)
     assert _close(good, get_op("conv2d").reference(wl, inputs)) and not _close(bad, good)
     assert t_bad.cycles < t_good.cycles
-    assert engine.timing(DM, cut).cycles == engine.timing(DM, fprog).cycles
+    assert tm.timing(DM, cut).cycles == tm.timing(DM, fprog).cycles
 
 
 @pytest.mark.parametrize("figure", ["ddr_latency", "dma_startup"])
@@ -280,9 +280,9 @@ def test_dsp_wrong_latency_is_caught_by_the_cross_check(figure):
     tables, read from the target) does not, so on the same per-core program the two no longer
     agree."""
     wl, k, fprog, inputs = _dsp("conv2d", "n=2,c=8,h=9,w=9,k=32,r=3,s=3,pad=1", None)
-    base = engine.timing(DM, k.artifact["program"]).cycles
+    base = tm.timing(DM, k.artifact["program"]).cycles
     wrong = dataclasses.replace(DM, **{figure: getattr(DM, figure) + 50})
-    assert engine.timing(wrong, k.artifact["program"]).cycles > base
+    assert tm.timing(wrong, k.artifact["program"]).cycles > base
     fun = fclock.replay(wrong, fprog, inputs)[2].cycles
-    assert fun == fclock.replay(DM, fprog, inputs)[2].cycles == engine.timing(DM, fprog).cycles
-    assert engine.timing(wrong, fprog).cycles > fun
+    assert fun == fclock.replay(DM, fprog, inputs)[2].cycles == tm.timing(DM, fprog).cycles
+    assert tm.timing(wrong, fprog).cycles > fun

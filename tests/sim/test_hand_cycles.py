@@ -21,12 +21,13 @@ import dataclasses
 import numpy as np
 import pytest
 
-from opcompiler.backend.ascend.builder import KernelBuilder
-from opcompiler.backend.ascend.isa import Memory as AscMemory, VOp
+from opcompiler.backend.ascend import KernelBuilder
+from opcompiler.backend.ascend.program import Memory as AscMemory, VOp
 from opcompiler.backend.ascend.machine import Machine
-from opcompiler.backend.ascend.scheduler import replay, schedule
-from opcompiler.backend.dsp import core, engine, fclock as dfc, vector as vx
-from opcompiler.backend.dsp.assemble import host_ops
+from opcompiler.backend.ascend.execute import replay
+from opcompiler.backend.ascend.timing import schedule
+from opcompiler.backend.dsp import execute as ex, fclock as dfc, program as vx, timing as tm
+from opcompiler.backend.dsp.lower.assemble import host_ops
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.backend.dsp.program import Op, Program, View, dma_op
 from opcompiler.target import load_target
@@ -178,7 +179,7 @@ def _prog(cores, ddr: dict, mult=None) -> Program:
 
 def _dsp_both(prog) -> tuple[int, int]:
     """(timing, functional) device cycles of a DSP program."""
-    return engine.timing(DM, prog).dsp_cycles, dfc.replay(DM, prog, [])[2].dsp_cycles
+    return tm.timing(DM, prog).dsp_cycles, dfc.replay(DM, prog, [])[2].dsp_cycles
 
 
 def _load(space, n: int, at: int, tag: str, dst_at: int = 0) -> Op:
@@ -191,8 +192,8 @@ def _store(n: int, at: int, tag: str, src_at: int) -> Op:
 
 def _pass(nest: vx.Nest, reads: tuple, writes: tuple) -> Op:
     k = vx.VKernel((nest,), "hand")
-    return Op("vpu", "vpu", cycles=vx.kernel_cost(DM, k).cycles, reads=reads, writes=writes,
-              fn=lambda mem, k=k: vx.execute(mem, k, DM.lanes))
+    return Op("vpu", "vpu", cycles=tm.kernel_cost(DM, k).cycles, reads=reads, writes=writes,
+              fn=lambda mem, k=k: ex.execute_pass(mem, k, DM.lanes))
 
 
 def _fma_block(at: int, out: int, reads: tuple = (), writes: tuple = ()) -> Op:
@@ -266,12 +267,12 @@ def test_dsp_epilogue():
 
 def _mk_pass(sig: tuple) -> Op:
     """A VPU pass of one register-blocked micro-kernel call, as a lowering emits it."""
-    c = {"out": core.mk_out, "ws": core.mk_ws, "ew": core.mk_ew}[sig[0]](DM, *sig[1:])
+    c = {"out": tm.mk_out, "ws": tm.mk_ws, "ew": tm.mk_ew}[sig[0]](DM, *sig[1:])
     return Op("vpu", "vpu", cycles=c.cycles, cost=c, fn=lambda mem: 1)
 
 
 def test_dsp_register_block_call():
-    """One output-stationary register block (`core.mk_out`; the functional clock issues the
+    """One output-stationary register block (`timing.mk_out`; the functional clock issues the
     same block itself) over 50 reduction steps. 1 pixel x 1 vector: each step loads a weight
     vector and broadcasts an input scalar (ready 4 after issue), the FMA into the one
     accumulator waits for the previous one (6): step i's FMA at 4 + 6i, the last ready at
@@ -301,4 +302,4 @@ def test_dsp_host_share():
     prog = _prog([[_load(("DDR", "x"), 1024, 0, "a")]], {"x": (1024,)})
     prog.host_pre, prog.host_post = pre, post
     want = 566 + 1170000 + 186664 + 185265
-    assert engine.timing(m, prog).cycles == dfc.replay(m, prog, [])[2].cycles == want
+    assert tm.timing(m, prog).cycles == dfc.replay(m, prog, [])[2].cycles == want

@@ -24,9 +24,9 @@ import pytest
 
 from opcompiler.backend import get_backend
 from opcompiler.backend.ascend import fclock as afc
-from opcompiler.backend.ascend import scheduler as asc
-from opcompiler.backend.ascend.isa import Barrier, Mmad, Vec
-from opcompiler.backend.dsp import core, engine, fclock as dfc, vector
+from opcompiler.backend.ascend import execute as aex, timing as asc
+from opcompiler.backend.ascend.program import Barrier, Memory as AscMemory, Mmad, Vec
+from opcompiler.backend.dsp import execute as ex, fclock as dfc, timing as tm
 from opcompiler.backend.dsp.lower import lower as dsp_lower
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.ops import get_op, workload
@@ -56,12 +56,12 @@ def _asc_clocks(k, inputs, fc=None):
     """(functional clock, timing clock) of core 0's program."""
     prog = k.artifact.program
     if fc is None:
-        fun = asc.run(k.artifact.plan, prog, inputs)[1].cycles
+        fun = aex.run(k.artifact.plan, prog, inputs)[1].cycles
     else:
-        mem = asc.Memory({lv: v.capacity for lv, v in prog.machine.levels.items()},
+        mem = AscMemory({lv: v.capacity for lv, v in prog.machine.levels.items()},
                          k.artifact.plan.pack([np.asarray(x) for x in inputs]))
         mem.gm[k.artifact.plan.out_name] = np.zeros(k.artifact.plan.out_shape, k.artifact.plan.out_dtype)
-        fun = asc.replay(prog, mem, fc).cycles
+        fun = aex.replay(prog, mem, fc).cycles
     return fun, asc.schedule(prog).cycles
 
 
@@ -197,7 +197,7 @@ def _dsp(op, shape, config=None, mode="shared"):
 
 def _dsp_clocks(fprog, x, fc=DFC, m=DM):
     """(functional clock, timing clock) of the same per-core program, device cycles."""
-    return dfc.replay(DM, fprog, x, fc)[2].dsp_cycles, engine.timing(m, fprog).dsp_cycles
+    return dfc.replay(DM, fprog, x, fc)[2].dsp_cycles, tm.timing(m, fprog).dsp_cycles
 
 
 @functools.lru_cache(maxsize=None)
@@ -205,11 +205,11 @@ def _passes(op, shape):
     """The VPU passes (vector-instruction kernels) a functional run of the kernel executed."""
     fprog, x = _dsp(op, shape)
     seen: list = []
-    vector.OBSERVERS.append(seen.append)
+    ex.OBSERVERS.append(seen.append)
     try:
-        engine.execute(DM, fprog, x)
+        ex.execute(DM, fprog, x)
     finally:
-        vector.OBSERVERS.remove(seen.append)
+        ex.OBSERVERS.remove(seen.append)
     assert seen
     return tuple(seen)
 
@@ -219,7 +219,7 @@ def _vpu_clocks(kern, fc=DFC):
     memory-bound kernels hide behind their DMA, so the two VPU models are held to each other
     pass by pass."""
     ks = _passes(*kern)
-    return sum(fc.kernel(k) for k in ks), sum(vector.kernel_cost(DM, k).cycles for k in ks)
+    return sum(fc.kernel(k) for k in ks), sum(tm.kernel_cost(DM, k).cycles for k in ks)
 
 
 @pytest.mark.parametrize("kern", [VK, SOFT, POOL, GCONV, CONVD, GEMM, BIG])
@@ -274,13 +274,13 @@ def test_dsp_functional_vpu_mutation_is_caught(change, kern):
 def test_dsp_timing_slot_mutation_is_caught(monkeypatch, unit, cap, kern):
     """The timing model's VPU scheduler with one FMAC (load/store) slot fewer: its pass costs
     move, the functional clock's do not."""
-    orig = core._Sched.__init__
+    orig = tm._VpuSched.__init__
 
     def fewer(self, m):
         orig(self, m)
         self.caps[unit] = cap
-    monkeypatch.setattr(core._Sched, "__init__", fewer)
-    monkeypatch.setattr(vector, "_COST", {})
+    monkeypatch.setattr(tm._VpuSched, "__init__", fewer)
+    monkeypatch.setattr(tm, "_COST", {})
     f, t = _vpu_clocks(kern)
     assert f == _vpu_clocks(kern, DFC)[0] and t != f
 
@@ -290,13 +290,13 @@ def test_dsp_barrier_cost_mutation_is_caught(monkeypatch):
     fprog, x = _dsp(*CONVD)
     assert any(op.kind == "barrier" for ops in fprog.cores for op in ops)
     fun0, tim0 = _dsp_clocks(fprog, x)
-    orig = engine.barrier
+    orig = tm.barrier
 
     def slow(boards):
         orig(boards)
         for sb in boards:
             sb.wait_until(sb.now() + 10)
-    monkeypatch.setattr(engine, "barrier", slow)
+    monkeypatch.setattr(tm, "barrier", slow)
     fun, tim = _dsp_clocks(fprog, x)
     assert fun0 == tim0 and fun == fun0 and tim > tim0
 
@@ -328,17 +328,17 @@ def _mk_clocks(fprog, fc=DFC):
 
 def _whole_clocks(fprog, x, fc=DFC, m=DM):
     """(functional clock, timing clock) of the same per-core program, whole call (host included)."""
-    return dfc.replay(m, fprog, x, fc)[2].cycles, engine.timing(m, fprog).cycles
+    return dfc.replay(m, fprog, x, fc)[2].cycles, tm.timing(m, fprog).cycles
 
 
 @pytest.mark.parametrize("kern", MK_KERNELS)
 def test_dsp_micro_kernel_clocks_agree_before_any_mutation(kern):
-    """Every call's cycles on the two accountings (`core.mk_*` and the functional clock's own
+    """Every call's cycles on the two accountings (`timing.mk_*` and the functional clock's own
     stream), and the whole call."""
     fprog, x = _dsp(*kern)
     calls = {c for op in _mk_ops(fprog) for c in op.cost.calls}
     assert {c[0] for c in calls} == ({"out"} if kern is MK_OUT else {"ws", "ew"} if kern is MK_WS else {"out", "ew"})
-    mk = {"out": core.mk_out, "ws": core.mk_ws, "ew": core.mk_ew}
+    mk = {"out": tm.mk_out, "ws": tm.mk_ws, "ew": tm.mk_ew}
     for c in calls:
         assert DFC.call(c) == mk[c[0]](DM, *c[1:]).cycles > 0, c
     fun, tim = _whole_clocks(fprog, x)
@@ -372,14 +372,14 @@ def test_dsp_functional_micro_kernel_mutation_is_caught(change, kern):
 
 def _rebuilt_with(monkeypatch, kern, patch):
     """The kernel's functional program lowered afresh with the timing model's micro-kernel
-    scheduler changed by `patch` (core's memoized costs cleared before and after)."""
-    mks = (core.mk_out, core.mk_ws, core.mk_ew)
+    scheduler changed by `patch` (the memoized costs cleared before and after)."""
+    mks = (tm.mk_out, tm.mk_ws, tm.mk_ew)
     for f in mks:
         f.cache_clear()
     try:
         with monkeypatch.context() as mp:
             patch(mp)
-            mp.setattr(vector, "_COST", {})
+            mp.setattr(tm, "_COST", {})
             return _dsp_fprog(*kern)[0]
     finally:
         for f in mks:
@@ -388,25 +388,25 @@ def _rebuilt_with(monkeypatch, kern, patch):
 
 def _fewer(unit, cap):
     def patch(mp):
-        orig = core._Sched.__init__
+        orig = tm._VpuSched.__init__
 
         def init(self, m):
             orig(self, m)
             self.caps[unit] = cap
-        mp.setattr(core._Sched, "__init__", init)
+        mp.setattr(tm._VpuSched, "__init__", init)
     return patch
 
 
 def _later_exit(mp):
-    orig = core._run
-    mp.setattr(core, "_run", lambda *a, **k: dataclasses.replace(orig(*a, **k), cycles=orig(*a, **k).cycles + 1))
+    orig = tm._run
+    mp.setattr(tm, "_run", lambda *a, **k: dataclasses.replace(orig(*a, **k), cycles=orig(*a, **k).cycles + 1))
 
 
 @pytest.mark.parametrize("kern", MK_KERNELS)
 @pytest.mark.parametrize("what,patch", [("one FMAC", _fewer("fmac", 1)), ("one load/store slot", _fewer("ldst", 1)),
                                         ("a cycle more per call", _later_exit)])
 def test_dsp_timing_micro_kernel_mutation_is_caught(monkeypatch, kern, what, patch):
-    """The timing model's micro-kernel costs (`core.mk_*`) broken, the program lowered again:
+    """The timing model's micro-kernel costs (`timing.mk_*`) broken, the program lowered again:
     its declared VPU cycles move, the functional clock's (from the calls it executed) do not."""
     fprog0, x = _dsp(*kern)
     fun0, tim0 = _dsp_clocks(fprog0, x)

@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend import scheduler as asc
-from opcompiler.backend.dsp import engine as dsp
+from opcompiler.backend.ascend import backend as abe, timing as asc
+from opcompiler.backend.dsp import timing as dsp
 from opcompiler.backend.dsp.machine import machine as dsp_machine
 from opcompiler.ops import workload
 from opcompiler.sim import Profile
@@ -41,7 +41,7 @@ def test_ascend_report_is_the_backends(op, shape, dtype):
     busiest = max(names, key=lambda p: t.busy[p])
     assert (got["bound"] == "latency (pipes wait on each other)") == (t.busy[busiest] < 0.5 * t.cycles)
     assert got["instructions_core0"] == len(k.artifact.program.instrs) and got["mode"] == "timing"
-    p = asc.profile(m, plan, t, dtype)
+    p = abe.profile(m, plan, t, dtype)
     assert isinstance(p, Profile) and p.cycles == t.cycles and p.seconds == t.cycles / m.clock_hz
     assert p.attainable_flops <= p.peak_flops and p.roofline_bound in ("compute", "memory")
 

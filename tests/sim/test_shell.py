@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from opcompiler.backend import get_backend
-from opcompiler.backend.ascend import tir_trace
-from opcompiler.backend.dsp import tir_eval
+from opcompiler.backend.ascend.lower import trace as ascend_trace
+from opcompiler.backend.dsp.lower import eval as tir_eval
 from opcompiler.backend.sim import SimBackend
 from opcompiler.errors import CapacityError
 from opcompiler.ops import get_op, workload
@@ -103,8 +103,8 @@ def test_div_is_truncating_floordiv_is_floor_on_both_machines():
     two, seven = T.FloatImm("float32", 2.0), T.FloatImm("float32", 7.0)
     assert compile_expr(T.Div(seven, two))({}, None) == 3.5
     # the machines' evaluators are this one
-    assert tir_eval._Compiler is Compiler
-    assert tir_trace._value(T.Div(x, y), E).tolist() == [-3, 3, 3, -3, -2, 0]
+    assert tir_eval.Compiler is Compiler
+    assert ascend_trace._value(T.Div(x, y), E).tolist() == [-3, 3, 3, -3, -2, 0]
 
 
 def test_integer_evaluation_falls_back_on_floats():
@@ -113,10 +113,10 @@ def test_integer_evaluation_falls_back_on_floats():
     (x,) = _vars("x")
     with pytest.raises(NoRule):
         Compiler(integer=True).fn(T.Cast("float32", x))
-    with pytest.raises(tir_trace._Opaque):
-        tir_trace._value(T.Cast("float32", x), {x.__chandle__(): 1})
-    with pytest.raises(tir_trace._Opaque):  # an unbound variable (a handle)
-        tir_trace._value(x + 1, {})
+    with pytest.raises(ascend_trace._Opaque):
+        ascend_trace._value(T.Cast("float32", x), {x.__chandle__(): 1})
+    with pytest.raises(ascend_trace._Opaque):  # an unbound variable (a handle)
+        ascend_trace._value(x + 1, {})
 
 
 def test_same_shaped_expressions_share_one_compiled_function():

@@ -1,8 +1,8 @@
 """The functional replay's own clock: a second accounting of the AI Core's cycles.
 
-Timing mode (`scheduler.schedule`) costs what a program *declares* (each instruction's
+Timing mode (`timing.schedule`) costs what a program *declares* (each instruction's
 `cost_cycles`, the `Machine` figures) on the scoreboard. The functional replay
-(`scheduler.replay`) times what it *executes*, with nothing of that path:
+(`execute.replay`) times what it *executes*, with nothing of that path:
 
 * its own figures, read here from the target description (not from `Machine`): per data
   path the bytes per cycle, the latency and the cost per extra burst; the cube's start-up and
@@ -31,7 +31,9 @@ from typing import Mapping
 
 from ...target import Target
 
-__all__ = ["AscendClock", "clock", "bind", "for_machine", "runs"]
+__all__ = ["AscendClock", "clock", "bind", "for_machine", "runs", "ROUNDS"]
+
+ROUNDS = 4  # the clock's own bandwidth-share rounds (the twin of `timing.CONTENTION_ROUNDS`)
 
 
 @dataclass(frozen=True, kw_only=True)

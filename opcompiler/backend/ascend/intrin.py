@@ -16,7 +16,7 @@
   capacities and alignment, the cube's fractal, lanes) and `l0c_slots`, the L0C ping-pong rule
   the cube lowerings allocate by (a template lists the same buffers in its capacity check).
 
-No lowering, builder, program or trace lives here: `lower.py` turns a template's `Scheduled`
+No lowering, builder, program or trace lives here: `lower` (the package) turns a template's `Scheduled`
 into the `Plan` the backend runs.
 """
 from __future__ import annotations
@@ -25,7 +25,6 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Any
 
 from .machine import Machine
-from .tir_trace import EVENT
 
 L1, L0A, L0B, L0C, UB_SCOPE, GM = "local.L1", "local.L0A", "local.L0B", "local.L0C", "local.UB", "global"
 CORES = "opc.ascend.block_dim"  # the loop whose iterations the active cores share
@@ -34,6 +33,7 @@ PRAGMA = "pragma_emit_insn"  # a nest that is one instruction, of the kind its v
 DMA_COPY, VECTOR_AUTO = "dma_copy", "vector_auto"
 REDUCE = "vector_reduce"  # a row reduction nest (vcadd / vcmax folds)
 VEC_TRANSPOSE = "vector_transpose"  # a UB -> UB nest that swaps a tile's last axis with another (vnchwconv)
+EVENT = "opc.ascend.tir.event"  # the packed call each tensorized block makes (`lower.trace` reads it)
 ITEM_TILES = "opc.ascend.item_tiles"  # a tile loop of a sequence under the cores loop (concat)
 
 

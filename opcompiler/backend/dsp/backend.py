@@ -8,7 +8,7 @@ from ...workload import Workload
 from ..sim import SimBackend
 from . import fclock
 from .lower import lower as lower_scheduled  # a template's Scheduled -> Program
-from .engine import Timing, profile, report_keys, timing
+from .timing import Timing, profile, report_keys, timing
 from .machine import DspMachine, machine
 
 
@@ -19,7 +19,7 @@ class DspSimBackend(SimBackend):
     each core (capacities enforced: CapacityError); its executor runs the functional program on
     simulated memories (real values), timed by its own clock (`fclock.replay`: its own tables read
     from the target, costs from what executed, never the timing model's); its timing replay
-    (`engine.timing`) runs identical cores as one group. A functional run reports the timing
+    (`timing.timing`) runs identical cores as one group. A functional run reports the timing
     model's cycles (the tuner's and the records' figure); both clocks are in the metrics.
     """
 

@@ -1,7 +1,7 @@
 """The functional replay's own clock: a second accounting of the DSP cluster's cycles.
 
-Timing mode (`engine.timing`) costs what the timing program declares (`program.dma_cycles`,
-each VPU pass's list-scheduled `cycles` from `core` / `vector.kernel_cost`, the `DspMachine`
+Timing mode (`timing.timing`) costs what the timing program declares (`timing.dma_cycles`,
+each VPU pass's list-scheduled `cycles` from `timing.mk_*` / `timing.kernel_cost`, the `DspMachine`
 figures) on the scoreboard, with repeat blocks, steady-state skips and core groups. The
 functional replay here times what it *executes*, with nothing of that path:
 
@@ -11,13 +11,13 @@ functional replay here times what it *executes*, with nothing of that path:
   latencies, the register file and the loop-exit (branch) latency;
 * a transfer costs what it moved: the bytes and contiguous runs of the two views the DMA
   engine executed, on the levels they live in; DDR and GSM are channels the cores share;
-* a VPU pass whose instructions execute (`vector.execute`: pooling, grouped convolution,
+* a VPU pass whose instructions execute (`execute.execute_pass`: pooling, grouped convolution,
   element-wise chains, softmax, reductions, data movement) costs its executed loop nests,
   list-scheduled here cycle by cycle on the issue slots with the units' latencies, the
   register dependencies and the register window, with every iteration issued (no
   steady-state skip);
 * a register-blocked micro-kernel call of the direct convolution (output- or
-  weight-stationary), the k-split or an epilogue pass (`core.mk_out`, `mk_ws`, `mk_ew`: their
+  weight-stationary), the k-split or an epilogue pass (`timing.mk_out`, `mk_ws`, `mk_ew`: their
   functional bodies evaluate the TIR block, not an instruction stream) costs the instruction
   stream of its block, issued here from its kind and shape (`MkCost.calls`, recorded per
   call: pixels x vectors of the register block, the K loop's trip count, the epilogue): the
@@ -40,7 +40,7 @@ Still shared, taken as the program declares them: the shapes of the micro-kernel
 what a zero fill writes (what the lowering found each to be), and the buffer tags a dependency
 is on.
 
-The clocks agree exactly on the same per-core program (`engine.timing` of the functional
+The clocks agree exactly on the same per-core program (`timing.timing` of the functional
 program); the timing program's core groups make the reported timing cycles differ from this
 by a few % where identical cores' transfers hold a shared channel as one block
 (`tests/sim/test_crosscheck.py` states that relation).
@@ -56,7 +56,7 @@ import numpy as np
 from ...sim.profile import Timing
 from ...sim.trace import BARRIER, WORK, Event, Trace
 from ...target import Target
-from . import vector as vx
+from . import execute as ex, program as vx  # vx: the VPU's vector instructions
 from .program import Program, View
 
 __all__ = ["DspClock", "clock", "for_machine", "replay", "runs"]
@@ -204,7 +204,7 @@ class DspClock:
 
     # -- register-blocked micro-kernels ----------------------------------------------------------
     # One call of the direct convolution's, the k-split's or an epilogue's innermost block, by
-    # its kind and shape (what `core` recorded of each call it costed, `MkCost.calls`):
+    # its kind and shape (what `timing` recorded of each call it costed, `MkCost.calls`):
     #   ("out", pw, kv, steps, epi)  pw pixels x kv output-channel vectors accumulated in registers
     #                                over `steps` reduction steps (the K loop), then the epilogue
     #   ("ws", npix, kv, r, s, wo, rmw)  one input channel's r x s x kv weights held in registers,
@@ -445,12 +445,12 @@ def for_machine(machine) -> DspClock:
 
 
 def replay(m, prog: Program, inputs: Sequence[np.ndarray], fc: DspClock | None = None):
-    """Functional mode with its own clock: `engine.execute` runs the (functional) program,
+    """Functional mode with its own clock: `execute.execute` runs the (functional) program,
     every op each core executed is recorded in the order it ran (cores phase by phase between
     barriers) with the VPU loop nests it executed, and each is costed by this clock's tables;
     `sim.trace` derives the dependencies and evaluates them with the shared DDR and GSM
     channels. Returns (output, counters, Timing)."""
-    from .engine import execute
+    from .execute import execute
 
     fc = fc or for_machine(m)
     ran: list[list] = [[] for _ in prog.cores]  # per core: None (a barrier) or [op, executed kernels]
@@ -469,11 +469,11 @@ def replay(m, prog: Program, inputs: Sequence[np.ndarray], fc: DspClock | None =
         if current[0] is not None:
             current[0][1].append(k)
 
-    vx.OBSERVERS.append(seen)
+    ex.OBSERVERS.append(seen)
     try:
         out, counters = execute(m, prog, inputs, record)
     finally:
-        vx.OBSERVERS.remove(seen)
+        ex.OBSERVERS.remove(seen)
     tr = Trace(len(prog.cores))
     for c, entries in enumerate(ran):
         for e in entries:

@@ -17,10 +17,9 @@ that the direct convolution's `check` and features read. Their execution stays i
 from __future__ import annotations
 
 from ...sim.tir_expr import TIR  # noqa: F401  (TVM's TIR node classes, resolved on first use, for schedules' walkers)
-from .machine import DspMachine, machine
-from .core import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws, sum_costs  # the micro-kernel intrinsics (see above)
+from .machine import F32, DspMachine, machine
+from .timing import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws, sum_costs  # the micro-kernel intrinsics (see above)
 
-F32 = 4  # bytes of the one element type the VPEs compute in (float32)
 F32_NAME = "float32"
 
 # buffer scopes: where a tile lives (DDR is a parameter's scope; REG: vector registers)

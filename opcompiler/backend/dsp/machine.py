@@ -13,6 +13,8 @@ from ...sim.clock import Clocked
 from ...sim.machine import levels as memory_levels, load, source_target as loaded_from
 from ...target import Target
 
+F32 = 4  # bytes of the one element type the VPEs compute in (float32)
+
 LEVELS = ("DDR", "GSM", "AM", "SM")
 
 

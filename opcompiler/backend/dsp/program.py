@@ -1,16 +1,38 @@
-"""The lowered DSP kernel: per-core op lists over simulated memories.
+"""The DSP's program: its instructions and the program container.
 
 A template lowers a schedule (its knobs) into a `Program`: for each core, in program order,
 the DMA transfers between levels (strided descriptors over flat memories), the VPU passes
-(micro-kernel invocations with their register blocking), zero-fills, barriers; plus the host's
-share (launch, CPU<->DSP copies in copy mode, host-side weight replication). The simulator
-executes exactly this: `engine.execute` moves and computes real values through the flat
-DDR/GSM/AM/SM arrays, `engine.timing` schedules the same ops on the pipes and shared channels.
-Buffers are allocated per level with the target's capacities; an overflow is a CapacityError.
+(micro-kernel invocations with their register blocking, or vector kernels: `VKernel`),
+zero-fills, barriers; plus the host's share (launch, CPU<->DSP copies in copy mode, host-side
+weight replication). Buffers are allocated per level with the target's capacities; an overflow
+is a CapacityError.
+
+The VPU's vector instructions are here too: a `VKernel` is one VPU pass, a sequence of loop
+nests (`Nest`), each a list of vector instructions (`VI`) over 32-lane registers and AM / SM
+operands (`Mem`) whose addresses are affine in the nest's loop indices; `SEM` gives each opcode
+its unit and its semantics, and the `emit_*` sequences are the VPU's math library.
+
+The costs of all of this are `timing`'s (`timing.dma_cycles`, `timing.mk_*`,
+`timing.kernel_cost`); the functional run is `execute`'s; the functional clock is `fclock`'s.
+
+ISA figures that seed 004 does not publish (assumed, named here so they can be changed):
+* an AM vector load reads 32 fp32 at any element offset and at an element stride `lane`
+  (through the crossbar between the AM banks and the VPEs); a load touching L 256-byte AM rows
+  (L = the stride) takes L load/store slots. Stores write 32 contiguous lanes, predicated to
+  the first `lanes` lanes.
+* `vrot` rotates the lanes through the VPEs' shuffle network in one vector-ALU slot;
+  `vrcpe` / `vrsqrte` are 8-bit reciprocal / reciprocal square root estimates (as ARM FRECPE /
+  FRSQRTE), `vfloor`, `vldexp`, `vgetexp`, `vgetmant` are vector-ALU conversions on the exponent field (as AVX-512's). There is no
+  hardware exp, log or divide: `emit_exp`, `emit_log` and `emit_rcp` expand them into these
+  instructions (Cody-Waite reduction + degree-6 polynomial; exponent / mantissa split + degree-9
+  polynomial; two Newton steps), and `emit_rsqrt` 1 / sqrt(x) (estimate, two Newton steps), as a
+  math library for the VPU does.
 """
 from __future__ import annotations
 
+from collections import defaultdict
 from dataclasses import dataclass, field
+from math import prod
 from typing import Any, Callable
 
 import numpy as np
@@ -18,11 +40,8 @@ import numpy as np
 from ...errors import OpcError
 from ...sim.buffers import Arena
 from ...sim.instr import Instruction
-from ...sim.program import Repeat, SimProgram, expand
-from .core import MkCost
-from .machine import DspMachine
-
-from .intrin import F32  # noqa: E402
+from ...sim.program import Repeat, SimProgram
+from .machine import F32, DspMachine
 
 
 @dataclass(frozen=True)
@@ -66,13 +85,16 @@ class Op(Instruction):
     "vpu" or "sync"; `reads`/`writes` are buffer tags (for the scoreboard's dependencies); `fn`
     does the functional work (None in timing mode) and `execute` runs it. A zero fill's `zeros`
     says what it writes and how, (level, elements, "scalar" or "vector" stores): the functional
-    clock (`fclock`) costs that; the timing model ignores it (it takes `cycles`)."""
+    clock (`fclock`) costs that; the timing model ignores it (it takes `cycles`). `cost` is a VPU
+    pass's `timing.MkCost`. Every cost is the timing model's: a transfer's `timing.dma_cycles`, a
+    VPU pass's declared `cycles` (from `timing.mk_*` / `timing.kernel_cost`); `cost_cycles` is
+    the protocol's default, the declared `cycles` (0 for a transfer: this class computes no cost)."""
 
     __slots__ = ("kind", "pipe", "cycles", "reads", "writes", "nbytes", "path", "nruns", "cost", "fn", "label", "views",
                  "zeros")
 
     def __init__(self, kind: str, pipe: str, *, cycles: int = 0, reads: tuple = (), writes: tuple = (),
-                 nbytes: int = 0, path: str = "", nruns: int = 0, cost: MkCost | None = None,
+                 nbytes: int = 0, path: str = "", nruns: int = 0, cost: Any = None,
                  fn: Callable[[Any], None] | None = None, label: str = "", zeros: tuple = ()):
         self.kind, self.pipe, self.cycles, self.reads, self.writes = kind, pipe, cycles, reads, writes
         self.nbytes, self.path, self.nruns, self.cost, self.fn, self.label = nbytes, path, nruns, cost, fn, label
@@ -82,21 +104,6 @@ class Op(Instruction):
     def execute(self, mem: Any) -> Any:
         """Run the functional body (a VPU pass returns the micro-kernel calls it executed)."""
         return self.fn(mem)
-
-    def cost_cycles(self, m: DspMachine, **rates: float) -> int:
-        """Cycles on its pipe: a transfer's DMA-engine time (its shared-channel time is
-        `dma_cycles`' other two figures), a VPU pass's scheduled micro-kernel cycles."""
-        return dma_cycles(m, self)[0] if self.kind == "dma" else self.cycles
-
-
-def dma_cycles(m: DspMachine, op: Op) -> tuple[int, int, int]:
-    """(engine cycles, DDR channel cycles, GSM channel cycles) of one transfer by one core."""
-    src, dst = op.path.split("->")
-    ddr = op.nbytes / m.ddr_bytes_per_cycle * ((src == "DDR") + (dst == "DDR"))
-    gsm = op.nbytes / m.gsm_bytes_per_cycle * ((src == "GSM") + (dst == "GSM"))
-    lat = max(m.ddr_latency if "DDR" in (src, dst) else 0, m.gsm_latency if "GSM" in (src, dst) else 0)
-    eng = m.dma_startup + lat + op.nbytes / m.dma_bytes_per_cycle + op.nruns * m.dma_row_cycles
-    return int(eng), int(np.ceil(ddr)), int(np.ceil(gsm))
 
 
 def compress(blocks: list[tuple], periods: tuple[int, ...] = (2, 1)) -> list:
@@ -205,3 +212,244 @@ def stage_order(stage: list[tuple], dbuf: bool, functional: bool, period: int = 
     if functional:
         return [op for b in blocks for op in b]
     return compress(blocks, tuple(dict.fromkeys((2 * period, period, 2, 1))))
+
+
+# ------------------------------------------------------------------ what a run issued
+
+
+@dataclass
+class Counters:
+    """What a run issued, summed over all cores."""
+
+    bytes_by_level: dict[str, int] = field(default_factory=lambda: defaultdict(int))
+    dma_transfers: int = 0
+    fmas: int = 0
+    vldst: int = 0
+    slds: int = 0
+    valu: int = 0
+    mk_calls: int = 0
+
+    def add_op(self, op: Op, mult: int = 1, calls: int | None = None) -> None:
+        if op.kind == "dma":
+            src, dst = op.path.split("->")
+            self.bytes_by_level[src] += op.nbytes * mult
+            if dst != src:
+                self.bytes_by_level[dst] += op.nbytes * mult
+            self.dma_transfers += mult
+        elif op.cost is not None:
+            self.fmas += op.cost.fmas * mult
+            self.vldst += op.cost.vldst * mult
+            self.slds += op.cost.slds * mult
+            self.valu += op.cost.valu * mult
+            self.mk_calls += int(op.nruns if calls is None else calls) * mult
+
+    def as_dict(self) -> dict:
+        return {"bytes_by_level": dict(self.bytes_by_level), "dma_transfers": self.dma_transfers, "fmas": self.fmas,
+                "vldst": self.vldst, "slds": self.slds, "valu": self.valu, "mk_calls": self.mk_calls}
+
+
+def host_bytes(prog: Program, counters: Counters) -> None:
+    for _, _, nbytes in prog.host_pre + prog.host_post:
+        if nbytes:
+            counters.bytes_by_level["host_copy"] += nbytes
+
+
+# ------------------------------------------------------------------ VPU vector instructions
+
+@dataclass(frozen=True)
+class Mem:
+    """A vector operand in AM (lane stride `lane`) or a scalar in SM broadcast to every lane
+    (`lane` 0). The element address of lane l in iteration (i_0, ..., i_k) of a nest is
+    base + sum(i_d * steps[d]) + l * lane, the indices being the nest's outer then inner loops."""
+
+    level: str
+    base: int
+    steps: tuple[int, ...]
+    lane: int = 1
+
+
+@dataclass(frozen=True)
+class VI:
+    """One vector instruction: opcode, destination (a register name, or a Mem for `vst`), sources
+    (register names, Mems for loads, float immediates); `lanes`: active lanes of a store (all
+    when None)."""
+
+    op: str
+    dst: Any
+    srcs: tuple = ()
+    lanes: int | None = None
+
+
+@dataclass(frozen=True)
+class Nest:
+    """for i in outer (independent): pre; for j in inner (sequential): body; post."""
+
+    outer: tuple[int, ...]
+    body: tuple[VI, ...] = ()
+    inner: tuple[int, ...] = ()
+    pre: tuple[VI, ...] = ()
+    post: tuple[VI, ...] = ()
+    # functional mode only: the body is loads and multiply-accumulates of same-step loads into
+    # carried registers (a GEMM micro-kernel): run its inner loop as one contraction
+    contract: bool = False
+
+    @property
+    def count(self) -> int:
+        return prod(self.outer)
+
+
+@dataclass(frozen=True)
+class VKernel:
+    nests: tuple[Nest, ...]
+    label: str = ""
+
+
+def _fma(a, b, c):
+    return (np.asarray(a, np.float64) * np.asarray(b, np.float64) + np.asarray(c, np.float64)).astype(np.float32)
+
+
+def _rcpe(a):
+    r = 1.0 / np.asarray(a, np.float64)
+    mant, ex = np.frexp(r)
+    return np.ldexp(np.round(mant * 256.0) / 256.0, ex).astype(np.float32)
+
+
+def _rsqrte(a):
+    r = 1.0 / np.sqrt(np.asarray(a, np.float64))
+    mant, ex = np.frexp(r)
+    return np.ldexp(np.round(mant * 256.0) / 256.0, ex).astype(np.float32)
+
+
+def _ldexp(a, b):
+    return np.ldexp(np.asarray(a, np.float32), np.asarray(np.nan_to_num(b), np.float64).astype(np.int32))
+
+
+def _getexp(a):
+    return (np.frexp(np.asarray(a, np.float32))[1] - 1).astype(np.float32)  # floor(log2 |a|)
+
+
+def _getmant(a):
+    return (np.frexp(np.asarray(a, np.float32))[0] * 2).astype(np.float32)  # |a| / 2^floor(log2 |a|), in [1, 2)
+
+
+def _rot(a, k):
+    return np.roll(np.asarray(a, np.float32), -int(k), axis=-1)
+
+
+# opcode -> (unit, semantics on float32 arrays of (iterations, lanes) or immediates)
+SEM: dict[str, tuple[str, Any]] = {
+    "vadd": ("fmac", lambda a, b: np.add(a, b, dtype=np.float32)),
+    "vsub": ("fmac", lambda a, b: np.subtract(a, b, dtype=np.float32)),
+    "vmul": ("fmac", lambda a, b: np.multiply(a, b, dtype=np.float32)),
+    "vfma": ("fmac", _fma),  # a * b + c, rounded once
+    "vfnma": ("fmac", lambda a, b, c: _fma(-np.asarray(a, np.float64), b, c)),  # c - a * b
+    "vmax": ("valu", lambda a, b: np.maximum(a, b, dtype=np.float32)),
+    "vmin": ("valu", lambda a, b: np.minimum(a, b, dtype=np.float32)),
+    "vmov": ("valu", lambda a: np.asarray(a, np.float32)),
+    "vfloor": ("valu", lambda a: np.floor(a).astype(np.float32)),
+    "vldexp": ("valu", _ldexp),
+    "vgetexp": ("valu", _getexp),
+    "vgetmant": ("valu", _getmant),
+    "vrcpe": ("valu", _rcpe),
+    "vrsqrte": ("valu", _rsqrte),
+    "vrot": ("valu", _rot),
+}
+MEMOPS = {"vld": "ldst", "vst": "ldst", "sld": "sld"}
+
+
+def unit(ins: VI) -> str:
+    if ins.op in MEMOPS:
+        return MEMOPS[ins.op]
+    if ins.op not in SEM:
+        raise OpcError(f"unknown VPU instruction {ins.op}", arg="instruction", value=ins.op,
+                       expected=", ".join(sorted(SEM) + sorted(MEMOPS)))
+    return SEM[ins.op][0]
+
+
+def slots(ins: VI) -> int:
+    """Issue slots of the instruction's unit (a strided AM load touches `lane` AM rows)."""
+    if ins.op == "vld":
+        return max(1, abs(ins.srcs[0].lane))
+    return 1
+
+
+# ------------------------------------------------------------------ instruction sequences (a VPU math library)
+
+LOG2E = 1.4426950408889634
+LN2_HI = 0.693145751953125  # ln 2 split in two (Cody-Waite): n * LN2_HI is exact for |n| < 2^11
+LN2_LO = 1.4286068203094172e-06
+EXP_POLY = tuple(1.0 / np.prod(np.arange(1, k + 1, dtype=np.float64)) for k in range(6, -1, -1))  # 1/6! .. 1/0!
+EXP_LO, EXP_HI = -87.33, 88.37  # exp stays a normal, finite fp32 inside
+
+
+def emit_exp(x: str, y: str, r: str, nreg: str) -> list[VI]:
+    """y = exp(x): clamp, n = round(x / ln 2), r = x - n ln 2 in [-ln2/2, ln2/2], y = P6(r) * 2^n.
+    Registers r and nreg are scratch; x is kept."""
+    out = [VI("vmax", r, (x, EXP_LO)), VI("vmin", r, (r, EXP_HI)),
+           VI("vfma", nreg, (r, LOG2E, 0.5)), VI("vfloor", nreg, (nreg,)),
+           VI("vfnma", r, (nreg, LN2_HI, r)), VI("vfnma", r, (nreg, LN2_LO, r)),
+           VI("vfma", y, (r, EXP_POLY[0], EXP_POLY[1]))]
+    out += [VI("vfma", y, (y, r, c)) for c in EXP_POLY[2:]]
+    out.append(VI("vldexp", y, (y, nreg)))
+    return out
+
+
+_F = 0.5 - 0.5 * np.cos(np.pi * (np.arange(400) + 0.5) / 400)
+LOG_POLY = tuple(float(c) for c in np.polyfit(_F, np.log1p(_F), 9))  # ln(1 + f) on [0, 1), |error| < 6e-9
+LN2 = 0.6931471805599453
+
+
+def emit_log(x: str, y: str, e: str) -> list[VI]:
+    """y = ln(x) for x > 0: x = m 2^e with m in [1, 2), ln x = e ln 2 + P9(m - 1). Register e is
+    scratch; x is kept."""
+    out = [VI("vgetexp", e, (x,)), VI("vgetmant", y, (x,)), VI("vsub", y, (y, 1.0)),
+           VI("vfma", "lp", (y, LOG_POLY[0], LOG_POLY[1]))]
+    out += [VI("vfma", "lp", ("lp", y, c)) for c in LOG_POLY[2:]]
+    out.append(VI("vfma", y, (e, LN2, "lp")))
+    return out
+
+
+def emit_rcp(d: str, y: str, e: str) -> list[VI]:
+    """y = 1 / d: 8-bit estimate, two Newton steps y <- y (2 - d y). Register e is scratch."""
+    out = [VI("vrcpe", y, (d,))]
+    for _ in range(2):
+        out += [VI("vfnma", e, (d, y, 2.0)), VI("vmul", y, (y, e))]
+    return out
+
+
+def emit_rsqrt(d: str, y: str, e: str, h: str) -> list[VI]:
+    """y = 1 / sqrt(d) for d > 0: 8-bit estimate, two Newton steps y <- y (1.5 - (d / 2) y^2).
+    Registers e and h are scratch; d is kept."""
+    out = [VI("vrsqrte", y, (d,)), VI("vmul", h, (d, 0.5))]
+    for _ in range(2):
+        out += [VI("vmul", e, (y, y)), VI("vfnma", e, (h, e, 1.5)), VI("vmul", y, (y, e))]
+    return out
+
+
+def emit_hreduce(op: str, x: str, tmp: str, lanes: int) -> list[VI]:
+    """Every lane of x <- op over the lanes of x (log2(lanes) rotate-and-combine steps)."""
+    out: list[VI] = []
+    k = lanes // 2
+    while k >= 1:
+        out += [VI("vrot", tmp, (x, float(k))), VI(op, x, (x, tmp))]
+        k //= 2
+    return out
+
+
+def fill_nests(value: float, base: int, shape: tuple[int, int, int], pitches: tuple[int, int], lanes: int
+               ) -> list[Nest]:
+    """Vector stores of a constant over a (planes, rows, cols) box of AM (elements between planes
+    and between rows in `pitches`); the last vector of a row is predicated to the box's width."""
+    np_, nr, nc = shape
+    if np_ * nr * nc == 0:
+        return []
+    full, tail = divmod(nc, lanes)
+    out = []
+    st = (VI("vmov", "fill", (float(value),)),)
+    if full:
+        out.append(Nest(outer=(np_, nr, full), pre=st,
+                        post=(VI("vst", Mem("AM", base, (pitches[0], pitches[1], lanes)), ("fill",)),)))
+    if tail:
+        out.append(Nest(outer=(np_, nr), pre=st,
+                        post=(VI("vst", Mem("AM", base + full * lanes, pitches), ("fill",), lanes=tail),)))
+    return out

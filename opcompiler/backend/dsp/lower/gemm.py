@@ -14,7 +14,7 @@ with the shared `Lowerer`'s pieces (compiled index expressions, copy windows) an
 * `opc.dsp.stage` on the A-stage loop: A rows DDR -> `local.SM`, then one VPU pass.
 * `opc.dsp.op = "mk_gemm"` on the register-block loop, with `opc.dsp.ax` naming the loops under it
   (`vb` vector blocks, `ki` reduction steps, `pr` rows, `vl` lanes): the nest becomes vector
-  instructions (`vector.Nest`): per register block of `pr` rows x `vl / 32` vectors, the
+  instructions (`program.Nest`): per register block of `pr` rows x `vl / 32` vectors, the
   accumulators loaded from the C tile (set to zero where the init block runs, i.e. the first K
   block), then per reduction step the B vectors (AM), the A scalars (SM, broadcast) and the FMAs,
   then the stores. Addresses are the block's index expressions, affine in the loops (checked).
@@ -41,11 +41,11 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from . import vector as vx
-from .program import Allocator, Op, compress
-from .tir_eval import _bkey, _full, _grid, _key, _vars
-from .tir_lower import EPI_BLOCKS, Lowerer
-from .vector import VI, Mem, Nest, VKernel
+
+from .. import timing as tm
+from ..program import VI, Allocator, Mem, Nest, Op, VKernel, compress
+from .direct import EPI_BLOCKS, Lowerer
+from .eval import buf_key, as_full, loop_grid, var_key, expr_vars
 
 
 def cdiv(a: int, b: int) -> int:
@@ -95,7 +95,7 @@ class GemmLowerer(Lowerer):
                  functional: bool):
         super().__init__(m, func, ddr_names, ddr_shapes, 0, dbuf, False, functional)
         self.memo: dict[tuple, Op] = {}  # timing mode: ops of one kind and shape share one object
-        self.costs: dict[tuple, vx.MkCost] = {}  # pass shape -> its cycles
+        self.costs: dict[tuple, tm.MkCost] = {}  # pass shape -> its cycles
         self._block_info()
 
     # ---- the loop structure ------------------------------------------------------------------
@@ -124,7 +124,7 @@ class GemmLowerer(Lowerer):
             elif isinstance(st, TIR.SBlockRealize):
                 blk = st.block
                 for b in blk.alloc_buffers:
-                    self.allocs[_bkey(b)] = b
+                    self.allocs[buf_key(b)] = b
                 if blk.name_hint in EPI_BLOCKS or blk.name_hint == "matmul":
                     stores[blk.name_hint] = (st, blk.body)
                 visit(blk.body)
@@ -146,15 +146,15 @@ class GemmLowerer(Lowerer):
         """The tiles in the order (and at the offsets) of the libraries' layout: the C tile, the B
         tiles and the bias vector in AM, the A stages in SM, two sets of B panels in GSM."""
         self._scan()
-        params = {_key(p): p.name for p in self.func.params}
-        w_param = _key(self.func.params[1])
-        bias_param = _key(self.func.params[2]) if len(self.func.params) == 4 else None
+        params = {var_key(p): p.name for p in self.func.params}
+        w_param = var_key(self.func.params[1])
+        bias_param = var_key(self.func.params[2]) if len(self.func.params) == 4 else None
         tiles = {str(k): tuple(int(x) for x in v) for k, v in self.loops["blocks"].annotations["opc.dsp.tiles"].items()}
         role: dict[int, str] = {}
         self.copy_role: dict[int, str] = {}
         for lp in self.copies:
             _, _, store = self._nest(lp)
-            src, dst = _bkey(store.value), _bkey(store)
+            src, dst = buf_key(store.value), buf_key(store)
             dscope = "DDR" if dst in params else self.allocs[dst].scope()
             if dscope == "local.SM":
                 role[dst], r = "a", "a"
@@ -169,15 +169,15 @@ class GemmLowerer(Lowerer):
                 r = "c"
             else:
                 raise OpcFailure(f"tir lowering: a GEMM copy into {dscope}")
-            self.copy_role[_key(lp)] = r
+            self.copy_role[var_key(lp)] = r
         roles = set(self.copy_role.values())
         if not {"a", "b", "c"} <= roles:
             raise OpcFailure("tir lowering: the GEMM schedule needs the A, B and output copies")
         _, mm_body = self.mm
-        acc = _bkey(self._store(mm_body))
+        acc = buf_key(self._store(mm_body))
         role[acc] = "acc"
         for _, (_, body) in self.epi_blocks:  # element-wise: in place in the C tile
-            role[_bkey(self._store(body))] = "acc"
+            role[buf_key(self._store(body))] = "acc"
         nbuf = self.nbuf
         am, sm = Allocator("AM", self.m.cap("AM"), 128), Allocator("SM", self.m.cap("SM"), 8)
         gsm = Allocator("GSM", self.m.cap("GSM"), 64)
@@ -228,15 +228,15 @@ class GemmLowerer(Lowerer):
 
     # ---- copy windows --------------------------------------------------------------------------
     def _copy_static(self, lp):
-        k = ("copy", _key(lp))
+        k = ("copy", var_key(lp))
         if k not in self._cache:
             loops, pred, store = self._nest(lp)
             load = store.value
             if not isinstance(load, TIR.TensorLoad):
                 raise OpcFailure(f"tir lowering: a GEMM copy must copy a buffer, found {load}")
             c = self.comp
-            self._cache[k] = (loops, c.fn(pred), c.flat_fn(_bkey(store), store.indices),
-                              c.flat_fn(_bkey(load), load.indices), _bkey(store), _bkey(load))
+            self._cache[k] = (loops, c.fn(pred), c.flat_fn(buf_key(store), store.indices),
+                              c.flat_fn(buf_key(load), load.indices), buf_key(store), buf_key(load))
         return self._cache[k]
 
     def _box(self, lp, E: dict, limit: tuple | None = None) -> tuple | None:
@@ -256,9 +256,9 @@ class GemmLowerer(Lowerer):
                 lo[d], ext[d] = max(lo[d], lim[0]), min(ext[d], lim[1])
         box = []
         for d, x in enumerate(loops):
-            at = {**E, **{_key(y.loop_var): lo[i] for i, y in enumerate(loops)}}
-            at[_key(x.loop_var)] = np.arange(lo[d], ext[d])
-            ok = _full(fpred(at, None), (max(0, ext[d] - lo[d]),)).astype(bool)
+            at = {**E, **{var_key(y.loop_var): lo[i] for i, y in enumerate(loops)}}
+            at[var_key(x.loop_var)] = np.arange(lo[d], ext[d])
+            ok = as_full(fpred(at, None), (max(0, ext[d] - lo[d]),)).astype(bool)
             n = int(np.count_nonzero(ok))
             if n == 0:
                 return None
@@ -266,13 +266,13 @@ class GemmLowerer(Lowerer):
                 raise OpcFailure("tir lowering: a GEMM copy window is not a box")
             box.append((lo[d], lo[d] + n))
         box = tuple(box)
-        ck = ("box", _key(lp), tuple(b - a for a, b in box))
+        ck = ("box", var_key(lp), tuple(b - a for a, b in box))
         if ck not in self._checked:
             self._checked.add(ck)
-            g = _grid([(x.loop_var, e - a) for x, a, e in zip(loops, lo, ext)], E)
+            g = loop_grid([(x.loop_var, e - a) for x, a, e in zip(loops, lo, ext)], E)
             for x, a in zip(loops, lo):
-                g[_key(x.loop_var)] = g[_key(x.loop_var)] + a
-            mask = _full(fpred(g, None), tuple(e - a for a, e in zip(lo, ext))).astype(bool)
+                g[var_key(x.loop_var)] = g[var_key(x.loop_var)] + a
+            mask = as_full(fpred(g, None), tuple(e - a for a, e in zip(lo, ext))).astype(bool)
             want = np.zeros_like(mask)
             want[tuple(slice(a - l0, b - l0) for (a, b), l0 in zip(box, lo))] = True
             if not np.array_equal(mask, want):
@@ -282,14 +282,14 @@ class GemmLowerer(Lowerer):
     def _copy_dims(self, lp) -> list[int]:
         """Which dimension of the on-chip tile each loop of a copy nest walks (TVM drops the loop
         of a dimension of one element, e.g. the rows of a one-row tile)."""
-        k = ("dims", _key(lp))
+        k = ("dims", var_key(lp))
         if k not in self._cache:
             loops, _, store = self._nest(lp)
-            onchip = store if self._sp(_bkey(store))[0] != "DDR" else store.value
-            lead = self.lead.get(_bkey(onchip), 0)  # the tile's dimensions are counted after its unit lead
+            onchip = store if self._sp(buf_key(store))[0] != "DDR" else store.value
+            lead = self.lead.get(buf_key(onchip), 0)  # the tile's dimensions are counted after its unit lead
             dims = []
             for d, x in enumerate(loops):
-                at = [i for i, e in enumerate(onchip.indices) if _key(x.loop_var) in _vars(e, set())]
+                at = [i for i, e in enumerate(onchip.indices) if var_key(x.loop_var) in expr_vars(e, set())]
                 if not at and int(x.extent) == 1:  # a unit loop the schedule added back (a tile of one
                     dims.append(len(onchip.indices))  # element, e.g. n=1's bias): no dimension, no limit
                     continue
@@ -309,8 +309,8 @@ class GemmLowerer(Lowerer):
         ext = [(x.loop_var, int(x.extent)) for x in loops]
         sspace, sbase = self._base(bsrc, slots[0])
         dspace, dbase = self._base(bdst, slots[1])
-        sv = self._view(_key(lp), sspace, sbase, fsrc, E, ext, box)
-        dv = self._view(_key(lp), dspace, dbase, fdst, E, ext, box)
+        sv = self._view(var_key(lp), sspace, sbase, fsrc, E, ext, box)
+        dv = self._view(var_key(lp), dspace, dbase, fdst, E, ext, box)
         return self._copy_op(bsrc, bdst, sv, dv, reads, writes, label)
 
     # ---- per block -------------------------------------------------------------------------------
@@ -318,12 +318,12 @@ class GemmLowerer(Lowerer):
         """Per C block: its stages (rows each) and columns (the values the matmul block's
         predicate keeps), its B panel (the source column of its B copy); per K block its steps."""
         L = self.loops
-        role = {r: [lp for lp in self.copies if self.copy_role[_key(lp)] == r] for r in ("a", "b", "g", "bias", "c")}
+        role = {r: [lp for lp in self.copies if self.copy_role[var_key(lp)] == r] for r in ("a", "b", "g", "bias", "c")}
         self.a_copy, self.b_copy, self.out_copy = role["a"][0], role["b"][0], role["c"][0]
         self.g_copy = role["g"][0] if role["g"] else None
         self.bias_copy = role["bias"][0] if role["bias"] else None
         bsrc = self.g_copy if self.g_copy is not None else self.b_copy
-        vb, vk, vs = (_key(L[k].loop_var) for k in ("blocks", "kblock", "stage"))
+        vb, vk, vs = (var_key(L[k].loop_var) for k in ("blocks", "kblock", "stage"))
         self.vars = (vb, vk, vs)
         nblk, self.nk, nst = int(L["blocks"].extent), int(L["kblock"].extent), int(L["stage"].extent)
         info = self._gemm_static()
@@ -331,7 +331,7 @@ class GemmLowerer(Lowerer):
         self.panel: list[int] = []
         self.stages: list[list[tuple[int, int, int]]] = []  # (stage, first row, rows)
         fsrc = self._copy_static(bsrc)[3]
-        corner = {_key(x.loop_var): 0 for x in self._nest(bsrc)[0]}
+        corner = {var_key(x.loop_var): 0 for x in self._nest(bsrc)[0]}
         for b in range(nblk):
             st, r0 = [], 0
             for s in range(nst):
@@ -371,8 +371,8 @@ class GemmLowerer(Lowerer):
             return self._cache[k]
         L = self.loops
         mk = L["mk"]
-        rb_var = _key(mk.loop_var)
-        ax = {a: (_key(L[a].loop_var) if a in L else None, int(L[a].extent) if a in L else 1)
+        rb_var = var_key(mk.loop_var)
+        ax = {a: (var_key(L[a].loop_var) if a in L else None, int(L[a].extent) if a in L else 1)
               for a in ("vb", "ki", "pr", "vl")}
         realize, body = self.mm
         store = self._store(body)
@@ -380,7 +380,7 @@ class GemmLowerer(Lowerer):
 
         def find(e) -> None:
             if isinstance(e, TIR.TensorLoad):
-                loads[self.role.get(_bkey(e))] = e
+                loads[self.role.get(buf_key(e))] = e
                 return
             for attr in ("a", "b"):
                 if hasattr(e, attr):
@@ -392,20 +392,20 @@ class GemmLowerer(Lowerer):
         c = self.comp
         info = {"rb": rb_var, "ax": ax, "pred": c.fn(realize.predicate),
                 "init": c.fn(init.condition) if init is not None and isinstance(init, TIR.IfThenElse) else None,
-                "fa": c.flat_fn(_bkey(loads["a"]), loads["a"].indices),
-                "fb": c.flat_fn(_bkey(loads["b"]), loads["b"].indices),
-                "fc": c.flat_fn(_bkey(store), store.indices), "acc": _bkey(store), "ab": _bkey(loads["a"]),
-                "bb": _bkey(loads["b"]), "epi": tuple(EPI_BLOCKS[n] for n, _ in self.epi_blocks)}
+                "fa": c.flat_fn(buf_key(loads["a"]), loads["a"].indices),
+                "fb": c.flat_fn(buf_key(loads["b"]), loads["b"].indices),
+                "fc": c.flat_fn(buf_key(store), store.indices), "acc": buf_key(store), "ab": buf_key(loads["a"]),
+                "bb": buf_key(loads["b"]), "epi": tuple(EPI_BLOCKS[n] for n, _ in self.epi_blocks)}
         if "bias" in info["epi"]:
             _, (erz, ebody) = next(x for x in self.epi_blocks if x[0] == "matmul_bias")
             est = self._store(ebody)
             bl = [x for x in (est.value.a, est.value.b) if isinstance(x, TIR.TensorLoad)
-                  and self.role.get(_bkey(x)) == "bias"]
+                  and self.role.get(buf_key(x)) == "bias"]
             if not bl:
                 raise OpcFailure("tir lowering: the bias epilogue must read the bias tile")
-            info["fbias"] = c.flat_fn(_bkey(bl[0]), bl[0].indices)
-            info["bias_b"] = _bkey(bl[0])
-            info["facc_epi"] = c.flat_fn(_bkey(est), est.indices)
+            info["fbias"] = c.flat_fn(buf_key(bl[0]), bl[0].indices)
+            info["bias_b"] = buf_key(bl[0])
+            info["facc_epi"] = c.flat_fn(buf_key(est), est.indices)
             # the epilogue's loops: (row, column) over the tile
             info["epi_loops"] = self._epi_loops(erz)
         self._cache[k] = info
@@ -442,7 +442,7 @@ class GemmLowerer(Lowerer):
             for d, (v, e) in enumerate(axes):
                 if v is not None:
                     at[v] = np.arange(e).reshape([-1 if i == d else 1 for i in range(len(axes))])
-            ok = _full(info["pred"](at, None), shape).astype(bool).ravel()
+            ok = as_full(info["pred"](at, None), shape).astype(bool).ravel()
             n = int(np.count_nonzero(ok))
             if not ok[:n].all():
                 raise OpcFailure("tir lowering: the GEMM register blocks' valid region is not a prefix")
@@ -503,16 +503,16 @@ class GemmLowerer(Lowerer):
         loops = info["epi_loops"]
         if len(loops) > 2:
             raise OpcFailure("tir lowering: the bias epilogue must be a (row, column) nest")
-        at = {**E, **{_key(x.loop_var): 0 for x in loops}}
+        at = {**E, **{var_key(x.loop_var): 0 for x in loops}}
         b0 = int(info["fbias"](at, None))
         # TVM drops the row loop of a one-row tile and the column loop of a one-column tile (n=1):
         # the loop the bias index moves with is the column loop, the other the row loop
         vc = vr = None
         for x in loops:
-            if int(info["fbias"]({**at, _key(x.loop_var): 1}, None)) != b0:
-                vc = _key(x.loop_var) if vc is None else None
+            if int(info["fbias"]({**at, var_key(x.loop_var): 1}, None)) != b0:
+                vc = var_key(x.loop_var) if vc is None else None
             else:
-                vr = _key(x.loop_var) if vr is None else None
+                vr = var_key(x.loop_var) if vr is None else None
         if len(loops) != (vc is not None) + (vr is not None):
             raise OpcFailure("tir lowering: the bias epilogue must be a (row, column) nest")
         e0 = int(info["facc_epi"](at, None))
@@ -545,7 +545,7 @@ class GemmLowerer(Lowerer):
             g[v] = np.arange(e).reshape([-1 if i == d else 1 for i in range(n)])
         shape = tuple(e for _, e in loops)
         for f in (info["fa"], info["fb"], info["fc"]):
-            full = _full(f(g, None), shape)
+            full = as_full(f(g, None), shape)
             at0 = {**E, **zero}
             f0 = int(f(at0, None))
             rebuilt = np.full(shape, f0)
@@ -638,7 +638,7 @@ class GemmLowerer(Lowerer):
                 k = self._kernel({vb: b, vk: t, vs: s}, slot, bslot, last, (ns, self.cols[b], self.kk[t]))
                 ck = (ns, self.cols[b], self.kk[t], self.first[t], last)  # the cost does not depend on addresses
                 if ck not in self.costs:
-                    self.costs[ck] = vx.kernel_cost(self.m, k)
+                    self.costs[ck] = tm.kernel_cost(self.m, k)
                 return self._vpu_op(k, reads, (f"c{s0}",), k.label, self.costs[ck])
             return self._op(("v", slot, bslot, s0, ns, self.shape[b][1], self.kk[t], self.first[t], last), make)
 

@@ -1,4 +1,4 @@
-"""The event stream of a scheduled Ascend kernel: what `tir_lower`'s instruction blocks would
+"""The event stream of a scheduled Ascend kernel: what `cube`'s instruction blocks would
 record if the kernel ran.
 
 Every instruction block of a template's schedule is a `T.call_packed(EVENT, tag, ...)` carrying
@@ -17,9 +17,9 @@ from typing import Any
 
 import numpy as np
 
-from ...sim.tir_expr import Compiler, NoRule
+from ....sim.tir_expr import Compiler, NoRule
+from ..intrin import EVENT
 
-EVENT = "opc.ascend.tir.event"
 _EVENTS: list[tuple] = []  # filled while a compiled kernel runs
 TRACES: dict[Hashable, list[tuple]] = {}  # trace key -> recorded events (traced once per process)
 TRACE_CACHE = 512  # streams kept (oldest dropped first)

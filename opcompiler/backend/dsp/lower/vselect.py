@@ -1,21 +1,21 @@
-"""Instruction selection for vector nests (`tir_vector.py`): one stored expression -> VPU instructions.
+"""Instruction selection for vector nests (`lower/vector.py`): one stored expression -> VPU instructions.
 
-`_Select` walks the expression a vector nest stores and emits `vector.VI`s with ("mem", i)
+`Select` walks the expression a vector nest stores and emits `program.VI`s with ("mem", i)
 placeholders for the nest's accesses (the store first): loads (`vld` from AM, `sld` from SM,
 broadcast), constants as immediates, `a * b + c` as one vfma (b and c both immediates or both
 per-channel loads), `+ - * max min` as vadd / vsub / vmul / vmax / vmin, `exp`, `log`, `1 / x` and
-`1 / sqrt(x)` as the math-library sequences (`vector.emit_exp`, `emit_log`, `emit_rcp`,
+`1 / sqrt(x)` as the math-library sequences (`program.emit_exp`, `emit_log`, `emit_rcp`,
 `emit_rsqrt`). Inner nodes live in pool temporaries v0, v1, ... (freed when their last reader has
 issued; a one-instruction node overwrites an operand that dies there); a binary node's second
 operand, when a load, gets a register named by its role (full-shape vectors alternate f0 / f1, a
-per-channel operand p), an FMA's two per-channel operands two temporaries. `_RowSelect` is the row
-nests' variant (a division by a buffer holding its reciprocal is a multiplication). `_reduce` and
-`_combine` are the reduction sequences the window and row nests append (taps through rotating
+per-channel operand p), an FMA's two per-channel operands two temporaries. `RowSelect` is the row
+nests' variant (a division by a buffer holding its reciprocal is a multiplication). `reduce_ops` and
+`combine_ops` are the reduction sequences the window and row nests append (taps through rotating
 registers; a tree over accumulators).
 
 It knows the lowering only through what it is given (`NestContext`: the buffers' spaces, shapes,
 names and index functions, the per-nest cache, the reciprocal buffers), so it imports nothing above
-it: `tir_vector.py` (whose VecLowerer is such a context), `tir_vscan.py` and `tir_vwindow.py`
+it: `lower/vector.py` (whose VecLowerer is such a context), `lower/vscan.py` and `lower/vwindow.py`
 import it, and the imports run one way.
 """
 from __future__ import annotations
@@ -27,12 +27,12 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from . import vector as vx
-from .tir_eval import _bkey
+from .. import program as vx  # the VPU's vector instructions
+from .eval import buf_key
 
 
 class NestContext(Protocol):
-    """What instruction selection and the nest analysis (`tir_vscan`) read of the lowering that
+    """What instruction selection and the nest analysis (`lower.vscan`) read of the lowering that
     calls them: buffer shapes and names, the index compiler, the per-nest cache, a buffer's
     place (`_sp`: (level, ...)), the buffers holding a reciprocal (`_recip`)."""
 
@@ -58,12 +58,12 @@ def _tables() -> None:
                       TIR.Max: np.maximum, TIR.Min: np.minimum})
 
 
-class _Select:
+class Select:
     """Instruction selection for one stored expression (see the module docstring)."""
 
     def __init__(self, low: NestContext, name: str, store):
         self.low, self.name, self.store = low, name, store
-        self.out_shape = low.shapes.get(_bkey(store))
+        self.out_shape = low.shapes.get(buf_key(store))
         self.accesses: list[tuple] = []
         self.code: list[vx.VI] = []
         self.live: list[str] = []  # pool temporaries in use
@@ -91,7 +91,7 @@ class _Select:
             self.live.remove(r)
 
     def access(self, e, store: bool = False) -> tuple:
-        bk = _bkey(e)
+        bk = buf_key(e)
         sp = self.low._sp(bk)
         if sp[0] not in ("AM", "SM"):
             raise self.fail(f"{'writes' if store else 'reads'} {self.low.names.get(bk)} in {sp[0]}: vector "
@@ -115,7 +115,7 @@ class _Select:
         if isinstance(e, TIR.Cast) and isinstance(e.value, (TIR.FloatImm, TIR.IntImm)):
             return float(e.value.value)
         if kind in _FOLD:  # arithmetic of constants TVM left unfolded (x*0 + 3 -> 0 + 3): its fp32 value
-            a, b = _Select.const(e.a), _Select.const(e.b)
+            a, b = Select.const(e.a), Select.const(e.b)
             if a is not None and b is not None and not (isinstance(e, TIR.Div) and b == 0.0):
                 return float(_FOLD[kind](np.float32(a), np.float32(b)))
         return None
@@ -124,7 +124,7 @@ class _Select:
         return isinstance(e, TIR.TensorLoad)
 
     def full(self, e) -> bool:
-        return self.low.shapes.get(_bkey(e)) == self.out_shape
+        return self.low.shapes.get(buf_key(e)) == self.out_shape
 
     def operand(self, e, role: str | None = None) -> Any:
         """The second operand of a node: an immediate, a load into its role register, or a
@@ -236,11 +236,11 @@ class _Select:
         return dst
 
 
-class _RowSelect(_Select):
-    """`_Select`, with x / d a multiplication when d's buffer holds its reciprocal (`_recip`)."""
+class RowSelect(Select):
+    """`Select`, with x / d a multiplication when d's buffer holds its reciprocal (`_recip`)."""
 
     def reg(self, e) -> str:
-        if isinstance(e, TIR.Div) and _isload(e.b) and _bkey(e.b) in self.low._recip:
+        if isinstance(e, TIR.Div) and is_buffer_load(e.b) and buf_key(e.b) in self.low._recip:
             src = self.reg(e.a)
             y = self.operand(e.b)
             dst = self.into(src)
@@ -251,7 +251,7 @@ class _RowSelect(_Select):
         return super().reg(e)
 
 
-def _reduce(op: str, taps: list) -> list:
+def reduce_ops(op: str, taps: list) -> list:
     """acc <- op over the taps, loads rotating over 4 registers."""
     out = [vx.VI("vld", "acc", (taps[0],))]
     for t, m in enumerate(taps[1:]):
@@ -260,7 +260,7 @@ def _reduce(op: str, taps: list) -> list:
     return out
 
 
-def _combine(op: str, A: int) -> list:
+def combine_ops(op: str, A: int) -> list:
     """s0 <- s0 op s1 op ... (a tree over the accumulators)."""
     out, k = [], 1
     while k < A:
@@ -269,5 +269,5 @@ def _combine(op: str, A: int) -> list:
     return out
 
 
-def _isload(e) -> bool:
+def is_buffer_load(e) -> bool:
     return isinstance(e, TIR.TensorLoad)

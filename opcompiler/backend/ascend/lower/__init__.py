@@ -1,4 +1,4 @@
-"""A template's `Scheduled` -> the `Plan` the ascend-sim backend runs.
+"""The ascend lowerings: a template's `Scheduled` -> the `Plan` the ascend-sim backend runs.
 
 An ascend template's `apply` returns `opcompiler.template_base.Scheduled`: a lazily built
 scheduled TVM module, the name of the lowering that reads it, the tiling facts the module does
@@ -6,16 +6,16 @@ not state (`params`), the host layout and the buffers the lowering will allocate
 the lowering by `sched.lowering` and assembles the plan:
 
     gemm, conv   the capacity dry-run (the builder's own CapacityError names buffer, level and
-                 bytes before TVM is paid for), the module traced once per key (`tir_trace`), the
-                 event stream turned into each core's program (`tir_lower.GemmLowering` /
+                 bytes before TVM is paid for), the module traced once per key (`trace`), the
+                 event stream turned into each core's program (`cube.GemmLowering` /
                  `ConvLowering`)
-    vector       `emit_insn` (pragma'd nests: DMA and vector instructions)
-    move         `emit_move` (MTE2 / MTE3 boxes, a vector dup for padding)
-    reduce       `emit_reduce` (per row vcadd / vcmax folds; softmax's stages per row)
-    gather       `emit_gather` (indices into UB, an indirect DMA per row, row tiles out)
+    vector       `vector` (pragma'd nests, the TBE emit_insn way: DMA and vector instructions)
+    move         `move` (MTE2 / MTE3 boxes, a vector dup for padding)
+    reduce       `reduce` (per row vcadd / vcmax folds; softmax's stages per row)
+    gather       `gather` (indices into UB, an indirect DMA per row, row tiles out)
     attention    the capacity dry-run, the flash-attention nest traced once per key, each stage
-                 turned into its instructions (`tir_attention.AttentionLowering`)
-    recurrent    the same for the LSTM / GRU nest (`tir_recurrent.RecurrentLowering`)
+                 turned into its instructions (`attention.AttentionLowering`)
+    recurrent    the same for the LSTM / GRU nest (`recurrent.RecurrentLowering`)
 
 The vector lowerings read the GM tensors' names and shapes from the module: a host layout
 without `pack` sends the op's inputs in the module's argument order, each reshaped to its GM
@@ -29,12 +29,12 @@ from typing import Any, Callable
 
 import numpy as np
 
-from ...errors import OpcFailure
-from ...template_base import Scheduled
-from . import tir_lower as tl
-from .builder import KernelBuilder, Plan
-from .isa import ConvGeom
-from .machine import Machine
+from ....errors import OpcFailure
+from ....template_base import Scheduled
+from . import cube as tl
+from .builder import KernelBuilder
+from ..program import ConvGeom, Plan
+from ..machine import Machine
 
 TIR_GEMM = "TVM s_tir schedule, tensorized blocks -> AI Core instructions"
 TIR_CONV = "TVM s_tir schedule (implicit GEMM), blocks -> AI Core instructions"
@@ -90,15 +90,16 @@ def _vector_plan(sched: Scheduled, m: Machine, vk: Any, describe: str, nests: in
 
 
 def _attention(sched: Scheduled, m: Machine) -> Plan:
-    from .tir_attention import AttentionLowering
+    from .attention import AttentionLowering
 
     fit(sched, m)
     low = AttentionLowering(m, tl.trace(sched.key, sched.module), dict(sched.params))
-    return _cube_plan(sched, m, low, "TIR flash-attention nest -> AI Core instructions (backend/ascend/tir_attention.py)")
+    return _cube_plan(sched, m, low,
+                      "TIR flash-attention nest -> AI Core instructions (backend/ascend/lower/attention.py)")
 
 
 def _recurrent(sched: Scheduled, m: Machine) -> Plan:
-    from .tir_recurrent import RecurrentLowering
+    from .recurrent import RecurrentLowering
 
     fit(sched, m)
     low = RecurrentLowering(m, tl.trace(sched.key, sched.module), dict(sched.params))
@@ -108,7 +109,7 @@ def _recurrent(sched: Scheduled, m: Machine) -> Plan:
                 out_name=h.out_name, out_shape=h.out_shape, out_dtype=h.out_dtype, unpack=h.unpack,
                 flops=sched.flops, unit="cube",
                 info={"lowering": "TIR recurrent nest (persistent cell) -> AI Core instructions "
-                                  "(backend/ascend/tir_recurrent.py)", "tir_tiles": len(low.groups), **sched.info})
+                                  "(backend/ascend/lower/recurrent.py)", "tir_tiles": len(low.groups), **sched.info})
 
 
 def _module(sched: Scheduled):
@@ -117,39 +118,39 @@ def _module(sched: Scheduled):
 
 
 def _vector(sched: Scheduled, m: Machine) -> Plan:
-    from . import emit_insn
+    from . import vector
 
-    vk = emit_insn.lower(_module(sched))
-    return _vector_plan(sched, m, vk, "TVM s_tir schedule -> emit_insn (backend/ascend/emit_insn.py)", len(vk.nests))
+    vk = vector.lower(_module(sched))
+    return _vector_plan(sched, m, vk, "TVM s_tir schedule -> emit_insn (backend/ascend/lower/vector.py)", len(vk.nests))
 
 
 def _move(sched: Scheduled, m: Machine) -> Plan:
-    from . import emit_move
+    from . import move
 
-    vk = emit_move.lower(_module(sched))
+    vk = move.lower(_module(sched))
     if "gm_layouts" not in sched.info:  # the views of the runs the op moves, as the module states them
         views = {nm: f"{vk.gm[nm][0]} (the runs the op moves)" for nm in (*vk.inputs, vk.output)}
         sched = replace(sched, info={"gm_layouts": views, **sched.info})
-    return _vector_plan(sched, m, vk, "TVM s_tir schedule -> emit_move (backend/ascend/emit_move.py)", len(vk.nests))
+    return _vector_plan(sched, m, vk, "TVM s_tir schedule -> emit_move (backend/ascend/lower/move.py)", len(vk.nests))
 
 
 def _reduce(sched: Scheduled, m: Machine) -> Plan:
-    from . import emit_reduce
+    from . import reduce
 
-    rk = emit_reduce.lower(_module(sched))
-    return _vector_plan(sched, m, rk, "TVM s_tir schedule -> emit_reduce (backend/ascend/emit_reduce.py)", rk.nests)
+    rk = reduce.lower(_module(sched))
+    return _vector_plan(sched, m, rk, "TVM s_tir schedule -> emit_reduce (backend/ascend/lower/reduce.py)", rk.nests)
 
 
 def _gather(sched: Scheduled, m: Machine) -> Plan:
-    from . import emit_gather
+    from . import gather
 
     fit(sched, m)
-    gk = emit_gather.lower(_module(sched), sched.params)
+    gk = gather.lower(_module(sched), sched.params)
     h = sched.host
     return Plan(active_cores=gk.active_cores, make_program=lambda core: gk.program(m, core), pack=h.pack,
                 out_name=gk.oname, out_shape=(gk.n, gk.cols), out_dtype=gk.dtype, unpack=h.unpack or (lambda y: y),
                 flops=0, unit="vector",
-                info={**sched.info, "lowering": "TVM s_tir schedule -> emit_gather (backend/ascend/emit_gather.py)"})
+                info={**sched.info, "lowering": "TVM s_tir schedule -> emit_gather (backend/ascend/lower/gather.py)"})
 
 
 LOWERINGS: dict[str, Callable[[Scheduled, Machine], Plan]] = {

@@ -1,6 +1,6 @@
 """Assembling a cluster program from per-core op lists: layout changes, host work, core groups.
 
-Used by the backend's lowering (`lower.py`) for every DSP template. Layout changes (NCHW <-> NHWC, transposed matmul operands) are
+Used by the backend's lowering (`lower/__init__.py`) for every DSP template. Layout changes (NCHW <-> NHWC, transposed matmul operands) are
 DDR -> DDR DMA transposes done by the cores before / after the main part and counted like any
 transfer (element-granular runs make them slow, as on the chip). The host's part is the call
 overhead, the CPU <-> DSP copies of copy mode (seed 004 §2.2.2) and host-side replication.
@@ -14,8 +14,8 @@ from typing import Any, Callable, Hashable
 
 import numpy as np
 
-from opcompiler.backend.dsp.machine import DspMachine
-from opcompiler.backend.dsp.program import F32, Op, Program, View, contiguous, dma_op
+from ..machine import DspMachine
+from ..program import F32, Op, Program, View, contiguous, dma_op
 
 
 @dataclass(frozen=True)

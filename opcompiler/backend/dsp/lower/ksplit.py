@@ -13,7 +13,7 @@ core and annotates the nests; this module walks the lowered TIR per core with th
   window differs from the last one this core issued for the nest (the weight slice stays in AM
   across the row blocks: it depends on the output-feature block and the K part only).
 * `opc.dsp.op = "mk_red"`: the whole nest is one VPU pass adding the P partial tiles and
-  applying the epilogue (`core.mk_ew`); functional mode executes its blocks over the grid.
+  applying the epilogue (`timing.mk_ew`); functional mode executes its blocks over the grid.
 * a register block whose reduction range is empty (a K part past the end of K) still runs its
   init block and store: the partial tile is zero (one fill pass: no multiply-adds).
 """
@@ -26,10 +26,10 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from .core import EPI_REGS, mk_ew, mk_out
-from .program import Op
-from .tir_eval import _Exec, _Zero, _bkey, _full, _key, _vars
-from .tir_lower import EPI_BLOCKS, REDUCTIONS, Lowerer, _sum, blocks_in
+from ..timing import EPI_REGS, mk_ew, mk_out, sum_costs
+from ..program import Op
+from .eval import TirExec, ZeroState, buf_key, as_full, var_key, expr_vars
+from .direct import EPI_BLOCKS, REDUCTIONS, Lowerer, blocks_in
 
 
 def balance_parts(func, k: int, cores: int):
@@ -100,13 +100,13 @@ class KsplitLowerer(Lowerer):
             if st.annotations.get("opc.dsp.op") in ("dma",):
                 _, _, store = self._nest(st)
                 val = store.value
-                src, dst = self._sp(_bkey(val)), self._sp(_bkey(store))
+                src, dst = self._sp(buf_key(val)), self._sp(buf_key(store))
                 if src[0] == "AM" and dst[0] == "GSM":
-                    self.roles[_bkey(val)] = "p"
+                    self.roles[buf_key(val)] = "p"
                 elif src[0] == "GSM" and dst[0] == "AM":
-                    self.roles[_bkey(store)] = "r"
+                    self.roles[buf_key(store)] = "r"
                 elif src[0] == "AM" and dst[0] == "DDR":
-                    self.roles[_bkey(val)] = "o"
+                    self.roles[buf_key(val)] = "o"
             self._scan_roles(st.body)
         elif isinstance(st, TIR.SBlockRealize):
             self._scan_roles(st.block.body)
@@ -160,7 +160,7 @@ class KsplitLowerer(Lowerer):
     def _rr(self, st, E: dict) -> None:
         lo, ext = self._ev(st.min, E), self._ev(st.extent, E)
         for i in range(lo, lo + ext):
-            E2 = {**E, _key(st.loop_var): i}
+            E2 = {**E, var_key(st.loop_var): i}
             body = st.body
             if isinstance(body, TIR.SBlockRealize):
                 if not self._ev(body.predicate, E2):
@@ -181,19 +181,19 @@ class KsplitLowerer(Lowerer):
         """Issue the copy unless the outer values its window depends on are those of the last
         copy this core issued for the nest (nothing else writes its destination)."""
         sig = self._windows(st, E)
-        if self.last.get(_key(st)) != sig:
-            self.last[_key(st)] = sig
+        if self.last.get(var_key(st)) != sig:
+            self.last[var_key(st)] = sig
             self._dma(st, E, None)
 
     def _windows(self, st, E: dict) -> tuple:
         """The values of the outer variables the copy nest's indices and predicate mention."""
-        k = ("resident", _key(st))
+        k = ("resident", var_key(st))
         if k not in self._cache:
             loops, pred, store = self._nest(st)
-            inner = {_key(lp.loop_var) for lp in loops}
-            vs = _vars(pred, set()) | _vars(store, set()) | _vars(store.value, set())
+            inner = {var_key(lp.loop_var) for lp in loops}
+            vs = expr_vars(pred, set()) | expr_vars(store, set()) | expr_vars(store.value, set())
             for lp in loops:
-                vs |= _vars(lp.extent, set()) | _vars(lp.min, set())
+                vs |= expr_vars(lp.extent, set()) | expr_vars(lp.min, set())
             self._cache[k] = tuple(sorted(vs - inner))
         return tuple(E.get(v) for v in self._cache[k])
 
@@ -208,11 +208,11 @@ class KsplitLowerer(Lowerer):
         ke = self._ev(kloop.extent, E)
         calls = []
         for i in range(lo, lo + ext):
-            E2 = {**E, _key(st.loop_var): i}
-            g = {**E2, _key(pix.loop_var): np.arange(pe)}
-            npix = int(np.count_nonzero(_full(self._pred_at(info, g), (pe,)).astype(bool)))
-            g = {**E2, _key(kloop.loop_var): np.arange(ke)}
-            steps = int(np.count_nonzero(_full(self._pred_at(info, g), (ke,)).astype(bool)))
+            E2 = {**E, var_key(st.loop_var): i}
+            g = {**E2, var_key(pix.loop_var): np.arange(pe)}
+            npix = int(np.count_nonzero(as_full(self._pred_at(info, g), (pe,)).astype(bool)))
+            g = {**E2, var_key(kloop.loop_var): np.arange(ke)}
+            steps = int(np.count_nonzero(as_full(self._pred_at(info, g), (ke,)).astype(bool)))
             if npix == 0 or steps == 0:
                 continue
             key = ("part", npix, steps)
@@ -220,7 +220,7 @@ class KsplitLowerer(Lowerer):
                 self._costs[key] = mk_out(self.m, npix, self.kv, steps, info["epi"])
             calls.append(self._costs[key])
         if calls:
-            cost = _sum([(c, 1) for c in calls])
+            cost = sum_costs([(c, 1) for c in calls])
             f = self._exec_fn(st, E, len(calls))
             self.ops.append(self._intern(Op("vpu", "vpu", cycles=cost.cycles, reads=("sm0", "w"), writes=("p",),
                                             cost=cost, nruns=len(calls), fn=f, label="partial product")))
@@ -236,14 +236,14 @@ class KsplitLowerer(Lowerer):
 
     def _k_loop(self, st):
         """The reduction loop of the update block (the innermost loop around it)."""
-        k = ("kloop", _key(st))
+        k = ("kloop", var_key(st))
         if k not in self._cache:
             self._cache[k] = [loops[-1] for x, loops in blocks_in(st) if x.block.name_hint in REDUCTIONS][0]
         return self._cache[k]
 
     def _init_pixels(self, st, E: dict) -> int:
         """Register-block pixels (over the whole nest) the init block's predicate keeps."""
-        k = ("init", _key(st))
+        k = ("init", var_key(st))
         if k not in self._cache:
             found = [(loops, x) for x, loops in blocks_in(st) if x.block.name_hint.endswith("_init")]
             if not found:
@@ -259,8 +259,8 @@ class KsplitLowerer(Lowerer):
         pe = self._ev(pix.extent, E)
         n = 0
         for i in range(lo, lo + ext):
-            g = {**E, _key(outer.loop_var): i, _key(pix.loop_var): np.arange(pe)}
-            n += int(np.count_nonzero(_full(fp(_Zero(g), None), (pe,)).astype(bool)))
+            g = {**E, var_key(outer.loop_var): i, var_key(pix.loop_var): np.arange(pe)}
+            n += int(np.count_nonzero(as_full(fp(ZeroState(g), None), (pe,)).astype(bool)))
         return n
 
     def _exec_fn(self, st, E: dict, n: int):
@@ -268,14 +268,14 @@ class KsplitLowerer(Lowerer):
             return None
 
         def f(mem, st=st, E=dict(E), n=n) -> int:
-            _Exec(self, mem, 0).run(st, E)
+            TirExec(self, mem, 0).run(st, E)
             return n
         return f
 
     # ---- the reduction of the partials --------------------------------------------------------
     def _mk_red(self, st, E: dict) -> None:
         """One element-wise pass: P partial vectors added per output vector, the epilogue applied."""
-        k = ("red", _key(st))
+        k = ("red", var_key(st))
         if k not in self._cache:
             names = [x.block.name_hint for x, _ in blocks_in(st)]
             preds = [x.predicate for x, _ in blocks_in(st) if x.block.name_hint == "matmul"]  # the K parts' sum
@@ -283,8 +283,8 @@ class KsplitLowerer(Lowerer):
                               int(st.annotations["opc.dsp.parts"]), self.comp.fn(preds[0]))
         epi, nparts, fpred = self._cache[k]
         pe = self._ev(st.extent, E)
-        g = {**E, _key(st.loop_var): np.arange(pe)}
-        rows = int(np.count_nonzero(_full(fpred(_Zero(g), None), (pe,)).astype(bool)))
+        g = {**E, var_key(st.loop_var): np.arange(pe)}
+        rows = int(np.count_nonzero(as_full(fpred(ZeroState(g), None), (pe,)).astype(bool)))
         if rows == 0:
             return
         key = ("red", rows, epi, nparts)

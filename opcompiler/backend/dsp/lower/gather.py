@@ -26,8 +26,8 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from .machine import DspMachine
-from .program import Allocator, Op, View, contiguous, dma_op, runs
+from ..machine import DspMachine
+from ..program import Allocator, Op, View, contiguous, dma_op, runs
 
 
 class GatherLowerer:
@@ -37,7 +37,7 @@ class GatherLowerer:
         shapes = {ddr_names.get(q.name, q.name): tuple(int(s) for s in q.shape) for q in func.params}
         names = [ddr_names.get(q.name, q.name) for q in func.params]
         if len(names) not in (3, 4):
-            raise OpcFailure(f"tir_gather: a gather function has table, indices, [offsets,] out; not {names}")
+            raise OpcFailure(f"lower.gather: a gather function has table, indices, [offsets,] out; not {names}")
         self.table, self.idx, self.out = names[0], names[1], names[-1]
         self.off = names[2] if len(names) == 4 else None
         self.fields = shapes[self.off][0] if self.off else 0

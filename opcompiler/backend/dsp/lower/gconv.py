@@ -3,7 +3,7 @@
 A template marks a loop nest `opc.dsp.op = "gconv"` (`schedules/dsp/grouped.py`): four loops
 (group, channel in group, row block, column vector) over a convolution reduction into a
 `local.REG` buffer (`acc += x * w`) and the blocks after it (epilogue, ending in a store to an AM
-tile). The nest becomes one `vector.Nest` per register-block shape (the full blocks, then the
+tile). The nest becomes one `program.Nest` per register-block shape (the full blocks, then the
 tail block of the item's rows):
 
 * the four loops are the nest's outer iterations; the box of them that exists comes from the
@@ -25,7 +25,7 @@ A stage's copies are clipped to what its nest touches, since TVM's regions ignor
 predicates (a block of channels slicing a group reaches into the next group, the register
 blocks' rows past the item's): the copies into the input tile and into SM (weights and
 per-channel parameters fetched per stage) to the box the nest reads, the input tile's padding
-written by vector stores (`tir_vector.VecLowerer._dma_tile`, issued first in the stage, as they
+written by vector stores (`lower.vector.VecLowerer._dma_tile`, issued first in the stage, as they
 read nothing), weights before the input; the copy out of the output tile to the channels the nest
 stored (another stage owns the rest: copying them would race with it across cores). The output
 tile is allocated as tall as the copy out reads, the input tile with as many planes as its copy
@@ -41,13 +41,13 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from . import vector as vx
-from .machine import DspMachine
-from .tir_eval import _bkey, _boxes, _full, _key, _vars, _Zero, _valid
-from .tir_vector import VecLowerer, repacked
-from .tir_vselect import _isload, _Select
+from .. import program as vx  # the VPU's vector instructions
+from ..machine import DspMachine
+from .eval import buf_key, mask_boxes, as_full, var_key, expr_vars, ZeroState, valid_mask
+from .vector import VecLowerer, repacked
+from .vselect import is_buffer_load, Select
 
-from .intrin import GCONV  # noqa: E402  (the opc.dsp.op value of a register-blocked convolution nest)
+from ..intrin import GCONV  # noqa: E402  (the opc.dsp.op value of a register-blocked convolution nest)
 X_REGS = 4  # tap loads in flight (register names rotate)
 
 
@@ -83,8 +83,8 @@ class GConvLowerer(VecLowerer):
                     visit(x, inside)
             elif isinstance(st, TIR.IfThenElse):
                 visit(st.then_case, inside)
-            elif isinstance(st, TIR.BufferStore) and inside and self.space.get(_bkey(st), ("",))[0] == "AM":
-                self._vec_outs.add(_bkey(st))
+            elif isinstance(st, TIR.BufferStore) and inside and self.space.get(buf_key(st), ("",))[0] == "AM":
+                self._vec_outs.add(buf_key(st))
         visit(func.body, False)
 
     def _tight(self, bk: int, shape: tuple, strides: tuple, dma_loops: list) -> tuple[tuple, tuple]:
@@ -93,14 +93,14 @@ class GConvLowerer(VecLowerer):
         item's (the block predicate is not a region bound); aligned strides are kept."""
         for st in dma_loops:
             loops, _, store = self._nest(st)
-            if _bkey(store) == bk:
+            if buf_key(store) == bk:
                 shape, strides = super()._tight(bk, shape, strides, dma_loops)
                 # planes copied by a loop whose extent moves (a block slicing a group reads one or
                 # two groups' planes): as many as its largest extent over the loops around it
                 e0 = loops[0].extent
-                vs = sorted(_vars(e0, set()))
+                vs = sorted(expr_vars(e0, set()))
                 if not isinstance(e0, TIR.IntImm) and vs and all(v in self._ext for v in vs):
-                    g = _Zero({v: np.arange(self._ext[v][0], self._ext[v][0] + self._ext[v][1]).reshape(
+                    g = ZeroState({v: np.arange(self._ext[v][0], self._ext[v][0] + self._ext[v][1]).reshape(
                         [-1 if i == d else 1 for i in range(len(vs))]) for d, v in enumerate(vs)})
                     n0 = int(np.max(self.comp.fn(e0)(g, None)))
                     if 0 < n0 < shape[0]:
@@ -109,11 +109,11 @@ class GConvLowerer(VecLowerer):
         for st in dma_loops:
             loops, _, store = self._nest(st)
             load = store.value
-            if not _isload(load) or _bkey(load) != bk or len(load.indices) != len(shape):
+            if not is_buffer_load(load) or buf_key(load) != bk or len(load.indices) != len(shape):
                 continue
             if any(not isinstance(lp.extent, TIR.IntImm) for lp in loops):
                 return shape, strides
-            g = _Zero({_key(lp.loop_var): np.arange(int(lp.extent)).reshape(
+            g = ZeroState({var_key(lp.loop_var): np.arange(int(lp.extent)).reshape(
                 [-1 if i == d else 1 for i in range(len(loops))]) for d, lp in enumerate(loops)})
             ext = []
             for d, ix in enumerate(load.indices):
@@ -132,7 +132,7 @@ class GConvLowerer(VecLowerer):
         return OpcFailure(f"tir lowering: conv nest over {st.loop_var.name}: {what}")
 
     def _gstatic(self, st) -> _Static:
-        k = ("gconv", _key(st))
+        k = ("gconv", var_key(st))
         if k in self._cache:
             return self._cache[k]
         outer, s = [], st
@@ -175,22 +175,22 @@ class GConvLowerer(VecLowerer):
         name, loops, pred, stores = nests[0]
         upd = stores[-1]
         v = upd.value
-        if not (isinstance(v, TIR.Add) and isinstance(v.b, TIR.Mul) and _isload(v.a)
-                and _bkey(v.a) == _bkey(upd) and _isload(v.b.a) and _isload(v.b.b)):
+        if not (isinstance(v, TIR.Add) and isinstance(v.b, TIR.Mul) and is_buffer_load(v.a)
+                and buf_key(v.a) == buf_key(upd) and is_buffer_load(v.b.a) and is_buffer_load(v.b.b)):
             raise self._fail(st, f"the first block ({name}) must accumulate a product of two loads")
-        if self._sp(_bkey(upd))[0] != "REG":
+        if self._sp(buf_key(upd))[0] != "REG":
             raise self._fail(st, "the accumulator must be in local.REG")
         x, w = v.b.a, v.b.b
-        if self._sp(_bkey(x))[0] != "AM":
+        if self._sp(buf_key(x))[0] != "AM":
             x, w = w, x
-        if self._sp(_bkey(x))[0] != "AM" or self._sp(_bkey(w))[0] != "SM":
+        if self._sp(buf_key(x))[0] != "AM" or self._sp(buf_key(w))[0] != "SM":
             raise self._fail(st, "the product must be of an AM tile and an SM scalar")
         S = _Static()
-        lane_v = _vars(upd.indices[-1], set())
-        row_v = _vars(upd.indices[-2], set()) if len(upd.indices) > 1 else set()
+        lane_v = expr_vars(upd.indices[-1], set())
+        row_v = expr_vars(upd.indices[-2], set()) if len(upd.indices) > 1 else set()
         kinds = []
         for lp in loops:
-            kv = _key(lp.loop_var)
+            kv = var_key(lp.loop_var)
             kinds.append("lane" if kv in lane_v else "row" if kv in row_v else "red")
         if "lane" not in kinds:
             raise self._fail(st, "no lane loop under the reduction")
@@ -208,22 +208,22 @@ class GConvLowerer(VecLowerer):
         S.taps = loops[last + 1:]
         S.pred = self.comp.fn(pred)
         c = self.comp
-        S.x = (_bkey(x), c.flat_fn(_bkey(x), x.indices), [c.fn(i) for i in x.indices])
-        S.w = (_bkey(w), c.flat_fn(_bkey(w), w.indices), [c.fn(i) for i in w.indices])
+        S.x = (buf_key(x), c.flat_fn(buf_key(x), x.indices), [c.fn(i) for i in x.indices])
+        S.w = (buf_key(w), c.flat_fn(buf_key(w), w.indices), [c.fn(i) for i in w.indices])
         # the blocks after the reduction: instructions on each accumulator
-        prev = _bkey(upd)
+        prev = buf_key(upd)
         S.epi, S.params = [], []
         for name, loops, _, stores in nests[1:]:
             if len(stores) != 1:
                 raise self._fail(st, f"block {name}: one store expected")
             stv = stores[0]
-            lv = _vars(stv.indices[-1], set())
-            rv = _vars(stv.indices[-2], set()) if len(stv.indices) > 1 else set()
-            lane = next((lp for lp in loops if _key(lp.loop_var) in lv), None)
-            row = next((lp for lp in loops if _key(lp.loop_var) in rv), None)
+            lv = expr_vars(stv.indices[-1], set())
+            rv = expr_vars(stv.indices[-2], set()) if len(stv.indices) > 1 else set()
+            lane = next((lp for lp in loops if var_key(lp.loop_var) in lv), None)
+            row = next((lp for lp in loops if var_key(lp.loop_var) in rv), None)
             code = self._select(st, stv.value, prev, S)
-            S.epi.append((name, row, lane, code, _bkey(stv), c.flat_fn(_bkey(stv), stv.indices), stv.indices))
-            prev = _bkey(stv)
+            S.epi.append((name, row, lane, code, buf_key(stv), c.flat_fn(buf_key(stv), stv.indices), stv.indices))
+            prev = buf_key(stv)
         if not S.epi or self._sp(prev)[0] != "AM":
             raise self._fail(st, "the last block must store the accumulators into an AM tile")
         self._cache[k] = S
@@ -232,32 +232,32 @@ class GConvLowerer(VecLowerer):
     def _select(self, st, e, prev: int, S: _Static) -> list:
         """Instructions computing `e` from the accumulator (a load of `prev`) in place:
         [(opcode, operands)], an operand "acc", an immediate or ("p", parameter index)."""
-        if _isload(e):
-            if _bkey(e) != prev:
-                raise self._fail(st, f"an epilogue block reads {self.names.get(_bkey(e))}, not the accumulator")
+        if is_buffer_load(e):
+            if buf_key(e) != prev:
+                raise self._fail(st, f"an epilogue block reads {self.names.get(buf_key(e))}, not the accumulator")
             return []
 
         def param(x):
-            c = _Select.const(x)
+            c = Select.const(x)
             if c is not None:
                 return c
-            if not _isload(x) or self._sp(_bkey(x))[0] != "SM":
+            if not is_buffer_load(x) or self._sp(buf_key(x))[0] != "SM":
                 raise self._fail(st, f"an epilogue operand must be a constant or an SM scalar: {x}")
-            S.params.append((_bkey(x), self.comp.flat_fn(_bkey(x), x.indices), x))
+            S.params.append((buf_key(x), self.comp.flat_fn(buf_key(x), x.indices), x))
             return ("p", len(S.params) - 1)
         if isinstance(e, TIR.Cast):
             return self._select(st, e.value, prev, S)
         ops = {TIR.Add: "vadd", TIR.Mul: "vmul", TIR.Max: "vmax", TIR.Min: "vmin"}
         if isinstance(e, TIR.Add) and isinstance(e.a, TIR.Mul) or isinstance(e, TIR.Add) and isinstance(e.b, TIR.Mul):
             m, c = (e.a, e.b) if isinstance(e.a, TIR.Mul) else (e.b, e.a)
-            a, s = (m.a, m.b) if not (_isload(m.b) and _bkey(m.b) == prev) else (m.b, m.a)
-            if not (_isload(a) and _bkey(a) == prev) and type(a) not in ops:
+            a, s = (m.a, m.b) if not (is_buffer_load(m.b) and buf_key(m.b) == prev) else (m.b, m.a)
+            if not (is_buffer_load(a) and buf_key(a) == prev) and type(a) not in ops:
                 raise self._fail(st, f"no vector instruction for {e}")
             code = self._select(st, a, prev, S)
             return code + [("vfma", param(s), param(c))]
         if type(e) in ops:
             a, b = e.a, e.b
-            if _Select.const(a) is not None or (_isload(a) and self._sp(_bkey(a))[0] == "SM"):
+            if Select.const(a) is not None or (is_buffer_load(a) and self._sp(buf_key(a))[0] == "SM"):
                 a, b = b, a
             return self._select(st, a, prev, S) + [(ops[type(e)], param(b))]
         raise self._fail(st, f"no vector instruction for {type(e).__name__} ({e})")
@@ -268,36 +268,36 @@ class GConvLowerer(VecLowerer):
         index at `at` and one step along each loop; `lane`: the loop on the lanes (None: a scalar);
         `check`: (extents) to verify the index affine over that box."""
         bk, fflat = acc[0], acc[1]
-        at = _Zero(at)
+        at = ZeroState(at)
         off = int(fflat(at, None))
         steps = []
         for lp in loops:
             if lp is None:
                 steps.append(0)
                 continue
-            k = _key(lp.loop_var)
-            b = _Zero(at)
+            k = var_key(lp.loop_var)
+            b = ZeroState(at)
             b[k] = at[k] + 1
             steps.append(int(fflat(b, None)) - off)
         ln = 0
         if lane is not None:
-            b = _Zero(at)
-            b[_key(lane.loop_var)] = at[_key(lane.loop_var)] + 1
+            b = ZeroState(at)
+            b[var_key(lane.loop_var)] = at[var_key(lane.loop_var)] + 1
             ln = int(fflat(b, None)) - off
         if check is not None:
-            ck = ("gconv", _key(st), bk, check)
+            ck = ("gconv", var_key(st), bk, check)
             if self.fn or ck not in self._checked:
                 self._checked.add(ck)
                 nd = len(loops)
-                g = _Zero(at)
+                g = ZeroState(at)
                 for d, (lp, n) in enumerate(zip(loops, check)):
                     if lp is not None:
-                        g[_key(lp.loop_var)] = at[_key(lp.loop_var)] + np.arange(n).reshape(
+                        g[var_key(lp.loop_var)] = at[var_key(lp.loop_var)] + np.arange(n).reshape(
                             [-1 if i == d else 1 for i in range(nd)])
-                flat = _full(fflat(g, None), check)
+                flat = as_full(fflat(g, None), check)
                 rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(nd)]) * s
                                     for d, (n, s) in enumerate(zip(check, steps)))
-                if not np.array_equal(flat, _full(rebuilt, check)):
+                if not np.array_equal(flat, as_full(rebuilt, check)):
                     raise self._fail(st, f"the index of {self.names.get(bk)} is not affine")
         space, base = self._base(bk, slot)
         if space[0] != lvl:
@@ -310,16 +310,16 @@ class GConvLowerer(VecLowerer):
         ext = [self._ev(lp.extent, E) for lp in S.outer]
         rb_n = self._ev(S.row.extent, E) if S.row is not None else 1
         ln_n = self._ev(S.lane.extent, E)
-        keys = [_key(lp.loop_var) for lp in S.outer]
+        keys = [var_key(lp.loop_var) for lp in S.outer]
         nd = 6
         g = dict(E)
-        sp_loops = [*keys, _key(S.row.loop_var) if S.row is not None else None, _key(S.lane.loop_var)]
+        sp_loops = [*keys, var_key(S.row.loop_var) if S.row is not None else None, var_key(S.lane.loop_var)]
         sp_ext = [*ext, rb_n, ln_n]
         for d, (kv, n) in enumerate(zip(sp_loops, sp_ext)):
             if kv is not None:
                 g[kv] = np.arange(n).reshape([-1 if i == d else 1 for i in range(nd)])
         shape = tuple(sp_ext)
-        valid = _full(S.pred(_Zero(g), None), shape).astype(bool)
+        valid = as_full(S.pred(ZeroState(g), None), shape).astype(bool)
         if not valid.any():
             self._flush_deferred(E, stage, {})
             return None
@@ -346,12 +346,12 @@ class GConvLowerer(VecLowerer):
                 gg[kv] = np.arange(n).reshape([-1 if i == d else 1 for i in range(nt)])
         for d, lp in enumerate(red):  # indices grow with every loop: its first and last values
             n = self._ev(lp.extent, E)
-            gg[_key(lp.loop_var)] = np.array([0, n - 1]).reshape([-1 if i == nd + d else 1 for i in range(nt)])
+            gg[var_key(lp.loop_var)] = np.array([0, n - 1]).reshape([-1 if i == nd + d else 1 for i in range(nt)])
         vmask = valid.reshape(shape + (1,) * len(red))
         def box(fns) -> list:
             out = []
             for f in fns:
-                v = np.asarray(f(_Zero(gg), None))
+                v = np.asarray(f(ZeroState(gg), None))
                 vals = np.broadcast_to(v, np.broadcast_shapes(vmask.shape, v.shape))
                 sel = vals[np.broadcast_to(vmask, vals.shape)]
                 out.append((int(sel.min()), int(sel.max())))
@@ -362,7 +362,7 @@ class GConvLowerer(VecLowerer):
         for bk, _, e in S.params:
             clip[bk] = box([self.comp.fn(i) for i in e.indices])
         # weights first, then the input tile (its padding fills, VPU, ahead of both)
-        self._deferred.sort(key=lambda d: self._sp(_bkey(self._nest(d[0])[2]))[0] != "SM")
+        self._deferred.sort(key=lambda d: self._sp(buf_key(self._nest(d[0])[2]))[0] != "SM")
         self._flush_deferred(E, stage, clip)
         if stage is not None:  # padding fills (VPU, reading nothing) issue before the stage's copies
             stage[0][:] = [o for o in stage[0] if o.pipe == "vpu"] + [o for o in stage[0] if o.pipe != "vpu"]
@@ -391,14 +391,14 @@ class GConvLowerer(VecLowerer):
         nd = len(S.outer) + 2
         g = dict(E)
         for d, (lp, n) in enumerate(zip(S.outer, outer)):
-            g[_key(lp.loop_var)] = np.arange(n).reshape([-1 if i == d else 1 for i in range(nd)])
+            g[var_key(lp.loop_var)] = np.arange(n).reshape([-1 if i == d else 1 for i in range(nd)])
         for d, (lp, n) in enumerate(((row, rb), (lane, self.m.lanes))):
             if lp is not None:
-                g[_key(lp.loop_var)] = np.array([0, n - 1]).reshape(
+                g[var_key(lp.loop_var)] = np.array([0, n - 1]).reshape(
                     [-1 if i == len(S.outer) + d else 1 for i in range(nd)])
         out = []
         for f in self._store_idx(S):
-            v = np.asarray(f(_Zero(g), None))
+            v = np.asarray(f(ZeroState(g), None))
             out.append((int(v.min()), int(v.max())))
         return out
 
@@ -414,67 +414,67 @@ class GConvLowerer(VecLowerer):
         predicate is not a region bound), and those channels belong to another stage."""
         loops, _, store = self._nest(st)
         src = store.value
-        sp = self._sp(_bkey(store))
+        sp = self._sp(buf_key(store))
         if part is None and stage is not None and sp[0] == "SM" and len(sp) > 2 and sp[2]:
             self._deferred.append((st, E, stage))  # a stage's SM copy: clipped by the conv nest
             return None
-        if not (_isload(src) and _bkey(src) in self._stored) or part is not None:
+        if not (is_buffer_load(src) and buf_key(src) in self._stored) or part is not None:
             return super()._dma(st, E, stage, part)
-        clip = self._stored[_bkey(src)]
-        k = ("gconv_out", _key(st))
+        clip = self._stored[buf_key(src)]
+        k = ("gconv_out", var_key(st))
         if k not in self._cache:
             c = self.comp
-            self._cache[k] = (c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(src), src.indices),
+            self._cache[k] = (c.flat_fn(buf_key(store), store.indices), c.flat_fn(buf_key(src), src.indices),
                               [c.fn(i) for i in src.indices], None if _nest_pred(st) is None else c.fn(_nest_pred(st)))
         fdst, fsrc, fidx, fpred = self._cache[k]
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
         shape = tuple(e for _, e in ext)
         g = {**E}
         for d, (v, n) in enumerate(ext):
-            g[_key(v)] = np.arange(n).reshape([-1 if i == d else 1 for i in range(len(ext))])
-        valid = _valid(fpred, g, shape)
+            g[var_key(v)] = np.arange(n).reshape([-1 if i == d else 1 for i in range(len(ext))])
+        valid = valid_mask(fpred, g, shape)
         for d, (f, (lo, hi)) in enumerate(zip(fidx, clip)):
             if d < len(clip) - 2:  # the channel axes (rows and columns: the copy's own box)
-                v = _full(f(g, None), shape)
+                v = as_full(f(g, None), shape)
                 valid &= (v >= lo) & (v <= hi)
-        boxes = _boxes(valid)
+        boxes = mask_boxes(valid)
         if len(boxes) > 1:
-            raise OpcFailure(f"tir lowering: the copy out of {self.names[_bkey(src)]} is not one box")
+            raise OpcFailure(f"tir lowering: the copy out of {self.names[buf_key(src)]} is not one box")
         slot = E.get("slot", 0)
-        bsrc, bdst = _bkey(src), _bkey(store)
+        bsrc, bdst = buf_key(src), buf_key(store)
         sspace, sbase = self._base(bsrc, slot)
         dspace, dbase = self._base(bdst, slot)
         for b in boxes:
-            sv = self._view(_key(st), sspace, sbase, fsrc, E, ext, b)
-            dv = self._view(_key(st), dspace, dbase, fdst, E, ext, b)
+            sv = self._view(var_key(st), sspace, sbase, fsrc, E, ext, b)
+            dv = self._view(var_key(st), dspace, dbase, fdst, E, ext, b)
             op = self._copy_op(bsrc, bdst, sv, dv, (self._tag(bsrc, slot),), (self._tag(bdst, slot),),
                                f"{sspace[0]}->{dspace[0]} {self.names[bsrc]}")
             self._emit(self._intern(op), stage, 2)
 
     def _block(self, st, S: _Static, E: dict, slot: int, yb0: int, rb: int, outer: tuple) -> vx.Nest:
         """One nest: register blocks of `rb` rows, the first at row block `yb0`."""
-        at0 = {**E, **{_key(lp.loop_var): 0 for lp in S.outer}}
-        at0[_key(S.outer[2].loop_var)] = yb0
+        at0 = {**E, **{var_key(lp.loop_var): 0 for lp in S.outer}}
+        at0[var_key(S.outer[2].loop_var)] = yb0
         loops = list(S.outer) + [S.inner]
         cin = self._ev(S.inner.extent, E) if S.inner is not None else 1
         box = tuple(outer) + (cin,)
-        zero_red = {_key(lp.loop_var): 0 for lp in ([S.inner] if S.inner is not None else []) + list(S.taps)}
+        zero_red = {var_key(lp.loop_var): 0 for lp in ([S.inner] if S.inner is not None else []) + list(S.taps)}
         taps = list(itertools.product(*[range(self._ev(lp.extent, E)) for lp in S.taps]))
         # every (row, tap): the address of its input vector
         uses: dict[int, list] = {}
         mems: dict[int, vx.Mem] = {}
         for j in range(rb):
             for t in taps:
-                at = {**at0, **zero_red, **{_key(lp.loop_var): i for lp, i in zip(S.taps, t)}}
+                at = {**at0, **zero_red, **{var_key(lp.loop_var): i for lp, i in zip(S.taps, t)}}
                 if S.row is not None:
-                    at[_key(S.row.loop_var)] = j
-                at[_key(S.lane.loop_var)] = 0
+                    at[var_key(S.row.loop_var)] = j
+                at[var_key(S.lane.loop_var)] = 0
                 mm = self._mem(st, S.x, "AM", slot, at, loops, S.lane, box if (j, t) == (0, taps[0]) else None)
                 uses.setdefault(mm.base, []).append((j, t))
                 mems[mm.base] = mm
         wmems = {}
         for t in taps:
-            at = {**at0, **zero_red, **{_key(lp.loop_var): i for lp, i in zip(S.taps, t)}}
+            at = {**at0, **zero_red, **{var_key(lp.loop_var): i for lp, i in zip(S.taps, t)}}
             wm = self._mem(st, S.w, "SM", slot, at, loops, None, box if t == taps[0] else None)
             wmems[t] = wm
         pre = tuple(vx.VI("vmov", f"acc{j}", (0.0,)) for j in range(rb))
@@ -506,9 +506,9 @@ class GConvLowerer(VecLowerer):
             _, row, lane, _, bk, fflat, _ = S.epi[-1]
             at = dict(at0)
             if row is not None:
-                at[_key(row.loop_var)] = j
+                at[var_key(row.loop_var)] = j
             if lane is not None:
-                at[_key(lane.loop_var)] = 0
+                at[var_key(lane.loop_var)] = 0
             sm = self._mem(st, (bk, fflat), "AM", slot, at, loops, lane, None)
             if lane is not None and sm.lane != 1:
                 raise self._fail(st, "the output tile's columns are not contiguous")

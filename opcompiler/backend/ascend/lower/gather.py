@@ -32,10 +32,10 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from .builder import KernelBuilder, Program, split_even, ceil_div
-from .intrin import CORES, PRAGMA, SLOTS
-from .isa import Buf, IndirectMove, Memory, Scalar
-from .machine import Machine
+from .builder import KernelBuilder, split_even, ceil_div
+from ..program import Buf, IndirectMove, Memory, Program, Scalar
+from ..intrin import CORES, PRAGMA, SLOTS
+from ..machine import Machine
 
 GATHER = "dma_gather"  # the pragma of the indirect-DMA nest
 

@@ -1,6 +1,6 @@
-"""The simulated AI Core instruction set: buffers, instructions and their semantics.
+"""The AI Core program: buffers, instructions and their semantics, and the program containers.
 
-Each instruction knows its pipe, the buffers it reads and writes (the scheduler orders pipes
+Each instruction knows its pipe, the buffers it reads and writes (the timing model, `timing`, orders pipes
 by these, as set_flag/wait_flag would), its cost inputs (bytes, bursts, repeats, fractals)
 and, in functional mode, how to execute itself on numpy views of the simulated memories.
 
@@ -9,16 +9,24 @@ Layouts on chip (fp16; int8 uses K0 = C0 = 32):
     L0B  (K1, N1, 16, K0)    FRACTAL_Z: each fractal stored as 16 columns x K0
     L0C  (N1, M, 16)         NZ: the (N1, M1, M0, N0) fractal layout, fp32 / int32
     L1 feature map (C1, rows, W, C0)   a slice of NC1HWC0 rows for Load3D
+
+Each instruction's `cost_cycles` is the timing model's cost of it (`timing.cost` calls it; its
+twin for what an execution did is `fclock`). `Program` is one core's instruction stream (what
+`lower.builder.KernelBuilder` emits) and `Plan` what a lowering hands the backend: how to emit
+each core's program and how the host packs the inputs and unpacks the output.
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 from math import ceil
+from typing import Any, Callable
 
 import numpy as np
 
 from ...errors import OpcFailure
 from ...sim.instr import Instruction
+from ...sim.program import SimProgram
+from .machine import Machine
 
 
 @dataclass(frozen=True, eq=False)
@@ -107,8 +115,8 @@ def region_bursts(shape: tuple[int, ...], idx: tuple) -> tuple[int, int]:
 @dataclass(eq=False)
 class Instr(Instruction):
     """Base instruction (the simulator core's protocol): `pipe`, buffers read and written,
-    `cost_cycles` on a machine (GM transfers at the contended rates the scheduler passes), `cycles`
-    (the last cost the scheduler computed) and `execute` on simulated memories."""
+    `cost_cycles` on a machine (GM transfers at the contended rates `timing` passes), `cycles`
+    (the last cost `timing` computed) and `execute` on simulated memories."""
 
     pipe: str = field(init=False, default="S")
     reads: tuple[Buf, ...] = field(init=False, default=())
@@ -368,7 +376,7 @@ class Vec(Instr):
             red = _REDUCE[op](xs[0].astype(np.float32), axis=1).astype(dv.dtype)
             dv[self.dst.offset + np.arange(self.repeat)] = red
             return xs[0].size
-        else:  # pragma: no cover - the builder rejects unknown ops
+        else:  # pragma: no cover - the builder (`lower.builder`) rejects unknown ops
             raise OpcFailure(f"unknown vector op {op}")
         dv[self._idx(self.dst, dv.itemsize, self.lanes)] = r.astype(dv.dtype, copy=False)
         return r.size  # elements computed
@@ -436,12 +444,57 @@ class SyncAll(Instr):
     a `Barrier` (the core's own pipes drain first, so its GM writes are out); the core then waits
     `core_sync_cycles` (its flag written to GM, the others' polled) on the scalar unit. Every
     core's GM writes before it are visible to every core after it: the functional run executes
-    the cores in lockstep between these (`scheduler.run`). Timing replays core 0, which holds
+    the cores in lockstep between these (`execute.run`). Timing replays core 0, which holds
     the largest share of the work, so the barrier waits on no slower core."""
 
     def cost_cycles(self, m, read_bpc: float = 0.0, write_bpc: float = 0.0) -> int:
         return m.core_sync_cycles
 
 
-__all__ = ["Buf", "Memory", "Instr", "DataMove", "IndirectMove", "Load3D", "Mmad", "Vec", "VecTrans", "VOp", "Scalar",
-           "Barrier", "SyncAll", "ConvGeom", "VEC_OPS", "TRANS_BLOCKS", "region_bursts"]
+# -- the program containers ------------------------------------------------------------------
+
+@dataclass(eq=False)
+class Program(SimProgram):
+    """One core's instruction stream plus what the backend needs to run and report it (the
+    simulator core's program container: `listing()` prints it)."""
+
+    machine: Machine
+    core: int
+    active_cores: int
+    instrs: list[Instr]
+    bufs: list[Buf]
+    gm: dict[str, Buf]
+    high_water: dict[str, int]
+    info: dict[str, Any] = field(default_factory=dict)
+
+    def streams(self) -> list[tuple[str, list]]:
+        return [(f"core {self.core} of {self.active_cores}", self.instrs)]
+
+    def declared_cycles(self, ins: Instr) -> int | None:
+        """The machine's cost of `ins` on its pipe; None for a GM transfer (its rate is the
+        contended GM bandwidth `timing` finds) and a barrier (it waits, costs nothing)."""
+        if isinstance(ins, Barrier) or (isinstance(ins, DataMove) and "GM" in ins.path):
+            return None
+        return ins.cost_cycles(self.machine)
+
+
+@dataclass(eq=False, kw_only=True)
+class Plan:
+    """What a template hands the backend: how to emit each core's program, how the host lays out
+    inputs for GM and reads the output back (host-side preprocessing, reported), and the work."""
+
+    active_cores: int
+    make_program: Callable[[int], Program]  # core index -> that core's program
+    pack: Callable[[list[np.ndarray]], dict[str, np.ndarray]]  # host: op inputs -> GM tensors
+    out_name: str
+    out_shape: tuple[int, ...]
+    out_dtype: str
+    unpack: Callable[[np.ndarray], np.ndarray]  # host: GM output -> the op's output layout
+    flops: int
+    unit: str  # "cube" or "vector": whose peak % of peak refers to
+    info: dict[str, Any] = field(default_factory=dict)
+
+
+__all__ = ["Buf", "Memory", "Instr", "DataMove", "IndirectMove", "Load3D", "Mmad", "Vec", "VecTrans", "VOp",
+           "Scalar", "Barrier", "SyncAll", "ConvGeom", "VEC_OPS", "TRANS_BLOCKS", "region_bursts", "Program",
+           "Plan"]

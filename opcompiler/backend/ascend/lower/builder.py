@@ -1,7 +1,7 @@
 """A TIK-style kernel builder: the lowerings allocate buffers and emit AI Core instructions.
 
 Seed 000's Algorithm Y is written against TBE's TIK interface (`data_move`, `matmul`, ...); the
-ascend lowerings (`lower.py` and the modules it picks, from a template's scheduled TIR) emit each
+ascend lowerings (this package, `lower`, from a template's scheduled TIR) emit each
 core's program the same way through `KernelBuilder`, and `lower.fit` dry-runs a config's buffers
 through it. Allocation enforces each level's capacity and alignment (a `CapacityError` names
 buffer, level, bytes); cube operands must be whole 16-aligned fractals; vector instructions are
@@ -9,42 +9,15 @@ split at 255 repeats.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-from typing import Any, Callable
+from typing import Any
 
 import numpy as np
 
-from ...errors import OpcFailure
-from ...sim.buffers import Arena
-from ...sim.program import SimProgram
-from .isa import (TRANS_BLOCKS, VEC_OPS, Barrier, Buf, ConvGeom, DataMove, IndirectMove, Instr, Load3D, Mmad,
-                  Scalar, SyncAll, Vec, VecTrans, VOp, region_bursts)
-from .machine import Machine
-
-
-@dataclass(eq=False)
-class Program(SimProgram):
-    """One core's instruction stream plus what the backend needs to run and report it (the
-    simulator core's program container: `listing()` prints it)."""
-
-    machine: Machine
-    core: int
-    active_cores: int
-    instrs: list[Instr]
-    bufs: list[Buf]
-    gm: dict[str, Buf]
-    high_water: dict[str, int]
-    info: dict[str, Any] = field(default_factory=dict)
-
-    def streams(self) -> list[tuple[str, list]]:
-        return [(f"core {self.core} of {self.active_cores}", self.instrs)]
-
-    def declared_cycles(self, ins: Instr) -> int | None:
-        """The machine's cost of `ins` on its pipe; None for a GM transfer (its rate is the
-        contended GM bandwidth the scheduler finds) and a barrier (it waits, costs nothing)."""
-        if isinstance(ins, Barrier) or (isinstance(ins, DataMove) and "GM" in ins.path):
-            return None
-        return ins.cost_cycles(self.machine)
+from ....errors import OpcFailure
+from ....sim.buffers import Arena
+from ..machine import Machine
+from ..program import (TRANS_BLOCKS, VEC_OPS, Barrier, Buf, ConvGeom, DataMove, IndirectMove, Instr, Load3D,
+                       Mmad, Program, Scalar, SyncAll, Vec, VecTrans, VOp, region_bursts)
 
 
 class KernelBuilder:
@@ -348,21 +321,4 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-@dataclass(eq=False, kw_only=True)
-class Plan:
-    """What a template hands the backend: how to emit each core's program, how the host lays out
-    inputs for GM and reads the output back (host-side preprocessing, reported), and the work."""
-
-    active_cores: int
-    make_program: Callable[[int], Program]  # core index -> that core's program
-    pack: Callable[[list[np.ndarray]], dict[str, np.ndarray]]  # host: op inputs -> GM tensors
-    out_name: str
-    out_shape: tuple[int, ...]
-    out_dtype: str
-    unpack: Callable[[np.ndarray], np.ndarray]  # host: GM output -> the op's output layout
-    flops: int
-    unit: str  # "cube" or "vector": whose peak % of peak refers to
-    info: dict[str, Any] = field(default_factory=dict)
-
-
-__all__ = ["KernelBuilder", "Program", "Plan", "split_even", "ceil_div"]
+__all__ = ["KernelBuilder", "split_even", "ceil_div"]

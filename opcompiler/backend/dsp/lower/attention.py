@@ -29,7 +29,7 @@ and O^T slots by query tile; the next step's loads are issued before this step's
 query tile's Q^T arrives in pieces (query vectors) over the previous tile's steps and its O^T
 leaves in pieces over the next tile's: only a core's first Q^T and last O^T are not overlapped).
 With layout=sbhd (Q, K, V, O sequence first) a head's rows are `b h d` elements apart in DDR:
-the same copies with that row pitch. Every VPU pass is a `vector.VKernel` of vector instructions: functional mode
+the same copies with that row pitch. Every VPU pass is a `program.VKernel` of vector instructions: functional mode
 executes them on the simulated memories, timing list-schedules them, and the functional clock
 (`fclock`) costs what executed.
 """
@@ -43,11 +43,15 @@ from opcompiler.sim.tir_expr import TIR
 from opcompiler.sim.program import deal
 from opcompiler.sim.tir_expr import Compiler
 
-from . import vector as vx
-from .intrin import ALIGN, EVENT
-from .machine import DspMachine
-from .program import Allocator, Op, View, dma_op, stage_order
-from .vector import VI, Mem, Nest, VKernel
+from .. import program as vx  # the VPU's vector instructions
+
+from .. import timing as tm
+
+from .. import execute as ex
+from ..intrin import ALIGN, EVENT
+from ..machine import DspMachine
+from ..program import Allocator, Op, View, dma_op, stage_order
+from ..program import VI, Mem, Nest, VKernel
 
 NEG = -1.0e30  # a masked score (the catalogue's NEG): its exp is exp's clamp, ~1e-38
 _INT = Compiler(integer=True)
@@ -206,7 +210,7 @@ def gemm_nests(L: int, rows: int, nvec: int, steps: int, a: tuple[int, int, int]
 
 def exp_seq(x: str, y: str) -> list[VI]:
     """y = exp(x) for x <= 0 (a score minus its row's running max): the VPU's exp sequence
-    (`vector.emit_exp`) without its upper clamp, which such an x never reaches."""
+    (`program.emit_exp`) without its upper clamp, which such an x never reaches."""
     return [i for i in vx.emit_exp(x, y, "r", "n") if i.op != "vmin"]
 
 
@@ -265,8 +269,8 @@ class AttentionLowerer:
 
     def _vpu(self, nests: tuple, reads: tuple, writes: tuple, label: str) -> Op:
         kern = VKernel(tuple(nests), label)
-        cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern, L=self.L: vx.execute(mem, k, L)) if self.fn else None
+        cost = tm.kernel_cost(self.m, kern)
+        fn = (lambda mem, k=kern, L=self.L: ex.execute_pass(mem, k, L)) if self.fn else None
         return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kern.nests),
                   fn=fn, label=label)
 

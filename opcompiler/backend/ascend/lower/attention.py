@@ -3,7 +3,7 @@
 `schedules/ascend/attention.py` writes the kernel as a TIR loop nest (the flash-attention
 schedule: query tiles over the cores, key / value tiles inside, the causal bound on that loop,
 and, double-buffered, the stages skewed as a software pipeline), each stage a
-`T.call_packed(EVENT, stage, bh, q0[, k0])`. `tir_trace.trace` evaluates it; this module turns
+`T.call_packed(EVENT, stage, bh, q0[, k0])`. `trace.trace` evaluates it; this module turns
 each stage into the instructions it stands for. Per query tile (`q`): Q GM -> UB, x scale (once, not
 per score tile), UB -> L1 -> L0A (ND -> zZ by Load2D), the running max m = -1e30, sum l = 0,
 output O = 0 in UB. Per key / value tile:
@@ -24,10 +24,10 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...sim.program import deal
-from .builder import KernelBuilder, Program
-from .isa import Buf, VOp
-from .machine import Machine
+from ....sim.program import deal
+from .builder import KernelBuilder
+from ..program import Buf, Program, VOp
+from ..machine import Machine
 
 NEG = -1.0e30
 LANES32 = 64  # fp32 elements per 256 B repeat

@@ -1,4 +1,4 @@
-"""A dsp template's `Scheduled` -> the cluster `Program` the dsp-sim backend runs.
+"""The DSP's lowering: a dsp template's `Scheduled` -> the cluster `Program` the dsp-sim backend runs.
 
 A dsp template's `apply` returns `opcompiler.template_base.Scheduled`: a lazily built, annotated
 TVM schedule of the op's own compute (`module()`, cached here by `key`), the name of the lowering
@@ -7,16 +7,16 @@ which, the layout changes the cores make before / after, how the cores share the
 module picks the Lowerer by `lowering`, walks the lowered function once per core, and assembles
 the program (relayouts, host work, core groups); the backend decides functional or timing.
 
-    lowering   Lowerer                          what the schedule is
-    direct     tir_lower.Lowerer                direct convolution / fully connected (split=items)
-    gemm       tir_gemm.GemmLowerer             the blocked GEMM
-    ksplit     tir_ksplit.KsplitLowerer         fully connected with the reduction split (split=k)
-    vector     tir_vector.VecLowerer            element-wise chains, pooling, reductions, softmax
-    gconv      tir_gconv.GConvLowerer           grouped / depthwise convolution
-    move       tir_move.MoveLowerer             slice, pad, transpose, concat (DMA only)
-    attention  tir_attention.AttentionLowerer   flash attention (a TIR nest of stage events)
-    gather     tir_gather.GatherLowerer         embedding lookup (index tile to SM, a row DMA per index)
-    recurrent  tir_recurrent.RecurrentLowerer   the fused LSTM / GRU cell (a TIR nest of stage events)
+    lowering   Lowerer (lower/<module>)       what the schedule is
+    direct     direct.Lowerer                 direct convolution / fully connected (split=items)
+    gemm       gemm.GemmLowerer               the blocked GEMM
+    ksplit     ksplit.KsplitLowerer           fully connected with the reduction split (split=k)
+    vector     vector.VecLowerer              element-wise chains, pooling, reductions, softmax
+    gconv      gconv.GConvLowerer             grouped / depthwise convolution
+    move       move.MoveLowerer               slice, pad, transpose, concat (DMA only)
+    attention  attention.AttentionLowerer     flash attention (a TIR nest of stage events)
+    gather     gather.GatherLowerer           embedding lookup (index tile to SM, a row DMA per index)
+    recurrent  recurrent.RecurrentLowerer     the fused LSTM / GRU cell (a TIR nest of stage events)
 
 `params` (all plain data):
   inputs      ((name, shape), ...) of the op's inputs (host copies in copy mode, `Program.inputs`)
@@ -42,14 +42,14 @@ from opcompiler.target import Target
 from opcompiler.template_base import Scheduled
 
 from .assemble import Relayout, assemble, host_ops, nbytes
-from .machine import DspMachine, machine
-from .program import Program
-from .tir_gconv import GConvLowerer
-from .tir_gemm import GemmLowerer
-from .tir_ksplit import KsplitLowerer, balance_parts
-from .tir_lower import Lowerer, lowered
-from .tir_move import MoveLowerer
-from .tir_vector import VecLowerer
+from ..machine import DspMachine, machine
+from ..program import Program
+from .gconv import GConvLowerer
+from .gemm import GemmLowerer
+from .ksplit import KsplitLowerer, balance_parts
+from .direct import Lowerer, lowered
+from .move import MoveLowerer
+from .vector import VecLowerer
 
 _FUNCS: dict[tuple, Any] = {}  # (lowering, key) -> the lowered function: schedule once per process
 
@@ -146,7 +146,7 @@ LOWERINGS: dict[str, Callable] = {"direct": _direct, "gemm": _gemm, "ksplit": _k
 
 
 def _attention(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
-    from .tir_attention import AttentionLowerer
+    from .attention import AttentionLowerer
 
     low = AttentionLowerer(m, func, p, fn)
     return low, low.core_ops, low.group_key, [], []
@@ -156,7 +156,7 @@ LOWERINGS["attention"] = _attention
 
 
 def _gather(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
-    from .tir_gather import make
+    from .gather import make
 
     return make(m, func, p, ddr, names, fn)
 
@@ -165,7 +165,7 @@ LOWERINGS["gather"] = _gather
 
 
 def _recurrent(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
-    from .tir_recurrent import RecurrentLowerer
+    from .recurrent import RecurrentLowerer
 
     low = RecurrentLowerer(m, func, p, fn)
     return low, low.core_ops, low.group_key, [], []

@@ -39,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import OpcFailure
-from .builder import KernelBuilder, Program, ceil_div, split_even
-from .emit_insn import CORES, PRAGMA, SLOTS, UB_SCOPE, _Lowering, _nest_parts, _seq, lower_module
-from .isa import VOp
-from .machine import Machine
+from ....errors import OpcFailure
+from .builder import KernelBuilder, ceil_div, split_even
+from ..program import Program, VOp
+from .vector import CORES, PRAGMA, SLOTS, UB_SCOPE, _Lowering, _nest_parts, _seq, lower_module
+from ..machine import Machine
 
-from .intrin import REDUCE  # noqa: E402 (the pragma of a row reduction nest)
+from ..intrin import REDUCE  # noqa: E402 (the pragma of a row reduction nest)
 SCRATCH, SCALAR = "scratch", "scalar"
 
 _CACHE: dict[int, "RowKernel"] = {}
@@ -179,7 +179,7 @@ class _RowLowering:
         self.T, self.Call, self.TensorLoad = tirx, Call, TensorLoad
         self.ev = _Lowering.__new__(_Lowering)  # its index evaluator (numpy over the grid)
         self.ev.T = tirx
-        from . import emit_insn as ei
+        from . import vector as ei
         ei.Call, ei.TensorLoad = Call, TensorLoad  # what its evaluator matches against
         self.f = mod["main"]
         self.bufs: dict[int, _Buf] = {}

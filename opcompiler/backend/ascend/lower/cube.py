@@ -4,10 +4,10 @@ Templates (`schedules/ascend/*_tir.py`) build an `s_tir.Schedule` over the op's 
 its buffers in the target's scopes and turn every inner block into an instruction, by
 `tensorize` with the intrinsics of `intrin.py` or by its `substitute` (the instruction callback
 `opc.ascend.tir.event`: every instruction block is a `T.call_packed(EVENT, tag, ...)` carrying
-the offsets / block coordinates TVM computed); `lower.py` hands this module the module a
+the offsets / block coordinates TVM computed); `lower` (the package) hands this module the module a
 template scheduled. This module imports nothing from `schedules/`. It owns:
 
-* `trace` (`tir_trace.py`): the event stream of the scheduled module, evaluated from the
+* `trace` (`lower/trace.py`): the event stream of the scheduled module, evaluated from the
   lowered function in vectorised form and cached per process under a key naming everything the
   schedule depends on (op, padded shape, tiles, L0 chunks, weight residency, epilogue group),
   not what only the emission decides (core count, ping-pong buffers);
@@ -23,12 +23,12 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...errors import OpcFailure
-from .builder import KernelBuilder, Program, split_even
-from .intrin import EVENT, intrin_copy, intrin_init, intrin_mmad, l0c_slots, substitute  # noqa: F401 (re-exported)
-from .isa import ConvGeom, VOp
-from .machine import Machine
-from .tir_trace import TRACES, trace  # noqa: F401 (the event stream of a schedule, re-exported)
+from ....errors import OpcFailure
+from .builder import KernelBuilder, split_even
+from ..program import ConvGeom, Program, VOp
+from ..intrin import EVENT, intrin_copy, intrin_init, intrin_mmad, l0c_slots, substitute  # noqa: F401 (re-exported)
+from ..machine import Machine
+from .trace import TRACES, trace  # noqa: F401 (the event stream of a schedule, re-exported)
 
 
 def split_groups(events: Sequence[tuple], carry: tuple[str, ...] = ()) -> list[tuple[dict, list[tuple]]]:

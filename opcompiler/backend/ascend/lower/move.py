@@ -2,11 +2,11 @@
 
 The modules come from the data-movement schedules: the op's block written into a `local.UB`
 tile at the tile loop (`opc.ascend.block_dim`, `opc.ascend.double_buffer`) and copied out, every
-nest `pragma_emit_insn = dma_copy`. This is `emit_insn`'s shaped lowering (boxes moved by MTE2 /
+nest `pragma_emit_insn = dma_copy`. This is the `vector` lowering's shaped form (boxes moved by MTE2 /
 MTE3 with bursts counted from the shapes, as TIK's data_move; loops between the tile loop and a
 nest are instruction loops, one move per iteration; `if_then_else(cond, x[...], fill)` is a
 vector dup of the fill over the tile then the move of the box where `cond` holds), taken for
-every module, views of one axis included (`emit_insn.lower` would stream those as flat
+every module, views of one axis included (`vector.lower` would stream those as flat
 tensors). Anything it cannot map is a one-line `OpcFailure` naming the nest.
 
 A `vector_transpose` nest (a transpose that moves the innermost axis: the op's block between
@@ -34,10 +34,10 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from . import emit_insn
-from .emit_insn import CORES, SLOTS, VectorKernel, _nest_parts, _Op, _SCtx, _seq, _ShapedLowering
+from . import vector
+from .vector import CORES, SLOTS, VectorKernel, _nest_parts, _Op, _SCtx, _seq, _ShapedLowering
 
-from .intrin import ITEM_TILES, VEC_TRANSPOSE  # noqa: E402 (concat's tile loops; the transpose nest's pragma)
+from ..intrin import ITEM_TILES, VEC_TRANSPOSE  # noqa: E402 (concat's tile loops; the transpose nest's pragma)
 _CACHE: dict[int, VectorKernel] = {}
 _CACHE_MAX = 256
 
@@ -214,8 +214,8 @@ class _ItemsLowering(_ShapedLowering):
         lo[ctx.counts == 0] = 0
         if not np.array_equal(np.prod(size, axis=1), ctx.counts):
             raise OpcFailure(f"emit_insn: {name}: {sname} -> {dname} is not one box per iteration")
-        self.ops.append(_Trans("trans", len(self.nests) - 1, emit_insn._Access(dname, None),
-                               [emit_insn._Access(sname, None)], op="vnchwconv", cnt=ctx.counts,
+        self.ops.append(_Trans("trans", len(self.nests) - 1, vector._Access(dname, None),
+                               [vector._Access(sname, None)], op="vnchwconv", cnt=ctx.counts,
                                pairs=tuple(pairs), lo=lo, size=size))
 
     def _fit(self) -> None:
@@ -268,7 +268,7 @@ def lower(mod) -> VectorKernel:
     hit = _CACHE.get(key)
     if hit is not None:
         return hit
-    vk = _ItemsLowering(emit_insn.lower_module(mod, flatten=False)).run()
+    vk = _ItemsLowering(vector.lower_module(mod, flatten=False)).run()
     if any(isinstance(o, _Trans) for o in vk.ops):
         vk = _TransposeKernel(**{f.name: getattr(vk, f.name) for f in fields(vk)})
     if len(_CACHE) >= _CACHE_MAX:

@@ -4,13 +4,13 @@ A template (`schedules/dsp/move.py`) schedules the op's own compute: the output 
 stage items (`opc.dsp.stage`, split over the cores by `opc.dsp.cores`), each item's copy nests
 annotated `opc.dsp.op = "dma"`, optionally staged through an AM tile (a `cache_write` in
 `local.AM` at the stage loop, two slots when `dbuf`). `MoveLowerer` lowers
-every copy nest to DMA descriptors over strided views, the way `tir_lower.Lowerer` does:
+every copy nest to DMA descriptors over strided views, the way `lower.direct.Lowerer` does:
 
 * a nest storing a load is one descriptor: the block predicate (tails) gives the box copied,
   the store / load indices (evaluated at the box's corner and one step along each loop, checked
   affine over the box) give the destination / source views;
 * a nest storing `if_then_else(c, load, constant)` into an AM tile (pad) is the tile's copy plus
-  its fill by vector stores (`tir_vector.VecLowerer._dma_tile`: whole padding rows each stage);
+  its fill by vector stores (`lower.vector.VecLowerer._dma_tile`: whole padding rows each stage);
   the side columns (padding on every row that holds input, over all the stage loop's
   iterations) are filled once per buffer, in the first stage that uses the buffer, as the
   chip's kernels initialise a tile; the tile's write-back waits for both (`in` and `pad` tags).
@@ -33,16 +33,16 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from . import vector as vx
-from .machine import DspMachine
-from .program import Allocator
-from .tir_eval import _bkey, _boxes, _full, _grid, _key, _valid
-from .tir_vector import VecLowerer
-from .tir_vselect import _Select
+from .. import program as vx  # the VPU's vector instructions
+from ..machine import DspMachine
+from ..program import Allocator
+from .eval import buf_key, mask_boxes, as_full, loop_grid, var_key, valid_mask
+from .vector import VecLowerer
+from .vselect import Select
 
 # DMA: a copy nest; ITEMS: a loop over stage loops in sequence (concat: per image, x's stages then
 # x1's): its stages, in walk order, are one item list the cores take contiguous shares of
-from .intrin import DMA, ITEMS  # noqa: E402
+from ..intrin import DMA, ITEMS  # noqa: E402
 
 
 def _is_load(e) -> bool:
@@ -84,7 +84,7 @@ class MoveLowerer(VecLowerer):
                     raise OpcFailure(f"tir lowering: a data-movement kernel has only dma nests, not {op!r}")
                 if op == DMA:
                     self._padded |= self._pad_value(st) is not None
-                visit(st.body, _key(st) if "opc.dsp.stage" in st.annotations else in_stage)
+                visit(st.body, var_key(st) if "opc.dsp.stage" in st.annotations else in_stage)
             elif isinstance(st, TIR.SeqStmt):
                 for x in st.seq:
                     visit(x, in_stage)
@@ -104,11 +104,11 @@ class MoveLowerer(VecLowerer):
                 size = max(self._tile_size(b) for b in col)
                 offs = tuple(am.alloc(f"{col[0].name}[{i}]", size) for i in range(self.nbuf))
                 for b in col:
-                    shared[_bkey(b)] = offs
+                    shared[buf_key(b)] = offs
         for b, sl in found:
             in_stage = sl is not None
             shape = tuple(int(x) for x in b.shape)
-            bk = _bkey(b)
+            bk = buf_key(b)
             self.shapes[bk] = shape
             self.names[bk] = b.name
             if b.scope() != "local.AM":
@@ -135,7 +135,7 @@ class MoveLowerer(VecLowerer):
         sel = _select(store.value)
         if sel is None or _is_load(sel[2]):
             return None
-        c = _Select.const(sel[2])
+        c = Select.const(sel[2])
         if c is None:
             raise OpcFailure("tir lowering: a dma nest's padding must be a constant")
         return c
@@ -148,7 +148,7 @@ class MoveLowerer(VecLowerer):
 
     def _items(self, st, E: dict) -> list[tuple[Any, dict, int]]:
         """(stage loop, environment, iteration) of every stage under an items loop, in order."""
-        k = ("items", _key(st), tuple(sorted((kk, v) for kk, v in E.items() if kk != "slot")))
+        k = ("items", var_key(st), tuple(sorted((kk, v) for kk, v in E.items() if kk != "slot")))
         if k in self._cache:
             return self._cache[k]
         out: list[tuple[Any, dict, int]] = []
@@ -162,7 +162,7 @@ class MoveLowerer(VecLowerer):
                 if "opc.dsp.op" in x.annotations or "opc.dsp.cores" in x.annotations:
                     raise OpcFailure("tir lowering: an items loop holds stage loops only")
                 for i in range(lo, lo + ext):
-                    visit(x.body, {**env, _key(x.loop_var): i})
+                    visit(x.body, {**env, var_key(x.loop_var): i})
             elif isinstance(x, TIR.SeqStmt):
                 for y in x.seq:
                     visit(y, env)
@@ -186,7 +186,7 @@ class MoveLowerer(VecLowerer):
         if not self.fn:
             return self._stages_timed(st, E, range(i, i + 1))
         slot = len(self.pending) % self.nbuf
-        E2 = {**E, _key(st.loop_var): i, "slot": slot}
+        E2 = {**E, var_key(st.loop_var): i, "slot": slot}
         stg: list = [[], [], []]
         self._walk(st.body, E2, stg)
         if stg[1]:
@@ -211,7 +211,7 @@ class MoveLowerer(VecLowerer):
     def _columns(self, st) -> list[tuple[int, int]]:
         """Runs of tile columns that are padding on every row holding input, over every iteration
         of the stage loop (the side columns the copies never write)."""
-        k = ("cols", _key(st))
+        k = ("cols", var_key(st))
         if k not in self._cache:
             loops, pred, store = self._nest(st)
             sl = self._stage_loop
@@ -221,12 +221,12 @@ class MoveLowerer(VecLowerer):
                 return []
             ext = [(lp.loop_var, int(lp.extent)) for lp in const]
             shape = tuple(e for _, e in ext)
-            g = _grid(ext, {})
+            g = loop_grid(ext, {})
             for lp in const:
-                g[_key(lp.loop_var)] = g[_key(lp.loop_var)] + int(lp.min)
-            cm = _full(self.comp.fn(_select(store.value)[0])(g, None), shape).astype(bool)
+                g[var_key(lp.loop_var)] = g[var_key(lp.loop_var)] + int(lp.min)
+            cm = as_full(self.comp.fn(_select(store.value)[0])(g, None), shape).astype(bool)
             if pred is not None and not (isinstance(pred, TIR.IntImm) and int(pred.value)):
-                cm = cm & _full(self.comp.fn(pred)(g, None), shape).astype(bool)
+                cm = cm & as_full(self.comp.fn(pred)(g, None), shape).astype(bool)
             rows = cm.reshape(-1, shape[-1])
             rows = rows[rows.any(axis=1)]
             runs: list[tuple[int, int]] = []
@@ -244,7 +244,7 @@ class MoveLowerer(VecLowerer):
         """The side columns of a padded tile, once per buffer: at the buffer's first stage (the key
         `_dma_tile` keeps for them, so it does not fill them again)."""
         slot = E.get("slot", 0)
-        key = ("pad", ("tile", _key(st)), slot)
+        key = ("pad", ("tile", var_key(st)), slot)
         if key in self.zeroed:
             return
         runs = self._columns(st)
@@ -254,9 +254,9 @@ class MoveLowerer(VecLowerer):
         loops, _, store = self._nest(st)
         if len(loops) != 3:
             raise OpcFailure("tir lowering: padding of a stage tile: (planes, rows, columns) copies only")
-        bdst = _bkey(store)
+        bdst = buf_key(store)
         base = self._base(bdst, slot)[1]
-        at = {**E, **{_key(lp.loop_var): 0 for lp in loops}}
+        at = {**E, **{var_key(lp.loop_var): 0 for lp in loops}}
         corner = base + int(self.comp.flat_fn(bdst, store.indices)(at, None))
         strides = self._strides(bdst)
         L, value = self.m.lanes, self._pad_value(st)
@@ -268,7 +268,7 @@ class MoveLowerer(VecLowerer):
             self._emit(self._intern(op), stage, 0)
 
     def _dma(self, st, E: dict, stage: list | None, part: tuple[int, int] | None = None) -> None:
-        k = ("move", _key(st))
+        k = ("move", var_key(st))
         if k not in self._cache:
             loops, pred, store = self._nest(st)
             sel = _select(store.value)
@@ -280,8 +280,8 @@ class MoveLowerer(VecLowerer):
                     raise OpcFailure(f"tir lowering: a dma nest must copy a buffer, found {store.value}")
                 load = store.value
                 pf = None if pred is None or (isinstance(pred, TIR.IntImm) and int(pred.value)) else c.fn(pred)
-                self._cache[k] = (loops, pf, c.flat_fn(_bkey(store), store.indices), _bkey(store),
-                                  c.flat_fn(_bkey(load), load.indices), _bkey(load))
+                self._cache[k] = (loops, pf, c.flat_fn(buf_key(store), store.indices), buf_key(store),
+                                  c.flat_fn(buf_key(load), load.indices), buf_key(load))
         info = self._cache[k]
         if info is None:
             if stage is None:
@@ -290,11 +290,11 @@ class MoveLowerer(VecLowerer):
             return self._dma_tile(st, E, stage, {})
         loops, fpred, fdst, bdst, fsrc, bsrc = info
         ext, shape, g = self._nest_grid(loops, E)
-        valid = _valid(fpred, g, shape)
+        valid = valid_mask(fpred, g, shape)
         slot = E.get("slot", 0)
         dspace, dbase = self._base(bdst, slot)
         dtag = self._tag(bdst, slot)
-        boxes = _boxes(valid)
+        boxes = mask_boxes(valid)
         if len(boxes) > 1:
             raise OpcFailure(f"tir lowering: the copied region of {self.names[bsrc]} -> {self.names[bdst]} "
                              "is not one box")

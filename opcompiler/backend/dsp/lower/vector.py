@@ -1,8 +1,8 @@
-"""Vector nests of lowered TIR -> VPU vector kernels (`vector.VKernel`), the TBE `emit_insn` way.
+"""Vector nests of lowered TIR -> VPU vector kernels (`program.VKernel`), the TBE `emit_insn` way.
 
 A template marks a loop nest `opc.dsp.op = "vec"` (`schedules/dsp/chain.py`): a perfect nest
 over one block storing one expression into an AM tile. The nest becomes one VPU pass, one
-`vector.Nest`:
+`program.Nest`:
 
 * the innermost loop is the lanes: cut into vectors of `lanes` elements (the last one of a row
   computes whole lanes; stores write whole vectors, so AM tiles get one vector of slack); the
@@ -14,15 +14,15 @@ over one block storing one expression into an AM tile. The nest becomes one VPU 
 * the stored expression is decomposed into vector instructions, recognised from its nodes:
   loads (`vld` / `sld`), `max(x, c)` -> vmax, `min` -> vmin, `a * b + c` -> one vfma (when b and c
   are both immediates or both per-channel operands), `+`, `-`, `*` -> vadd / vsub / vmul,
-  `exp`, `log` and `1 / x` -> the VPU math-library sequences (`vector.emit_exp`, `emit_log`,
+  `exp`, `log` and `1 / x` -> the VPU math-library sequences (`program.emit_exp`, `emit_log`,
   `emit_rcp`), constants as immediates. Inner nodes live in temporaries taken from a pool
   (freed when their last reader has issued; a one-instruction node overwrites an operand that
   dies there); the second operand of a binary node, when it is a load, gets a register named by
   its role (full-shape vectors alternate f0 / f1, a per-channel operand p), an FMA's two
   per-channel operands two temporaries: the registers a nest writes bound how many of its
   iterations are in flight, so names are reused as a VPU programmer would;
-* functional mode executes the kernel (`vector.execute`) on the simulated memories; its cycles
-  come from list-scheduling the same instructions (`vector.kernel_cost`).
+* functional mode executes the kernel (`execute.execute_pass`) on the simulated memories; its cycles
+  come from list-scheduling the same instructions (`timing.kernel_cost`).
 
 A vector nest holding a window reduction (pooling, `schedules/dsp/pool.py`: a store that
 reduces a load of its own buffer with max / + over loops its index does not mention) becomes the
@@ -43,7 +43,7 @@ filled as (planes, rows, pixels x channels), whole pixels); tiles get their own 
 A vector nest marked `opc.dsp.rows` (softmax, `schedules/dsp/reduce.py`) is a row nest:
 loops (rows, vectors / acc, acc, lanes) over one element-wise store, optionally followed by a
 reduction of the stored element (or a sum of its square: layer norm's variance, one FMA a
-vector) reverse_compute_at its lanes loop. One `vector.Nest` per row block: per-row operands (loads that do not move along the row) issued once per row, the `acc`
+vector) reverse_compute_at its lanes loop. One `program.Nest` per row block: per-row operands (loads that do not move along the row) issued once per row, the `acc`
 vectors of a step unrolled, the fused reduction kept in `acc` accumulators, combined, lanes
 reduced by rotate-and-combine, one lane stored; a reduced value that every other reader divides
 by is stored as its reciprocal (`emit_rcp`, once per row) and those divisions become multiplies.
@@ -55,7 +55,7 @@ finite values: once per buffer (copies never write them), or every stage where a
 result takes the tile (its whole-vector stores write them).
 The vector nests of one stage are one VPU pass (their loop nests in order, `_merge_vpu`).
 
-`VecLowerer` is the DSP lowering (`tir_lower.Lowerer`) for kernels made of such nests: buffers
+`VecLowerer` is the DSP lowering (`lower.direct.Lowerer`) for kernels made of such nests: buffers
 keep the strides the schedule gave them (`storage_align`: each plane / pixel starts a vector),
 an AM tile gets one vector of slack, a vector nest's result takes the AM tile of an operand that
 dies there (computed in place, as the chip's kernels do), copies from DDR into AM are a stage's
@@ -63,8 +63,8 @@ DMA-in. Anything it cannot map is a one-line OpcFailure naming the nest.
 
 The code is in four modules: this one (`VecLowerer`: buffers, stages and their tiles, element-wise
 and row nests) and three collaborators it calls with what they need, none of which imports it:
-`tir_vwindow.py` (window reductions), `tir_vscan.py` (what each nest is, read once from the TIR)
-and `tir_vselect.py` (instruction selection of a stored expression).
+`lower/vwindow.py` (window reductions), `lower/vscan.py` (what each nest is, read once from the TIR)
+and `lower/vselect.py` (instruction selection of a stored expression).
 """
 from __future__ import annotations
 
@@ -76,17 +76,17 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from . import vector as vx
-from .core import sum_costs as _sum_costs
-from .machine import DspMachine
-from .program import Allocator, Op, View, dma_op
-from .tir_eval import _bkey, _boxes, _full, _grid, _key, _Zero, _valid
-from .tir_lower import Lowerer
-from .tir_vscan import _Nest, _rowstatic, _static, _vars, _window
-from .tir_vselect import _combine, _isload, _Select
-from .tir_vwindow import _runs, vec_rows, vec_window, window_space
+from .. import program as vx  # the VPU's vector instructions
+from ..timing import sum_costs
+from ..machine import DspMachine
+from ..program import Allocator, Op, View, dma_op
+from .eval import buf_key, mask_boxes, as_full, loop_grid, var_key, ZeroState, valid_mask
+from .direct import Lowerer
+from .vscan import NestInfo, row_static, nest_static, nest_vars, nest_window
+from .vselect import combine_ops, is_buffer_load, Select
+from .vwindow import mask_runs, vec_rows, vec_window, window_space
 
-from .intrin import VEC  # noqa: E402  (the opc.dsp.op value of a vector nest)
+from ..intrin import VEC  # noqa: E402  (the opc.dsp.op value of a vector nest)
 
 
 def repacked(shape: tuple, strides: tuple, ext: list) -> tuple:
@@ -133,7 +133,7 @@ class VecLowerer(Lowerer):
 
         def loads(e, acc: list) -> list:
             if isinstance(e, TIR.TensorLoad):
-                acc.append(_bkey(e))
+                acc.append(buf_key(e))
             for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
                 if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
                     loads(getattr(e, attr), acc)
@@ -148,14 +148,14 @@ class VecLowerer(Lowerer):
         divisors: dict[int, bool] = {}  # buffer -> every read of it (but its own reduction's) divides
 
         def uses(e, own: int) -> None:
-            if isinstance(e, TIR.Div) and _isload(e.b) and _bkey(e.b) != own:
-                divisors.setdefault(_bkey(e.b), True)
+            if isinstance(e, TIR.Div) and is_buffer_load(e.b) and buf_key(e.b) != own:
+                divisors.setdefault(buf_key(e.b), True)
                 uses(e.a, own)
                 for x in e.b.indices:
                     uses(x, own)
                 return
-            if _isload(e) and _bkey(e) != own:
-                divisors[_bkey(e)] = False
+            if is_buffer_load(e) and buf_key(e) != own:
+                divisors[buf_key(e)] = False
             for attr in ("a", "b", "value", "condition", "true_value", "false_value"):
                 if hasattr(e, attr) and not isinstance(getattr(e, attr), (int, float, str)):
                     uses(getattr(e, attr), own)
@@ -173,7 +173,7 @@ class VecLowerer(Lowerer):
                 if st.annotations.get("opc.dsp.op") == "dma_shared":
                     raise OpcFailure("tir lowering: vector kernels have no shared (GSM) copies")
                 if isinstance(st.min, TIR.IntImm) and isinstance(st.extent, TIR.IntImm):
-                    self._ext[_key(st.loop_var)] = (int(st.min), int(st.extent))
+                    self._ext[var_key(st.loop_var)] = (int(st.min), int(st.extent))
                 if st.annotations.get("opc.dsp.op") == VEC and vec is None:
                     vec_loops.append(st)
                     vec = set()
@@ -189,15 +189,15 @@ class VecLowerer(Lowerer):
                 visit(st.then_case, in_stage, vec)
             elif isinstance(st, TIR.BufferStore):
                 ls = loads(st.value, [])
-                uses(st.value, _bkey(st))
+                uses(st.value, buf_key(st))
                 for b in set(ls):
-                    if vec is None or b not in vec or b == _bkey(st):
+                    if vec is None or b not in vec or b == buf_key(st):
                         reads[b] = reads.get(b, 0) + 1
                 if vec is not None:
-                    vec_io.append((_bkey(st), ls))
-                    vec.add(_bkey(st))
-                    if "rows" in vec and _bkey(st) in ls:
-                        row_reds.add(_bkey(st))
+                    vec_io.append((buf_key(st), ls))
+                    vec.add(buf_key(st))
+                    if "rows" in vec and buf_key(st) in ls:
+                        row_reds.add(buf_key(st))
         row_reds: set = set()
         visit(self.func.body, False, None)
         # a reduction fused into a row nest whose every other reader divides by it: its
@@ -206,7 +206,7 @@ class VecLowerer(Lowerer):
         info: dict[int, tuple] = {}
         for b, in_stage in found:
             shape = tuple(int(x) for x in b.shape)
-            bk = _bkey(b)
+            bk = buf_key(b)
             self.shapes[bk] = shape
             self.names[bk] = b.name
             if b.scope() == "local.REG":  # a window's accumulator: a register of the nest
@@ -249,7 +249,7 @@ class VecLowerer(Lowerer):
         for out, _ in vec_io:
             self._vec_outs.add(out)
         for st in vec_loops:
-            w = _window(self, st)
+            w = nest_window(self, st)
             if w is not None:
                 window_space(self, w, am, sm)
             elif int(st.annotations.get("opc.dsp.mask_tail", 0)):
@@ -268,19 +268,19 @@ class VecLowerer(Lowerer):
             raise OpcFailure("tir lowering: opc.dsp.mask_tail marks a row nest (rows, vectors / acc, acc, lanes)")
         ext = [(lp.loop_var, 1 if d == 0 else int(lp.extent)) for d, lp in enumerate(loops)]
         shape = tuple(n for _, n in ext[1:])
-        keep = _full(self.comp.fn(s.predicate)(_Zero(_grid(ext, {})), None), (1,) + shape).reshape(-1)
+        keep = as_full(self.comp.fn(s.predicate)(ZeroState(loop_grid(ext, {})), None), (1,) + shape).reshape(-1)
         if keep.all():
             return
         vals = keep.astype(np.float32)
         for nm, v in self.tables.items():
             if nm.startswith("row_mask") and np.array_equal(v, vals):
-                self._masks[_key(st)] = next(off for t, _, off, _ in self._table_ops if t == nm)
+                self._masks[var_key(st)] = next(off for t, _, off, _ in self._table_ops if t == nm)
                 return
         nm = f"row_mask{sum(1 for t in self.tables if t.startswith('row_mask'))}"
         self.tables[nm] = vals
         off = am.alloc(f"{nm} (tail mask)", len(vals))
         self._table_ops.append((nm, "AM", off, len(vals)))
-        self._masks[_key(st)] = off
+        self._masks[var_key(st)] = off
 
     def _tight(self, bk: int, shape: tuple, strides: tuple, dma_loops: list) -> tuple[tuple, tuple]:
         """A stage tile filled by a copy nest is as large as that nest writes along each axis
@@ -288,16 +288,16 @@ class VecLowerer(Lowerer):
         schedule aligned are kept, the ones above recomputed."""
         for st in dma_loops:
             loops, _, store = self._nest(st)
-            if _bkey(store) != bk or len(store.indices) != len(shape):
+            if buf_key(store) != bk or len(store.indices) != len(shape):
                 continue
-            const = {_key(lp.loop_var) for lp in loops if isinstance(lp.extent, TIR.IntImm)}
-            g = _Zero({_key(lp.loop_var): np.arange(int(lp.extent)).reshape([-1 if i == d else 1
+            const = {var_key(lp.loop_var) for lp in loops if isinstance(lp.extent, TIR.IntImm)}
+            g = ZeroState({var_key(lp.loop_var): np.arange(int(lp.extent)).reshape([-1 if i == d else 1
                                                                              for i in range(len(loops))])
-                       for d, lp in enumerate(loops) if _key(lp.loop_var) in const})
-            inner = {_key(lp.loop_var) for lp in loops}
+                       for d, lp in enumerate(loops) if var_key(lp.loop_var) in const})
+            inner = {var_key(lp.loop_var) for lp in loops}
             ext = []
             for d, ix in enumerate(store.indices):
-                if (_vars(ix, set()) & inner) - const:  # a copy loop whose extent moves: keep TVM's
+                if (nest_vars(ix, set()) & inner) - const:  # a copy loop whose extent moves: keep TVM's
                     ext.append(shape[d])
                     continue
                 v = np.asarray(self.comp.fn(ix)(g, None))
@@ -323,7 +323,7 @@ class VecLowerer(Lowerer):
             return calls[0]
         if any(c.kind != "vpu" or c.cost is None for c in calls):
             raise OpcFailure("tir lowering: a stage mixes vector nests with other VPU work")
-        cost = _sum_costs([(c.cost, 1) for c in calls])
+        cost = sum_costs([(c.cost, 1) for c in calls])
         reads: list = []
         written: set = set()
         for c in calls:
@@ -357,7 +357,7 @@ class VecLowerer(Lowerer):
         what the nest reads)."""
         if self.tile_tags and stage is not None and part is None:
             _, _, store = self._nest(st)
-            sp = self._sp(_bkey(store))
+            sp = self._sp(buf_key(store))
             if sp[0] == "AM" and len(sp) > 2 and sp[2]:
                 self._deferred.append((st, E, stage))
                 return None
@@ -375,27 +375,27 @@ class VecLowerer(Lowerer):
         """A copy into a stage tile, clipped to the box the window nest reads; the padding (the
         if_then_else's other value) written by vector stores: whole rows each stage, the side
         columns once per buffer (the copies never write them)."""
-        k = ("tile", _key(st))
+        k = ("tile", var_key(st))
         if k not in self._cache:
             loops, pred, store = self._nest(st)
             val = store.value
             cond, load, other = None, val, None
             if isinstance(val, TIR.Call) and val.op.name.endswith("if_then_else"):
                 cond, load, other = val.args
-                other = _Select.const(other)
+                other = Select.const(other)
                 if other is None:
                     raise OpcFailure("tir lowering: the padding of a stage tile must be a constant")
             c = self.comp
             self._cache[k] = (loops, None if pred is None else c.fn(pred), None if cond is None else c.fn(cond),
-                              c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(load), load.indices),
-                              _bkey(store), _bkey(load), [c.fn(i) for i in store.indices], other)
+                              c.flat_fn(buf_key(store), store.indices), c.flat_fn(buf_key(load), load.indices),
+                              buf_key(store), buf_key(load), [c.fn(i) for i in store.indices], other)
         loops, fpred, fcond, fdst, fsrc, bdst, bsrc, fidx, other = self._cache[k]
         ext, shape, g = self._nest_grid(loops, E)
-        valid = _valid(fpred, g, shape)
+        valid = valid_mask(fpred, g, shape)
         for f, (lo, hi) in zip(fidx, clip.get(bdst, ())):
-            v = _full(f(g, None), shape)
+            v = as_full(f(g, None), shape)
             valid &= (v >= lo) & (v <= hi)
-        copy = valid & _full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
+        copy = valid & as_full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
         zero = valid & ~copy
         slot = E.get("slot", 0)
         dspace, dbase = self._base(bdst, slot)
@@ -419,8 +419,8 @@ class VecLowerer(Lowerer):
             p0, np_ = int(planes[0]), len(planes)
             if planes[-1] - p0 + 1 != np_:
                 raise OpcFailure("tir lowering: the planes copied into a stage tile are not one range")
-            at = {**E, **{_key(v): 0 for v, _ in ext}}
-            at[_key(ext[0][0])] = p0
+            at = {**E, **{var_key(v): 0 for v, _ in ext}}
+            at[var_key(ext[0][0])] = p0
             corner = dbase + int(fdst(at, None))
             rows = fvalid[p0:p0 + np_].any(axis=(0, 2))
             fullz = rows & ~fcopy[p0:p0 + np_].any(axis=(0, 2))
@@ -438,16 +438,16 @@ class VecLowerer(Lowerer):
                 if key not in self.zeroed:
                     self.zeroed[key] = np.ones(1, bool)
                     npl = fshape[0] if len(key) == 3 else np_
-                    for a, b in _runs(colz):
+                    for a, b in mask_runs(colz):
                         fills.append((a, (npl, fshape[1], b - a)))
-            for a, b in _runs(fullz):
+            for a, b in mask_runs(fullz):
                 fills.append((a * w, (np_, b - a, w)))
             L = self.m.lanes
             for off, fs in fills:
                 kern = vx.VKernel(tuple(vx.fill_nests(other, corner + off, fs, (pp, w), L)), "padding fill")
                 op = self._vpu_op(kern, (), (f"pad{slot}",), "padding fill")
                 self._emit(self._intern(op), stage, 0)
-        boxes = _boxes(copy)
+        boxes = mask_boxes(copy)
         if len(boxes) > 1:
             raise OpcFailure(f"tir lowering: the copied region of {self.names[bsrc]} -> {self.names[bdst]} "
                              "is not one box")
@@ -461,14 +461,14 @@ class VecLowerer(Lowerer):
     def _vec(self, st, E: dict, stage: list | None) -> None:
         if int(st.annotations.get("opc.dsp.rows", 0)):
             return self._vec_rownest(st, E, stage)
-        w = _window(self, st)
+        w = nest_window(self, st)
         if w is not None:
             return vec_rows(self, w, E, stage) if w.lanes_red else vec_window(self, w, E, stage)
         self._flush_deferred(E, stage, {})
-        nest = _static(self, st)
+        nest = nest_static(self, st)
         ext, shape, g = self._nest_grid(nest.loops, E)
-        valid = _valid(nest.pred, g, shape)
-        boxes = _boxes(valid)
+        valid = valid_mask(nest.pred, g, shape)
+        boxes = mask_boxes(valid)
         if not boxes:
             return
         if len(boxes) > 1 or any(a != 0 for a, _ in boxes[0]):
@@ -492,11 +492,11 @@ class VecLowerer(Lowerer):
         op = self._vpu_op(kern, rd, wr, f"{nest.name}: {int(np.prod(box))} elements")
         self._emit(self._intern(op), stage, 1)
 
-    def _mem(self, nest: _Nest, acc: tuple, E: dict, ext: list, box: tuple, slot: int) -> vx.Mem:
+    def _mem(self, nest: NestInfo, acc: tuple, E: dict, ext: list, box: tuple, slot: int) -> vx.Mem:
         """The access as a vector operand: base and steps from its flat index at the box's corner
         and one step along each loop (checked affine over the box)."""
         bk, fflat, lvl = acc
-        keys = [_key(v) for v, _ in ext]
+        keys = [var_key(v) for v, _ in ext]
         at = {**E, **dict.fromkeys(keys, 0)}
         off = int(fflat(at, None))
         strides = []
@@ -507,11 +507,11 @@ class VecLowerer(Lowerer):
         ck = ("vec", nest.name, bk, box)
         if self.fn or ck not in self._checked:
             self._checked.add(ck)
-            g = _grid([(v, n) for (v, _), n in zip(ext, box)], E)
-            flat = _full(fflat(g, None), box)
+            g = loop_grid([(v, n) for (v, _), n in zip(ext, box)], E)
+            flat = as_full(fflat(g, None), box)
             rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(len(box))]) * s
                                 for d, (n, s) in enumerate(zip(box, strides)))
-            if not np.array_equal(flat, _full(rebuilt, box)):
+            if not np.array_equal(flat, as_full(rebuilt, box)):
                 raise OpcFailure(f"tir lowering: {nest.name}: the index of {self.names.get(bk)} is not affine")
         space, base = self._base(bk, slot)
         if space[0] != lvl:
@@ -524,7 +524,7 @@ class VecLowerer(Lowerer):
         """A row nest (`opc.dsp.rows`): loops (rows, vectors / acc, acc, lanes) over one
         element-wise store, optionally followed by a reduction of the stored value along the row
         (a block reverse_compute_at the lanes loop: `+` / `max` of its own buffer and the stored
-        element, a constant init). One `vector.Nest`: the rows its outer iterations, the vectors /
+        element, a constant init). One `program.Nest`: the rows its outer iterations, the vectors /
         acc steps its inner loop, the `acc` vectors of a step unrolled (sharing registers). A load
         that does not move along the row (a per-row operand, lane stride 0) is issued once per row
         before the row's vectors. The reduction keeps `acc` accumulators of the stored register,
@@ -534,13 +534,13 @@ class VecLowerer(Lowerer):
         on the tile's slack, which the lane reduction reading that tile filled with its identity
         (softmax: exp(-FLT_MAX - max) is exp's clamp, ~1e-38, nothing against a sum >= 1)."""
         L = self.m.lanes
-        rs = _rowstatic(self, st)
+        rs = row_static(self, st)
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in rs.loops]
         if ext[3][1] != L:
             raise OpcFailure(f"tir lowering: {rs.name}: the innermost loop must be the {L} lanes")
         self._flush_deferred(E, stage, {})
         slot = E.get("slot", 0)
-        mask = self._masks.get(_key(st))
+        mask = self._masks.get(var_key(st))
         if mask is not None:  # the loaded tiles' slack columns: finite (0)
             for bk in dict.fromkeys(a[0] for a in rs.accesses[1:]):
                 shape, strides = self.shapes[bk], self._strides(bk)
@@ -554,21 +554,21 @@ class VecLowerer(Lowerer):
                 kern = vx.VKernel(tuple(vx.fill_nests(0.0, base + shape[1], (1, shape[0], strides[0] - shape[1]),
                                                       (0, strides[0]), L)), "slack fill")
                 self._emit(self._intern(self._vpu_op(kern, (), (f"pad{slot}",), "slack fill")), stage, 0)
-        g = _Zero(_grid(ext[:1], E))
-        valid = _full(rs.pred(g, None), (ext[0][1],)).astype(bool) if rs.pred is not None else np.ones(ext[0][1], bool)
-        boxes = _boxes(valid)
+        g = ZeroState(loop_grid(ext[:1], E))
+        valid = as_full(rs.pred(g, None), (ext[0][1],)).astype(bool) if rs.pred is not None else np.ones(ext[0][1], bool)
+        boxes = mask_boxes(valid)
         if not boxes:
             return
         if len(boxes) > 1 or boxes[0][0][0] != 0:
             raise OpcFailure(f"tir lowering: {rs.name}: the rows that exist are not one range from 0")
         nr = boxes[0][0][1]
         J, A = ext[1][1], ext[2][1]
-        keys = [_key(v) for v, _ in ext]
+        keys = [var_key(v) for v, _ in ext]
         box = (nr, J, A, L)
 
         def mem(acc) -> tuple[int, list[int]]:
             bk, fflat, lvl = acc
-            at = _Zero({**E, **dict.fromkeys(keys, 0)})
+            at = ZeroState({**E, **dict.fromkeys(keys, 0)})
             off = int(fflat(at, None))
             steps = []
             for k in keys:
@@ -578,11 +578,11 @@ class VecLowerer(Lowerer):
             ck = ("rows", rs.name, bk, box)
             if self.fn or ck not in self._checked:
                 self._checked.add(ck)
-                gg = _Zero(_grid([(v, n) for (v, _), n in zip(ext, box)], E))
-                flat = _full(fflat(gg, None), box)
+                gg = ZeroState(loop_grid([(v, n) for (v, _), n in zip(ext, box)], E))
+                flat = as_full(fflat(gg, None), box)
                 rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(4)]) * s_
                                     for d, (n, s_) in enumerate(zip(box, steps)))
-                if not np.array_equal(flat, _full(rebuilt, box)):
+                if not np.array_equal(flat, as_full(rebuilt, box)):
                     raise OpcFailure(f"tir lowering: {rs.name}: the index of {self.names.get(bk)} is not affine")
             space, base = self._base(bk, slot)
             if space[0] != lvl:
@@ -615,7 +615,7 @@ class VecLowerer(Lowerer):
             if b0 != b1 or any(x != y for x, y, n in zip(s0, s1, box) if n > 1):
                 raise OpcFailure(f"tir lowering: {rs.name}: the reduction must read the element just stored")
             pre += [vx.VI("vmov", f"s{a}", (ident,)) for a in range(A)]
-            post = _combine(op, A) + vx.emit_hreduce(op, "s0", "t", L)
+            post = combine_ops(op, A) + vx.emit_hreduce(op, "s0", "t", L)
             val = "s0"
             if rbk in self._recip:
                 post += vx.emit_rcp("s0", "y", "t")

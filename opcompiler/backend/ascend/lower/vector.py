@@ -39,13 +39,13 @@ from typing import Any
 
 import numpy as np
 
-from ...errors import OpcFailure
-from ...sim.tir_expr import TIR, Compiler, NoRule
-from .builder import KernelBuilder, Program, split_even
-from .isa import VOp
-from .machine import Machine
+from ....errors import OpcFailure
+from ....sim.tir_expr import TIR, Compiler, NoRule
+from .builder import KernelBuilder, split_even
+from ..program import Program, VOp
+from ..machine import Machine
 
-from .intrin import CORES, PRAGMA, SLOTS, UB_SCOPE  # noqa: E402 (the names schedules annotate with)
+from ..intrin import CORES, PRAGMA, SLOTS, UB_SCOPE  # noqa: E402 (the names schedules annotate with)
 
 _CACHE: dict[int, "VectorKernel"] = {}
 _CACHE_MAX = 256

@@ -3,7 +3,7 @@
 `schedules/dsp/recurrent.py` writes the fused LSTM / GRU cell as a TIR loop nest: the core grid
 (`opc.dsp.cores`), the steps inside (`opc.dsp.stage`), each stage one
 `T.call_packed(EVENT, stage, core, pos[, chunk])`. The nest is evaluated as the attention
-lowering's is (`tir_attention.events_of`) and every event becomes what it stands for:
+lowering's is (`lower.attention.events_of`) and every event becomes what it stands for:
 
     init  biases: per gate block its Wb / Rb slices DDR -> AM, one vector pass summing them;
           c0 (lstm) and the core's slice of h0 (the cell's h_{t-1} at the first step) DDR -> AM;
@@ -37,18 +37,22 @@ from __future__ import annotations
 from collections.abc import Callable
 from opcompiler.errors import OpcFailure
 
-from . import vector as vx
-from .intrin import ALIGN
-from .machine import DspMachine
-from .program import Allocator, Op, View, compress, dma_op
-from .tir_attention import block_shape, events_of
-from .vector import VI, Mem, Nest, VKernel
+from .. import program as vx  # the VPU's vector instructions
+
+from .. import timing as tm
+
+from .. import execute as ex
+from ..intrin import ALIGN
+from ..machine import DspMachine
+from ..program import Allocator, Op, View, compress, dma_op
+from .attention import block_shape, events_of
+from ..program import VI, Mem, Nest, VKernel
 
 
 def acc_nests(L: int, rows: int, nvec: int, steps: int, a: tuple[int, int, int], b: tuple[int, int],
               c: tuple[int, int]) -> tuple[Nest, ...]:
     """C[row, vec] += sum over steps of A[row, step] * B[step, vec] in register blocks
-    (`tir_attention.block_shape`), tails for the rest: A scalars in SM (base, row pitch, step
+    (`lower.attention.block_shape`), tails for the rest: A scalars in SM (base, row pitch, step
     pitch), B vectors in AM (base, step pitch; vector v at + 32 v), C vectors in AM (base, row
     pitch). Each block: accumulators loaded, per step kv vector loads, pw scalar loads, pw x kv
     FMAs, then the stores (functional mode contracts the step loop)."""
@@ -199,8 +203,8 @@ class RecurrentLowerer:
 
     def _vpu(self, nests: tuple, reads: tuple, writes: tuple, label: str) -> Op:
         kern = VKernel(tuple(nests), label)
-        cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern, L=self.L: vx.execute(mem, k, L)) if self.fn else None
+        cost = tm.kernel_cost(self.m, kern)
+        fn = (lambda mem, k=kern, L=self.L: ex.execute_pass(mem, k, L)) if self.fn else None
         return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kern.nests),
                   fn=fn, label=label)
 

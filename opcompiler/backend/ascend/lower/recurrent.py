@@ -2,7 +2,7 @@
 
 `schedules/ascend/recurrent.py` writes the kernel as a TIR loop nest (batch tiles, steps, hidden
 tiles, and a cross-core exchange per step when the hidden units are split over cores), each
-stage a `T.call_packed(EVENT, stage, tile, ...)`; `tir_trace.trace` evaluates it and this module
+stage a `T.call_packed(EVENT, stage, tile, ...)`; `trace.trace` evaluates it and this module
 turns each stage into instructions:
 
     init  h0 rows GM -> L1 (slot 0); the carried state GM -> UB fp16 -> fp32 (per hidden tile,
@@ -26,9 +26,9 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .builder import KernelBuilder, Program, split_even
-from .isa import VOp
-from .machine import Machine
+from .builder import KernelBuilder, split_even
+from ..program import Program, VOp
+from ..machine import Machine
 
 LANES32 = 64
 

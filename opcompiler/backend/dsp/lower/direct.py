@@ -15,7 +15,7 @@ is compiled once to a Python/numpy function and evaluated over the nest's iterat
 * `opc.dsp.op = "mk"`: each iteration is one micro-kernel call (a register block). Functional
   mode executes its blocks statement by statement over the whole iteration grid (reductions
   summed, predicates masked, `local.REG` buffers private per enclosing iteration); timing uses
-  the micro-kernel model of `core.mk_out` with the pixels, vectors and reduction steps of the
+  the micro-kernel model of `timing.mk_out` with the pixels, vectors and reduction steps of the
   nest.
 * `opc.dsp.stage`: each iteration is a stage (DMA-in, VPU, DMA-out) in the software-pipelined
   order of `program.stage_order`, its SM/AM tiles double-buffered when `dbuf`.
@@ -31,14 +31,18 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from . import vector as vx
-from .core import EPI_REGS, mk_ew, mk_out, mk_ws
-from .machine import DspMachine
-from .program import F32, Allocator, Op, View, dma_op
+from .. import program as vx  # the VPU's vector instructions
 
-from .core import sum_costs as _sum
-from .program import stage_order
-from .tir_eval import _bkey, _boxes, _Compiler, _Exec, _full, _grid, _key, _vars, _Zero
+from .. import timing as tm
+
+from .. import execute as ex
+from ..timing import EPI_REGS, mk_ew, mk_out, mk_ws
+from ..machine import DspMachine
+from ..program import F32, Allocator, Op, View, dma_op
+
+from ..timing import sum_costs
+from ..program import stage_order
+from .eval import buf_key, mask_boxes, Compiler, TirExec, as_full, loop_grid, var_key, expr_vars, ZeroState
 
 def blocks_in(st, loops: tuple = ()):
     """Every block realize under `st` in program order, each with the For loops around it (`st`
@@ -69,7 +73,7 @@ def lowered(sch):
 
 # epilogue blocks of the conv family in the catalogue's computes, in order
 # ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM)
-from .intrin import ALIGN, EPI_BLOCKS  # noqa: E402,F401
+from ..intrin import ALIGN, EPI_BLOCKS  # noqa: E402,F401
 REDUCTIONS = ("conv2d", "matmul", "matmul_rf_update")  # the reduction block of each family (split=k: the rfactor)
 
 
@@ -93,10 +97,10 @@ class Lowerer:
         self.names: dict[int, str] = {}
         for p in func.params:
             dn = ddr_names.get(p.name, p.name)
-            self.space[_key(p)] = ("DDR", dn, _key(p) == _key(func.params[-1]))
-            self.shapes[_key(p)] = tuple(ddr_shapes[dn])
-            self.names[_key(p)] = p.name
-        self.comp = _Compiler(lambda b: self._strides(b))
+            self.space[var_key(p)] = ("DDR", dn, var_key(p) == var_key(func.params[-1]))
+            self.shapes[var_key(p)] = tuple(ddr_shapes[dn])
+            self.names[var_key(p)] = p.name
+        self.comp = Compiler(lambda b: self._strides(b))
         self._cache: dict[int, Any] = {}  # per nest: compiled pieces
         self.interned: dict[tuple, Op] = {}
         self._sigs: dict[int, list] = {}  # stage loop -> its shape terms, compiled
@@ -138,7 +142,7 @@ class Lowerer:
                     _, _, store = self._nest(st)
                     val = store.value
                     if isinstance(val, TIR.TensorLoad):
-                        stage_in.append((_bkey(store), _bkey(val)))
+                        stage_in.append((buf_key(store), buf_key(val)))
                 visit(st.body, in_stage or "opc.dsp.stage" in st.annotations)
             elif isinstance(st, TIR.SeqStmt):
                 for x in st.seq:
@@ -148,7 +152,7 @@ class Lowerer:
         visit(self.func.body, False)
         for b, in_stage in found:
             shape = tuple(int(x) for x in b.shape)
-            bk = _bkey(b)
+            bk = buf_key(b)
             self.shapes[bk] = shape
             self.names[bk] = b.name
             size = int(np.prod(shape))
@@ -196,7 +200,7 @@ class Lowerer:
         self.core, self.cores, self.per_image = core, cores, per_image
         for p in self.func.params:  # this core's own copies (w_path=host_copies)
             if p.name in self.core_names:
-                self.space[_key(p)] = ("DDR", self.core_names[p.name](core), False)
+                self.space[var_key(p)] = ("DDR", self.core_names[p.name](core), False)
         self.ops: list = []
         self.pending: list[tuple[list, list, list]] = []
         self.zeroed: dict[tuple, np.ndarray] = {}
@@ -228,7 +232,7 @@ class Lowerer:
             self.pending = []
 
     def _fn(self, e) -> Callable:
-        k = _key(e)
+        k = var_key(e)
         if k not in self._cache:
             self._cache[k] = self.comp.fn(e)
         return self._cache[k]
@@ -239,7 +243,7 @@ class Lowerer:
     def _nest_grid(self, loops, E: dict) -> tuple[list, tuple[int, ...], dict]:
         """A nest's (loop variable, extent) pairs at `E`, its shape, and the index grid over it."""
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
-        return ext, tuple(e for _, e in ext), _grid(ext, E)
+        return ext, tuple(e for _, e in ext), loop_grid(ext, E)
 
     def _walk(self, st, E: dict, stage: list | None = None) -> None:
         if isinstance(st, TIR.SBlockRealize):
@@ -265,7 +269,7 @@ class Lowerer:
                 return self._mk_ws(st, E, stage)
             if ann.get("opc.dsp.op") == "mk_ew":
                 return self._mk_ew(st, E, stage)
-            if ann.get("opc.dsp.op") == "vec":  # a vector nest: tir_vector.VecLowerer lowers it
+            if ann.get("opc.dsp.op") == "vec":  # a vector nest: lower.vector.VecLowerer lowers it
                 return self._vec(st, E, stage)
             rng = range(lo, lo + ext)
             if "opc.dsp.cores" in ann:
@@ -273,7 +277,7 @@ class Lowerer:
             if "opc.dsp.stage" in ann and not self.fn:
                 return self._stages_timed(st, E, rng)
             for i in rng:
-                E2 = {**E, _key(st.loop_var): i}
+                E2 = {**E, var_key(st.loop_var): i}
                 if "opc.dsp.stage" in ann:
                     slot = len(self.pending) % self.nbuf
                     E2["slot"] = slot
@@ -298,11 +302,11 @@ class Lowerer:
         already lowered reuses its ops. The shape terms are evaluated for all iterations at once."""
         if not len(rng):
             return
-        g = {**E, _key(st.loop_var): np.arange(rng.start, rng.stop)}
+        g = {**E, var_key(st.loop_var): np.arange(rng.start, rng.stop)}
         cols = [np.broadcast_to(np.asarray(f(g, None)), (len(rng),)) for f in self._stage_terms(st)]
         sigs = list(zip(*[c.tolist() for c in cols])) if cols else [()] * len(rng)
         zsig = self._zeroed_sig()
-        k = _key(st)
+        k = var_key(st)
         for i, sig in zip(rng, sigs):
             slot = len(self.pending) % self.nbuf
             memo = (k, slot, sig, zsig)
@@ -313,7 +317,7 @@ class Lowerer:
                     self.zeroed = {z: v.copy() for z, v in hit[1].items()}
                     zsig = hit[2]
                 continue
-            E2 = {**E, _key(st.loop_var): i, "slot": slot}
+            E2 = {**E, var_key(st.loop_var): i, "slot": slot}
             stg: list = [[], [], []]
             self._walk(st.body, E2, stg)
             if stg[1]:  # the VPU ops of a stage: one pass of all its micro-kernel calls
@@ -327,14 +331,14 @@ class Lowerer:
         outer-variable subterm of the expressions that shape its nests (loop bounds, block
         predicates, conditions, padding tests, the `min` of a tail). Address-only terms (the
         image a tile belongs to) are left out: timing ops do not carry addresses (`_intern`)."""
-        k = _key(st)
+        k = var_key(st)
         if k not in self._sigs:
             inner: set[int] = set()
             shaping: list = []
 
             def visit(x) -> None:
                 if isinstance(x, TIR.For):
-                    inner.add(_key(x.loop_var))
+                    inner.add(var_key(x.loop_var))
                     shaping.extend((x.min, x.extent))
                     visit(x.body)
                 elif isinstance(x, TIR.SBlockRealize):
@@ -392,7 +396,7 @@ class Lowerer:
 
     def _dma(self, st, E: dict, stage: list | None, part: tuple[int, int] | None = None) -> None:
         """One copy nest -> zero fills and one DMA; `part`: this core's range of the outer loop."""
-        k = _key(st)
+        k = var_key(st)
         if k not in self._cache:
             loops, pred, store = self._nest(st)
             val = store.value
@@ -404,10 +408,10 @@ class Lowerer:
             c = self.comp
             masks = c.src(pred) + ("" if cond is None else c.src(cond))
             # the masks are evaluated only over the loops they mention (not the channel loop)
-            used = tuple(f"E[{_key(lp.loop_var)}]" in masks for lp in loops)
+            used = tuple(f"E[{var_key(lp.loop_var)}]" in masks for lp in loops)
             self._cache[k] = (loops, c.fn(pred), None if cond is None else c.fn(cond),
-                              c.flat_fn(_bkey(store), store.indices), c.flat_fn(_bkey(load), load.indices),
-                              _bkey(store), _bkey(load), used)
+                              c.flat_fn(buf_key(store), store.indices), c.flat_fn(buf_key(load), load.indices),
+                              buf_key(store), buf_key(load), used)
         loops, fpred, fcond, fdst, fsrc, bdst, bsrc, used = self._cache[k]
         ext = [(lp.loop_var, self._ev(lp.extent, E)) for lp in loops]
         a0 = 0
@@ -416,10 +420,10 @@ class Lowerer:
             ext[0] = (ext[0][0], part[1] - part[0])
         red = [(v, e if u else 1) for (v, e), u in zip(ext, used)]
         shape = tuple(e for _, e in red)
-        g = _grid(red, E)
-        g[_key(ext[0][0])] = g[_key(ext[0][0])] + a0
-        valid = _full(fpred(g, None), shape).astype(bool)
-        copy = valid & _full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
+        g = loop_grid(red, E)
+        g[var_key(ext[0][0])] = g[var_key(ext[0][0])] + a0
+        valid = as_full(fpred(g, None), shape).astype(bool)
+        copy = valid & as_full(fcond(g, None), shape).astype(bool) if fcond is not None else valid
         zero = valid & ~copy
         slot = E.get("slot", 0)
         dspace, dbase = self._base(bdst, slot)
@@ -442,7 +446,7 @@ class Lowerer:
             out = [b if u else (0, e) for b, u, (_, e) in zip(box, used, ext)]
             out[0] = (out[0][0] + a0, out[0][1] + a0)
             return tuple(out)
-        zviews = [self._view(k, dspace, dbase, fdst, E, ext, full(b)) for b in _boxes(zero)]
+        zviews = [self._view(k, dspace, dbase, fdst, E, ext, full(b)) for b in mask_boxes(zero)]
         if zviews:
             nz = sum(v.size for v in zviews)
             cyc = -(-nz * F32 // (self.m.sld_per_cycle * 8))  # zeroing is scalar stores at the SM port width
@@ -450,7 +454,7 @@ class Lowerer:
             self._emit(self._intern(Op("fill", "vpu", cycles=cyc, writes=(dtag,), fn=f, label="zero padding",
                                         zeros=(dspace[0], nz, "scalar"))),
                        stage, where)
-        boxes = _boxes(copy)
+        boxes = mask_boxes(copy)
         if len(boxes) > 1:
             raise OpcFailure(f"tir lowering: the copied region of {self.names[bsrc]} -> {self.names[bdst]} "
                              "is not one box")
@@ -474,8 +478,8 @@ class Lowerer:
         """One VPU pass of a vector kernel: cycles from list-scheduling its instructions (`cost`
         when the caller has it already), values from executing them in functional mode."""
         if cost is None:
-            cost = vx.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern, L=self.m.lanes: vx.execute(mem, k, L)) if self.fn else None
+            cost = tm.kernel_cost(self.m, kern)
+        fn = (lambda mem, k=kern, L=self.m.lanes: ex.execute_pass(mem, k, L)) if self.fn else None
         return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kern.nests),
                   fn=fn, label=label)
 
@@ -485,7 +489,7 @@ class Lowerer:
         box shape in timing mode, every element is checked to be on that window (affine index)."""
         lo = [a for a, _ in box]
         shape = tuple(b - a for a, b in box)
-        keys = [_key(v) for v, _ in ext]
+        keys = [var_key(v) for v, _ in ext]
         at = {**E, **dict(zip(keys, lo))}
         off = int(fflat(at, None))
         strides = []
@@ -499,13 +503,13 @@ class Lowerer:
         ck = (nest, space[0], shape)
         if self.fn or ck not in self._checked:
             self._checked.add(ck)
-            g = _grid([(v, n) for (v, _), n in zip(ext, shape)], E)
+            g = loop_grid([(v, n) for (v, _), n in zip(ext, shape)], E)
             for (v, _), a in zip(ext, lo):
-                g[_key(v)] = g[_key(v)] + a
-            flat = _full(fflat(g, None), shape)
+                g[var_key(v)] = g[var_key(v)] + a
+            flat = as_full(fflat(g, None), shape)
             rebuilt = off + sum(np.arange(n).reshape([-1 if i == d else 1 for i in range(len(shape))]) * s
                                 for d, (n, s) in enumerate(zip(shape, strides)))
-            if not np.array_equal(flat, _full(rebuilt, shape)):
+            if not np.array_equal(flat, as_full(rebuilt, shape)):
                 raise OpcFailure(f"tir lowering: a {space[0]} index is not affine over its copy box")
         keep = [d for d, n in enumerate(shape) if n > 1] or [len(shape) - 1]
         return View(space, base + off, tuple(shape[d] for d in keep), tuple(strides[d] or 1 for d in keep))
@@ -513,7 +517,7 @@ class Lowerer:
     # ---- micro-kernels -------------------------------------------------------------------
     def _mk_static(self, st) -> dict:
         """Per mk nest: the pixel loop, reduction steps, epilogue and the statement programs."""
-        k = _key(st)
+        k = var_key(st)
         if k in self._cache:
             return self._cache[k]
         body, pix = st.body, None
@@ -553,10 +557,10 @@ class Lowerer:
         pe = int(pix.extent)
         whole = (st, E) if self.fn else None  # functional: the calls run as one grid over this loop
         for i in range(lo, lo + ext):
-            E2 = {**E, _key(st.loop_var): i}
+            E2 = {**E, var_key(st.loop_var): i}
             # pixels of this register block: pixel-loop values whose reduction predicate holds
-            g = {**E2, _key(pix.loop_var): np.arange(pe)}
-            npix = int(np.count_nonzero(_full(self._pred_at(info, g), (pe,)).astype(bool)))
+            g = {**E2, var_key(pix.loop_var): np.arange(pe)}
+            npix = int(np.count_nonzero(as_full(self._pred_at(info, g), (pe,)).astype(bool)))
             if npix == 0:
                 continue
             if npix not in info["costs"]:
@@ -567,7 +571,7 @@ class Lowerer:
     def _valid_pixels(self, st, E: dict) -> np.ndarray:
         """The pixel loop directly under `st` (or `st` itself): which of its values the first
         block's predicate keeps (other inner loops at 0)."""
-        k = ("pix", _key(st))
+        k = ("pix", var_key(st))
         if k not in self._cache:
             pix, body, pred = st, st.body, None
             if "opc.dsp.op" in st.annotations and st.annotations["opc.dsp.op"] == "mk_ws":
@@ -585,8 +589,8 @@ class Lowerer:
             self._cache[k] = (pix, self.comp.fn(pred))
         pix, fpred = self._cache[k]
         pe = self._ev(pix.extent, E)
-        g = {**E, _key(pix.loop_var): np.arange(pe)}
-        return _full(fpred(_Zero(g), None), (pe,)).astype(bool)
+        g = {**E, var_key(pix.loop_var): np.arange(pe)}
+        return as_full(fpred(ZeroState(g), None), (pe,)).astype(bool)
 
     def _mk_ws(self, st, E: dict, stage: list | None) -> None:
         """Each iteration (an input channel) is one weight-stationary call over the tile."""
@@ -607,11 +611,11 @@ class Lowerer:
             whole = None
 
     def _vec(self, st, E: dict, stage: list | None) -> None:
-        raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name}: lowered by tir_vector.VecLowerer")
+        raise OpcFailure(f"tir lowering: vector nest over {st.loop_var.name}: lowered by lower.vector.VecLowerer")
 
     def _mk_ew(self, st, E: dict, stage: list | None) -> None:
         """The whole nest is one element-wise call over the tile's pixels (the epilogue)."""
-        k = ("ew", _key(st))
+        k = ("ew", var_key(st))
         if k not in self._cache:
             names = [x.block.name_hint for x, _ in blocks_in(st)]
             self._cache[k] = tuple(EPI_BLOCKS[n] for n in names if n in EPI_BLOCKS)
@@ -628,10 +632,10 @@ class Lowerer:
 
     def _pred_at(self, info, g: dict):
         """The reduction block's predicate with the inner loops other than the pixel loop at 0."""
-        return info["pred"](_Zero(g), None)
+        return info["pred"](ZeroState(g), None)
 
     def _merge_vpu(self, calls: list, slot: int) -> Op:
-        cost = _sum([(c, 1) for c, _ in calls])
+        cost = sum_costs([(c, 1) for c, _ in calls])
         f = None
         if self.fn:
             bodies = [b for _, b in calls if b is not None]
@@ -639,7 +643,7 @@ class Lowerer:
 
             def f(mem, bodies=bodies, slot=slot, n=n) -> int:
                 for body, E in bodies:
-                    _Exec(self, mem, slot).run(body, E)
+                    TirExec(self, mem, slot).run(body, E)
                 return n
         reads = (f"sm{slot}", "w") + ((f"ami{slot}",) if self.am_in else ())
         op = Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=(f"amo{slot}",), cost=cost,
@@ -664,7 +668,7 @@ def _outer_terms(e, inner: set[int], out: dict[str, Any]) -> None:
     outer variables, is data, not a shape)."""
     if isinstance(e, TIR.TensorLoad):
         return
-    vs = _vars(e, set())
+    vs = expr_vars(e, set())
     if not vs:
         return
     if not (vs & inner) and not _has_load(e):

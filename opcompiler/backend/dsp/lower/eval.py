@@ -1,6 +1,6 @@
 """Evaluating lowered TIR for the DSP lowering: expressions compiled to Python/numpy over loop
 grids (the simulator core's evaluator, `opcompiler.sim.tir_expr`), boolean grids split into
-boxes, and the functional execution of a micro-kernel call. Used by `tir_lower.py`."""
+boxes, and the functional execution of a micro-kernel call. Used by `lower/direct.py`."""
 from __future__ import annotations
 
 from typing import Any
@@ -8,40 +8,40 @@ from typing import Any
 import numpy as np
 
 from opcompiler.errors import OpcFailure
-from opcompiler.sim.tir_expr import TIR, Compiler
+from opcompiler.sim.tir_expr import TIR, Compiler  # noqa: F401  (Compiler: the lowerings take it from here)
 
 
-def _key(v) -> int:
+def var_key(v) -> int:
     return v.__chandle__()
 
 
-def _bkey(x) -> int:
+def buf_key(x) -> int:
     """The identity of the buffer a load, store or allocation refers to."""
     if isinstance(x, TIR.TensorLoad):
-        return _key(x.source if hasattr(x, "source") else x.buffer)
+        return var_key(x.source if hasattr(x, "source") else x.buffer)
     if isinstance(x, TIR.BufferStore):
-        return _key(x.buffer)
-    return _key(x)  # in TVM 0.27 a buffer is itself the variable its accesses name
+        return var_key(x.buffer)
+    return var_key(x)  # in TVM 0.27 a buffer is itself the variable its accesses name
 
 
-_Compiler = Compiler  # the simulator core's one TIR expression evaluator (`opcompiler.sim.tir_expr`)
+# `Compiler`: the simulator core's one TIR expression evaluator (`opcompiler.sim.tir_expr`), used from here
 
 
-class _Zero(dict):
+class ZeroState(dict):
     """Variables not given are 0."""
 
     def __missing__(self, k):
         return 0
 
 
-def _grid(loops: list[tuple[Any, int]], E: dict) -> dict:
+def loop_grid(loops: list[tuple[Any, int]], E: dict) -> dict:
     """Loop variables as broadcastable index arrays, one axis per loop."""
     g = dict(E)
     n = len(loops)
     for d, (v, ext) in enumerate(loops):
         shape = [1] * n
         shape[d] = ext
-        g[_key(v)] = np.arange(ext).reshape(shape)
+        g[var_key(v)] = np.arange(ext).reshape(shape)
     return g
 
 
@@ -50,14 +50,14 @@ def _pad_dims(x: np.ndarray, nd: int) -> np.ndarray:
     return x.reshape((1,) * (nd - x.ndim) + x.shape) if x.ndim < nd else x
 
 
-def _full(x, shape) -> np.ndarray:
+def as_full(x, shape) -> np.ndarray:
     return np.broadcast_to(np.asarray(x), shape)
 
 
 _BOXES: dict[tuple, list] = {}
 
 
-def _boxes(mask: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
+def mask_boxes(mask: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
     """Split a boolean grid into rectangular boxes ((lo, hi) per axis); memoized (stages repeat)."""
     key = (mask.shape, np.packbits(mask).tobytes())
     if key not in _BOXES:
@@ -87,12 +87,12 @@ def _split(mask: np.ndarray) -> list[tuple[tuple[int, int], ...]]:
     return out
 
 
-class _Exec:
+class TirExec:
     """Functional execution of one micro-kernel call: statement by statement over the grid of
     its enclosing loops (valid here: different pixels and lanes are independent, and a
     reduction's init precedes its updates at every index)."""
 
-    def __init__(self, low, mem, slot: int):  # low: a tir_lower.Lowerer
+    def __init__(self, low, mem, slot: int):  # low: a lower.direct.Lowerer
         self.low, self.mem, self.slot = low, mem, slot
         self.reg: dict[int, tuple[np.ndarray, list]] = {}
 
@@ -111,7 +111,7 @@ class _Exec:
         _, outer = self.reg[b]
         lin = 0
         for v, e in outer:
-            lin = lin * e + g[_key(v)]
+            lin = lin * e + g[var_key(v)]
         return lin * self.low.space[b][1] + flat
 
     def _masked_load(self, bk: int, arr: np.ndarray, i: np.ndarray, mask: np.ndarray, nd: int) -> np.ndarray:
@@ -139,7 +139,7 @@ class _Exec:
             for b in st.block.alloc_buffers:
                 outer = [(v, e) for v, e in loops]
                 n = int(np.prod([e for _, e in outer])) if outer else 1
-                self.reg[_bkey(b)] = (np.full(n * self.low.space[_bkey(b)][1], np.nan, np.float32), outer)
+                self.reg[buf_key(b)] = (np.full(n * self.low.space[buf_key(b)][1], np.nan, np.float32), outer)
             self._masked(st.block.body, E, loops, st.predicate)
         elif isinstance(st, TIR.BufferStore):
             self._store(st, E, loops, None)
@@ -167,7 +167,7 @@ class _Exec:
         low, c = self.low, self.low.comp
         shape = tuple(e for _, e in loops)
         nd = len(shape)
-        g = _grid(loops, {k: v for k, v in E.items() if k != "_masks"})
+        g = loop_grid(loops, {k: v for k, v in E.items() if k != "_masks"})
         mask = np.ones((1,) * nd, bool)
         for m in E.get("_masks", ()):
             mk = np.asarray(low._fn(m)(g, None))
@@ -181,11 +181,11 @@ class _Exec:
                 return arr[i]
             return self._masked_load(bk, arr, i, mask, nd)
 
-        k = _key(st)
+        k = var_key(st)
         if k not in low._cache:
             val = st.value
             red = (isinstance(val, TIR.Add) and isinstance(val.a, TIR.TensorLoad)
-                   and _bkey(val.a) == _bkey(st))
+                   and buf_key(val.a) == buf_key(st))
             expr = val.b if red else val
             factors = None
             if red:
@@ -194,9 +194,9 @@ class _Exec:
                     e = e.value
                 if isinstance(e, TIR.Mul):
                     factors = (c.fn(e.a), c.fn(e.b))
-            low._cache[k] = (red, c.fn(expr), c.flat_fn(_bkey(st), st.indices), factors)
+            low._cache[k] = (red, c.fn(expr), c.flat_fn(buf_key(st), st.indices), factors)
         red, fval, fidx, factors = low._cache[k]
-        bk = _bkey(st)
+        bk = buf_key(st)
         arr, base = self._arr(bk)
         idx = _pad_dims(np.asarray(base + self._index(bk, np.asarray(fidx(g, None)), g, loops)), nd)
         with np.errstate(invalid="ignore"):
@@ -218,7 +218,7 @@ class _Exec:
                 i0 = np.broadcast_to(idx, tuple(1 if i in raxes else e for i, e in enumerate(shape)))
                 low._cache[rk] = bool(raxes) and np.unique(i0).size == i0.size
             if not low._cache[rk] or any(mask.shape[i] != 1 for i in raxes):
-                v = np.asarray(_full(fval(g, load), shape), dtype=np.float32)
+                v = np.asarray(as_full(fval(g, load), shape), dtype=np.float32)
                 m = np.broadcast_to(mask, shape)
                 np.add.at(arr, np.broadcast_to(idx, shape)[m], v[m])
                 return
@@ -237,7 +237,7 @@ class _Exec:
                     vs = vs * np.float32(rep)
                 vs = vs.reshape([shape[i] if i in out else 1 for i in range(nd) if i not in raxes])
             else:
-                vs = np.asarray(_full(fval(g, load), shape), dtype=np.float32).sum(axis=raxes, dtype=np.float32)
+                vs = np.asarray(as_full(fval(g, load), shape), dtype=np.float32).sum(axis=raxes, dtype=np.float32)
             vs = np.broadcast_to(vs, sp_shape)
             i0 = np.broadcast_to(np.squeeze(idx, axis=raxes), sp_shape)
             m0 = np.broadcast_to(np.squeeze(mask, axis=raxes), sp_shape)
@@ -247,19 +247,19 @@ class _Exec:
                 arr[i0[m0]] += vs[m0]
 
 
-def _valid(pred, g, shape) -> np.ndarray:
+def valid_mask(pred, g, shape) -> np.ndarray:
     """Where a nest's compiled predicate holds over the grid `g` (everywhere without one)."""
-    return np.ones(shape, bool) if pred is None else _full(pred(g, None), shape).astype(bool)
+    return np.ones(shape, bool) if pred is None else as_full(pred(g, None), shape).astype(bool)
 
 
-def _vars(e, acc: set[int], indices: bool = True) -> set[int]:
+def expr_vars(e, acc: set[int], indices: bool = True) -> set[int]:
     """The loop / let variables (by handle) an expression mentions, load indices included unless
     `indices` is False (TVM's structural visitor; a `Let` contributes its value only). On a
     store: its value's and its indices' variables."""
     import tvm_ffi
 
     def var(v, _) -> None:
-        acc.add(_key(v))
+        acc.add(var_key(v))
 
     def load(ld, visitor) -> None:  # its indices, not the buffer it reads
         if indices:

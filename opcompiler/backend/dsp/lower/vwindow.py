@@ -1,8 +1,8 @@
 """Window reductions of vector nests (pooling, lane reductions): a collaborator of
-`tir_vector.VecLowerer`, which calls these functions with itself as the lowering they read and emit
+`lower.vector.VecLowerer`, which calls these functions with itself as the lowering they read and emit
 into (`WindowContext`: its buffers, tiles, tables and emit helpers); nothing here imports it.
 
-A window nest (`tir_vscan._window`) becomes the taps unrolled: the first tap loaded into the
+A window nest (`lower.vscan.nest_window`) becomes the taps unrolled: the first tap loaded into the
 accumulator, the others through four rotating registers, one vmax / vadd each
 (`vec_window`); `opc.dsp.separable` reduces each input row over the columns first into an AM
 scratch, then the rows. avg's divisor is an immediate multiply when constant, else per-column
@@ -25,16 +25,16 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from . import vector as vx
-from .program import Allocator
-from .tir_eval import _boxes, _full, _grid, _key, _Zero, _valid
-from .tir_vscan import _Nest, _vars, _Win
-from .tir_vselect import NestContext, _combine, _reduce
+from .. import program as vx  # the VPU's vector instructions
+from ..program import Allocator
+from .eval import mask_boxes, as_full, loop_grid, var_key, ZeroState, valid_mask
+from .vscan import NestInfo, nest_vars, WindowInfo
+from .vselect import NestContext, combine_ops, reduce_ops
 
 
 class WindowContext(NestContext, Protocol):
     """What the window functions read of, and emit into, the lowering that calls them (the
-    vector lowering: `tir_vector.VecLowerer`)."""
+    vector lowering: `lower.vector.VecLowerer`)."""
 
     m: Any
     nbuf: int
@@ -52,7 +52,7 @@ class WindowContext(NestContext, Protocol):
     def _flush_deferred(self, E: dict, stage: list | None, clip: dict) -> None: ...
 
 
-def window_space(low: WindowContext, w: _Win, am: Allocator, sm: Allocator) -> None:
+def window_space(low: WindowContext, w: WindowInfo, am: Allocator, sm: Allocator) -> None:
     """A separable window's AM scratch (per slot); avg's divisor as an immediate, or as
     per-row (SM) x per-column (AM) reciprocal tables the lowering computes (host constants)."""
     L = low.m.lanes
@@ -67,26 +67,26 @@ def window_space(low: WindowContext, w: _Win, am: Allocator, sm: Allocator) -> N
     fp = w.pred
 
     def over(e):
-        ks = sorted(_vars(e, set()))
-        g = _Zero({k: np.arange(low._ext[k][0], low._ext[k][0] + low._ext[k][1]).reshape(
+        ks = sorted(nest_vars(e, set()))
+        g = ZeroState({k: np.arange(low._ext[k][0], low._ext[k][0] + low._ext[k][1]).reshape(
             [-1 if i == d else 1 for i in range(len(ks))]) for d, k in enumerate(ks)})
         shape = tuple(low._ext[k][1] for k in ks)
         return g, shape
     try:
         g, shape = over(A)
-        gy = _Zero(g)
-        av = _full(low.comp.fn(A)(g, None), shape)
-        ok = _full(fp(gy, None), shape).astype(bool) if fp is not None else np.ones(shape, bool)
-        yv = _full(low.comp.fn(Y)(g, None), shape) if Y is not None else np.zeros(shape, int)
+        gy = ZeroState(g)
+        av = as_full(low.comp.fn(A)(g, None), shape)
+        ok = as_full(fp(gy, None), shape).astype(bool) if fp is not None else np.ones(shape, bool)
+        yv = as_full(low.comp.fn(Y)(g, None), shape) if Y is not None else np.zeros(shape, int)
         gx, sx = over(B)
-        bv = _full(low.comp.fn(B)(gx, None), sx).reshape(-1)
+        bv = as_full(low.comp.fn(B)(gx, None), sx).reshape(-1)
     except KeyError as e:
         raise OpcFailure(f"tir lowering: {w.name}: the divisor depends on a loop of unknown extent") from e
     av, yv = av[ok], yv[ok]
     if np.all(av == av[0]) and np.all(bv == bv[0]):
         w.divk = ("imm", 1.0 / (int(av[0]) * int(bv[0])))
         return
-    if X is not None and Y is None and not _vars(A, set()):
+    if X is not None and Y is None and not nest_vars(A, set()):
         pass  # channels on the lanes and one output row (its loop folded): a one-entry row table
     elif Y is None or yv.min() != 0 or len(np.unique(yv)) != int(yv.max()) + 1:
         raise OpcFailure(f"tir lowering: {w.name}: the divisor's rows are not one range from 0")
@@ -95,7 +95,7 @@ def window_space(low: WindowContext, w: _Win, am: Allocator, sm: Allocator) -> N
     if not np.array_equal(rows[yv], 1.0 / av):
         raise OpcFailure(f"tir lowering: {w.name}: the divisor is not a function of the row")
     if X is not None:  # channels on the lanes: the column factor is an SM scalar too
-        xv = _full(low.comp.fn(X)(gx, None), sx).reshape(-1)
+        xv = as_full(low.comp.fn(X)(gx, None), sx).reshape(-1)
         if xv.min() != 0 or len(np.unique(xv)) != int(xv.max()) + 1:
             raise OpcFailure(f"tir lowering: {w.name}: the divisor's columns are not one range from 0")
         cols = np.zeros(int(xv.max()) + 1)
@@ -109,7 +109,7 @@ def window_space(low: WindowContext, w: _Win, am: Allocator, sm: Allocator) -> N
         return
     cols = np.zeros(-(-len(bv) // L) * L, np.float32)
     cols[:len(bv)] = 1.0 / bv
-    if not _vars(B, set()):  # the lanes loop folded (one column): a constant on every lane
+    if not nest_vars(B, set()):  # the lanes loop folded (one column): a constant on every lane
         cols[:] = 1.0 / bv[0]
     low.tables["rcp_cols"], low.tables["rcp_rows"] = cols, rows.astype(np.float32)
     rc, rr = am.alloc("column reciprocals", len(cols)), sm.alloc("row reciprocals", len(rows))
@@ -117,12 +117,12 @@ def window_space(low: WindowContext, w: _Win, am: Allocator, sm: Allocator) -> N
     w.divk = ("tab", rc, rr, Y)
 
 
-def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None:
+def vec_window(low: WindowContext, w: WindowInfo, E: dict, stage: list | None) -> None:
     """A window reduction: the taps unrolled (first into the accumulator, the others through
     four rotating registers, vmax / vadd), avg's divisor, one store."""
     ext, shape, g = low._nest_grid(w.spatial, E)
-    valid = _valid(w.pred, g, shape)
-    boxes = _boxes(valid)
+    valid = valid_mask(w.pred, g, shape)
+    boxes = mask_boxes(valid)
     if not boxes:
         low._flush_deferred(E, stage, {})
         return
@@ -134,13 +134,13 @@ def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None
     red = [(lp.loop_var, low._ev(lp.extent, E)) for lp in w.red]
     taps = list(itertools.product(*[range(n) for _, n in red]))
     # what the nest reads of its tile: the copies into it are clipped to that box
-    gg = _grid([(v, n) for (v, _), n in zip(ext, box)] + red, E)
+    gg = loop_grid([(v, n) for (v, _), n in zip(ext, box)] + red, E)
     clip = {w.tap[0]: [(int(np.min(f(gg, None))), int(np.max(f(gg, None)))) for f in w.tap_idx]}
     low._flush_deferred(E, stage, clip)
 
     def mem(acc, t=()):
-        E2 = {**E, **{_key(v): i for (v, _), i in zip(red, t)}}
-        return low._mem(_Nest(f"{w.name} {t}", [], None, [], []), acc, E2, ext, box, slot)
+        E2 = {**E, **{var_key(v): i for (v, _), i in zip(red, t)}}
+        return low._mem(NestInfo(f"{w.name} {t}", [], None, [], []), acc, E2, ext, box, slot)
 
     op = w.op
     nv = -(-box[-1] // L)
@@ -163,11 +163,11 @@ def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None
         th = [vx.Mem("AM", m00.base + s * col, (m00.steps[0], row) + tuple(m00.steps[2:]), m00.lane)
               for s in range(red[1][1])]
         nests.append(vx.Nest(outer=(box[0], ir) + mid, post=tuple(
-            _reduce(op, th) + [vx.VI("vst", vx.Mem("AM", hb, (w.hp, ow) + inner), ("acc",))])))
+            reduce_ops(op, th) + [vx.VI("vst", vx.Mem("AM", hb, (w.hp, ow) + inner), ("acc",))])))
         tv = [vx.Mem("AM", hb + r * ow, (w.hp, sty * ow) + inner, 1) for r in range(red[0][1])]
-        body = _reduce(op, tv)
+        body = reduce_ops(op, tv)
     else:
-        body = _reduce(op, [mem(w.tap, t) for t in taps])
+        body = reduce_ops(op, [mem(w.tap, t) for t in taps])
     if w.divk is not None and w.divk[0] == "imm":
         body.append(vx.VI("vmul", "acc", ("acc", w.divk[1])))
     elif w.divk is not None and w.divk[0] == "tab2":
@@ -178,13 +178,13 @@ def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None
             if F is None:  # one row: its only entry
                 return vx.Mem("SM", base, (0,) * len(ext), 0)
             f = low._fn(F)
-            at = {**E, **{_key(v): 0 for v, _ in ext}}
+            at = {**E, **{var_key(v): 0 for v, _ in ext}}
             i0 = int(f(at, None))
             steps = []
             for v, _ in ext:
-                at[_key(v)] = 1
+                at[var_key(v)] = 1
                 steps.append(int(f(at, None)) - i0)
-                at[_key(v)] = 0
+                at[var_key(v)] = 0
             if steps[-1]:
                 raise OpcFailure(f"tir lowering: {w.name}: the {what} divisor moves along the lanes")
             return vx.Mem("SM", base + i0, tuple(steps[:-1]) + (0,), 0)
@@ -193,13 +193,13 @@ def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None
     elif w.divk is not None:
         _, rc, rr, Y = w.divk
         fy = low._fn(Y)
-        at = {**E, **{_key(v): 0 for v, _ in ext}}
+        at = {**E, **{var_key(v): 0 for v, _ in ext}}
         y0 = int(fy(at, None))
         steps = []
         for v, _ in ext:
-            at[_key(v)] = 1
+            at[var_key(v)] = 1
             steps.append(int(fy(at, None)) - y0)
-            at[_key(v)] = 0
+            at[var_key(v)] = 0
         if steps[-1]:
             raise OpcFailure(f"tir lowering: {w.name}: the row divisor moves along the lanes")
         body += [vx.VI("vld", "rc", (vx.Mem("AM", rc, (0,) * (len(ext) - 1) + (L,)),)),
@@ -214,7 +214,7 @@ def vec_window(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None
     low._emit(low._intern(op_), stage, 1)
 
 
-def vec_rows(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None:
+def vec_rows(low: WindowContext, w: WindowInfo, E: dict, stage: list | None) -> None:
     """A reduction along the lanes (`opc.dsp.reduce_lanes`: the reduction loops are (vectors /
     acc, acc, lanes)): per output element `acc` accumulators walk the inner loop, are combined,
     and the lanes reduced by rotate-and-combine; one lane stored. The tile's slack columns
@@ -226,9 +226,9 @@ def vec_rows(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None:
     if len(ext) != 1 or len(red) != 3 or red[2][1] != L or w.ident is None:
         raise OpcFailure(f"tir lowering: {w.name}: a lane reduction is one output loop over (vectors / acc, "
                          "acc, lanes) with an identity init")
-    g = _Zero(_grid(ext, E))
-    valid = _full(w.pred(g, None), (ext[0][1],)).astype(bool) if w.pred is not None else np.ones(ext[0][1], bool)
-    boxes = _boxes(valid)
+    g = ZeroState(loop_grid(ext, E))
+    valid = as_full(w.pred(g, None), (ext[0][1],)).astype(bool) if w.pred is not None else np.ones(ext[0][1], bool)
+    boxes = mask_boxes(valid)
     if not boxes:
         low._flush_deferred(E, stage, {})
         return
@@ -250,21 +250,21 @@ def vec_rows(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None:
     low._flush_deferred(E, stage, {})
 
     def flat(acc, binds):
-        at = {**E, **{_key(v): 0 for v, _ in ext + red}, **binds}
+        at = {**E, **{var_key(v): 0 for v, _ in ext + red}, **binds}
         return int(acc[1](at, None))
     iv, (jv, J), (av, A), (lv, _) = ext[0][0], red[0], red[1], red[2]
     t0 = flat(w.tap, {})
-    si, sj, sl = (flat(w.tap, {_key(iv): 1}) - t0, flat(w.tap, {_key(jv): 1}) - t0,
-                  flat(w.tap, {_key(lv): 1}) - t0)
-    sa = flat(w.tap, {_key(av): 1}) - t0
+    si, sj, sl = (flat(w.tap, {var_key(iv): 1}) - t0, flat(w.tap, {var_key(jv): 1}) - t0,
+                  flat(w.tap, {var_key(lv): 1}) - t0)
+    sa = flat(w.tap, {var_key(av): 1}) - t0
     tbase = low._base(tb, slot)[1] + t0
     o0 = flat(w.store, {})
-    so = flat(w.store, {_key(iv): 1}) - o0
+    so = flat(w.store, {var_key(iv): 1}) - o0
     obase = low._base(w.store[0], slot)[1] + o0
     op = w.op
     body = tuple(i for a in range(A) for i in (vx.VI("vld", f"x{a}", (vx.Mem("AM", tbase + a * sa, (si, sj), sl),)),
                                               vx.VI(op, f"s{a}", (f"s{a}", f"x{a}"))))
-    post = _combine(op, A) + vx.emit_hreduce(op, "s0", "t", L) + [
+    post = combine_ops(op, A) + vx.emit_hreduce(op, "s0", "t", L) + [
         vx.VI("vst", vx.Mem("AM", obase, (so, 0)), ("s0",), lanes=1)]
     kern = vx.VKernel((vx.Nest(outer=(nr,), inner=(J,), pre=tuple(vx.VI("vmov", f"s{a}", (w.ident,))
                                                                   for a in range(A)),
@@ -273,7 +273,7 @@ def vec_rows(low: WindowContext, w: _Win, E: dict, stage: list | None) -> None:
     low._emit(low._intern(o), stage, 1)
 
 
-def _runs(mask: np.ndarray) -> list[tuple[int, int]]:
+def mask_runs(mask: np.ndarray) -> list[tuple[int, int]]:
     idx = np.flatnonzero(mask)
     if not len(idx):
         return []
