@@ -170,11 +170,11 @@ def block_shape(nvec: int) -> tuple[int, int]:
 
 def gemm_nests(L: int, rows: int, nvec: int, steps: int, a: tuple[int, int, int], b: tuple[int, int],
                c: tuple[int, int], alpha: int | None, zero: bool) -> tuple[Nest, ...]:
-    """C[row, vec] = (0 | C[row, vec] * alpha[vec]) + sum over steps of A[row, step] * B[step, vec]
+    """C[row, vec] = (0 | C[row, vec] | C[row, vec] * alpha[vec]) + sum over steps of A[row, step] * B[step, vec]
     in register blocks (`block_shape`), tails for the rest: A scalars in SM (base, row pitch, step
     pitch; one `sld` broadcast a row and step), B vectors in AM (base, step pitch; vector v at
-    + 32 v), C vectors in AM (base, row pitch). Each block: accumulators zeroed (or loaded and
-    scaled by the alpha vector of their query vector), per step kv vector loads, pw scalar
+    + 32 v), C vectors in AM (base, row pitch). Each block: accumulators zeroed (`zero`), loaded
+    (`alpha` None) or loaded and scaled by the alpha vector of their query vector, per step kv vector loads, pw scalar
     loads, pw x kv FMAs, then the stores (functional mode contracts the step loop)."""
     pw, kv = block_shape(nvec)
     pw = min(pw, rows)
@@ -194,6 +194,8 @@ def gemm_nests(L: int, rows: int, nvec: int, steps: int, a: tuple[int, int, int]
                 return Mem("AM", c0 + (r0 + p) * crow + (v0 + v) * L, (pw * crow, kv * L, 0), 1)
             if zero:
                 pre = tuple(VI("vmov", acc[p][v], (0.0,)) for p in range(pw_) for v in range(kv_))
+            elif alpha is None:  # accumulate onto C as it is
+                pre = tuple(VI("vld", acc[p][v], (cm(p, v),)) for p in range(pw_) for v in range(kv_))
             else:
                 pre = tuple(VI("vld", f"al{v}", (Mem("AM", alpha + (v0 + v) * L, (0, kv * L, 0), 1),))
                             for v in range(kv_))

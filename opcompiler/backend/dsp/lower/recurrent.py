@@ -45,41 +45,15 @@ from .. import execute as ex
 from ..intrin import ALIGN
 from ..machine import DspMachine
 from ..program import Allocator, Op, View, compress, dma_op
-from .attention import block_shape, events_of
+from .attention import events_of, gemm_nests
 from ..program import VI, Mem, Nest, VKernel
 
 
 def acc_nests(L: int, rows: int, nvec: int, steps: int, a: tuple[int, int, int], b: tuple[int, int],
               c: tuple[int, int]) -> tuple[Nest, ...]:
-    """C[row, vec] += sum over steps of A[row, step] * B[step, vec] in register blocks
-    (`lower.attention.block_shape`), tails for the rest: A scalars in SM (base, row pitch, step
-    pitch), B vectors in AM (base, step pitch; vector v at + 32 v), C vectors in AM (base, row
-    pitch). Each block: accumulators loaded, per step kv vector loads, pw scalar loads, pw x kv
-    FMAs, then the stores (functional mode contracts the step loop)."""
-    pw, kv = block_shape(nvec)
-    pw = min(pw, rows)
-    a0, arow, astep = a
-    b0, bstep = b
-    c0, crow = c
-    out = []
-    rfull, rtail = divmod(rows, pw)
-    cfull, ctail = divmod(nvec, kv)
-    for nr, pw_, r0 in ((rfull, pw, 0), (1 if rtail else 0, rtail, rfull * pw)):
-        for nc, kv_, v0 in ((cfull, kv, 0), (1 if ctail else 0, ctail, cfull * kv)):
-            if not (nr and nc and pw_ and kv_):
-                continue
-            acc = [[f"c{p}_{v}" for v in range(kv_)] for p in range(pw_)]
-
-            def cm(p: int, v: int) -> Mem:
-                return Mem("AM", c0 + (r0 + p) * crow + (v0 + v) * L, (pw * crow, kv * L, 0), 1)
-            pre = tuple(VI("vld", acc[p][v], (cm(p, v),)) for p in range(pw_) for v in range(kv_))
-            body = tuple(VI("vld", f"b{v}", (Mem("AM", b0 + (v0 + v) * L, (0, kv * L, bstep), 1),)) for v in range(kv_))
-            body += tuple(VI("sld", f"a{p}", (Mem("SM", a0 + (r0 + p) * arow, (pw * arow, 0, astep), 0),))
-                          for p in range(pw_))
-            body += tuple(VI("vfma", acc[p][v], (f"a{p}", f"b{v}", acc[p][v])) for p in range(pw_) for v in range(kv_))
-            post = tuple(VI("vst", cm(p, v), (acc[p][v],)) for p in range(pw_) for v in range(kv_))
-            out.append(Nest(outer=(nr, nc), inner=(steps,), pre=pre, body=body, post=post, contract=True))
-    return tuple(out)
+    """C[row, vec] += sum over steps of A[row, step] * B[step, vec]: the attention lowering's
+    register-block GEMM nests (`lower.attention.gemm_nests`) accumulating onto C as it is."""
+    return gemm_nests(L, rows, nvec, steps, a, b, c, None, False)
 
 
 def sigmoid_seq(x: str, y: str) -> list[VI]:
