@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = '012391f7c73e2fae66c9e82a30223f75141de9cb1e3f8e7112f1025041554cdc'
+CATALOGUE_SHA256 = 'f001137ecaf742cb4f03f9479b9c8b6f172fa70a4e7a6e023ffe8fe8d571e6a1'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),
@@ -63,6 +63,8 @@ OPS: dict[str, OpInfo] = {
     'conv2d_bias_add': OpInfo('conv2d', 'fused conv2d + bias + residual add (one kernel; the residual read in the epilogue)',
         _CONV, 'conv', _F),
     'conv2d_bias_add_relu': OpInfo('conv2d', 'fused conv2d + bias + residual add + ReLU (one kernel; the residual read in the epilogue)',
+        _CONV, 'conv', _F),
+    'conv2d_bias_hardswish': OpInfo('conv2d', 'fused conv2d + bias + HardSwish (one kernel; MobileNetV3)',
         _CONV, 'conv', _F),
     'conv2d_bias_relu': OpInfo('conv2d', 'fused conv2d + bias + ReLU (one kernel)',
         _CONV, 'conv', _C),

@@ -46,6 +46,14 @@ class OpDef:
     # element-wise ops: the op as a chain of steps (`opcompiler.ops.steps`), its text or a function of
     # the workload giving it ("bn;relu"); the simulators' element-wise templates lower any op that has one
     chain: str | Callable[[Workload], str] = ""
+    # fused ops: the element-wise steps applied, in order, to the anchor's (conv2d's, matmul's) result,
+    # as chain text over the same vocabulary ("bias;relu", "bn;add;relu": `add` is the residual);
+    # the templates lower a fused op when they can lower every step of it (`steps.lowerable`)
+    epilogue: str = ""
+
+    def epilogue_steps(self, wl: Workload | None = None) -> Chain:
+        """The fused op's epilogue steps, parsed ([(step, args)]); [] when it has none."""
+        return parse_chain(self.epilogue) if self.epilogue else []
 
     def steps(self, wl: Workload) -> Chain | None:
         """The op's chain of element-wise steps, parsed ([(step, args)]); None when it is no chain."""

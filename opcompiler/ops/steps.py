@@ -20,7 +20,7 @@ DSL module is handed to `te` by the caller.
 from __future__ import annotations
 
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Mapping, Sequence
 
 import numpy as np
 
@@ -202,6 +202,20 @@ def apply_np(steps: Chain, x: np.ndarray, operands: Sequence[np.ndarray], dtype:
     return x
 
 
+def lowerable(steps: Chain, table: Mapping[str, str], ordered: bool = False) -> tuple[str, ...] | None:
+    """A fused op's epilogue (`OpDef.epilogue_steps`) in a template's own names: `table` maps each
+    step the template can lower (with no arguments) to its name for it; None when some step is not
+    in it, or, `ordered`, when the steps are not in the table's order, each at most once (a
+    template whose epilogue is a fixed pipeline)."""
+    if any(name not in table or args for name, args in steps):
+        return None
+    if ordered:
+        pos = [list(table).index(name) for name, _ in steps]
+        if pos != sorted(set(pos)):
+            return None
+    return tuple(table[name] for name, _ in steps)
+
+
 class _Lazy:
     """A step's operands, each taken when the step first reads it."""
 
@@ -215,4 +229,4 @@ class _Lazy:
 
 
 __all__ = ["STEPS", "ChainStep", "FULL", "CHAN", "Chain", "parse_chain", "chain_text", "operand_kinds",
-           "chain_temps", "chain_temp_bytes", "chain_flops", "apply_te", "apply_np"]
+           "chain_temps", "chain_temp_bytes", "chain_flops", "apply_te", "apply_np", "lowerable"]

@@ -67,6 +67,7 @@ import opcompiler.backend.ascend.intrin as intrin
 from opcompiler.errors import OpcFailure
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw
+from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -139,12 +140,11 @@ class AscendConv2d(CubeTemplate):
                 **self.occupancy(wl, target, cfg), "mmad_flops_per_core": flops / cores}
 
 
-TIR_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu", "conv2d_bn_relu", "conv2d_bn", "conv2d_bias_add",
-           "conv2d_bias_add_relu", "conv2d_bn_add_relu")
-INT8_OPS = ("conv2d", "conv2d_bias", "conv2d_bias_relu")
-BIAS_OPS = ("conv2d_bias", "conv2d_bias_relu", "conv2d_bias_add", "conv2d_bias_add_relu")
-BN_OPS = ("conv2d_bn_relu", "conv2d_bn", "conv2d_bn_add_relu")
-RES_OPS = ("conv2d_bias_add", "conv2d_bias_add_relu", "conv2d_bn_add_relu")  # a residual read in the epilogue
+# the epilogue steps (`opcompiler.ops.steps`) the cube lowering has, in its pipeline's order
+# (L0C -> UB, bias in fp32, cast, BN, the residual read in the epilogue ("add"), ReLU), in this
+# template's names; a conv2d-family op runs here when its catalogue entry's `epilogue` is made of them
+EPI_STEPS = {"bias": "bias", "bn": "bn", "add": "res", "relu": "relu"}
+INT8_STEPS = ("bias", "relu")  # int8: the int32 bias and ReLU only
 EPI_TAGS = {"conv2d_bias": "bias", "conv2d_out": "cast", "batch_norm": "bn", "vadd": "res", "vrelu": "relu",
             "conv2d_reindex": "out", "conv2d_reindex_pad": "out"}
 DTYPES = CUBE_DTYPES  # C0 (K0), accumulator, element bytes
@@ -152,9 +152,23 @@ DTYPES = CUBE_DTYPES  # C0 (K0), accumulator, element bytes
 
 def unsupported(wl: Workload) -> str | None:
     """Why the TIR path cannot lower this workload (None when it can)."""
-    if wl.op not in TIR_OPS or wl.dtype not in DTYPES or (wl.dtype == "int8" and wl.op not in INT8_OPS):
-        return f"lowering=tir covers fp16 {', '.join(TIR_OPS)} and int8 {', '.join(INT8_OPS)} only"
+    op = get_op(wl.op)
+    epi = epilogue(wl)
+    if op.family != "conv2d" or epi is None or wl.dtype not in DTYPES or (wl.dtype == "int8" and not set(epi) <= set(INT8_STEPS)):
+        return (f"lowering=tir covers conv2d with epilogue steps among {', '.join(EPI_STEPS)} (in that order; "
+                f"int8: {', '.join(INT8_STEPS)}); {wl.op} {wl.dtype} has {op.epilogue or 'none'}")
     return None
+
+
+def epilogue(wl: Workload) -> tuple[str, ...] | None:
+    """The op's epilogue in this template's names (bias, bn, res, relu), or None when a step has no lowering."""
+    return lowerable(get_op(wl.op).epilogue_steps(wl), EPI_STEPS, ordered=True)
+
+
+def epilogue_flags(wl: Workload) -> tuple[bool, bool, bool]:
+    """(bias, bn, res): which per-channel / residual operands the epilogue reads."""
+    epi = epilogue(wl) or ()
+    return "bias" in epi, "bn" in epi, "res" in epi
 
 
 chunks = cube_chunks  # (k, n) elements of one L0 chunk of the (mt, kt, nt) tile, or None
@@ -171,7 +185,7 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
     if ch is None:
         return [("L0A", "A_L0A", mt * g.c0 * isz * slots + machine(target).level("L0A").capacity)]
     kc, nc = ch
-    bias, bn, res = wl.op in BIAS_OPS, wl.op in BN_OPS, wl.op in RES_OPS
+    bias, bn, res = epilogue_flags(wl)
     cslots = intrin.l0c_slots(machine(target), slots == 2, mt * nt * 4)
     g16 = epilogue_channels(wl, target, cfg)
     out = [("L1", f"fmap_L1_{i}", g.c1 * g.max_rows(mt) * p["w"] * g.c0 * isz) for i in range(slots)]
@@ -456,7 +470,7 @@ def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
     # channels pad and pay; NHWC data is relaid out on the host (packing), the kernel is the same
     padded = padded_workload(wl)
     g16 = epilogue_channels(wl, target, cfg)
-    bias, bn, res = wl.op in BIAS_OPS, wl.op in BN_OPS, wl.op in RES_OPS
+    bias, bn, res = epilogue_flags(wl)
     nhwc = p["layout"] == "NHWC"
 
     def pack(inputs: list[np.ndarray]) -> dict[str, np.ndarray]:

@@ -46,6 +46,7 @@ import numpy as np
 
 import opcompiler.backend.ascend.intrin as intrin
 from opcompiler.ops import get_op
+from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -64,7 +65,9 @@ from .common import (
     tir_epilogue_at,
 )
 
-TIR_OPS = ("matmul", "matmul_bias", "matmul_bias_relu")
+# the epilogue steps (`opcompiler.ops.steps`) the cube lowering has, in its pipeline's order; a
+# matmul-family op runs here when its catalogue entry's `epilogue` is made of them
+EPI_STEPS = {"bias": "bias", "relu": "relu"}
 EPI_TAGS = {"matmul_bias": "bias", "matmul_out": "cast", "vrelu": "relu", "matmul_pad": "out"}
 
 
@@ -72,9 +75,16 @@ DTYPES = CUBE_DTYPES  # K0, accumulator, element bytes
 
 
 def unsupported(wl: Workload) -> str | None:
-    if wl.op not in TIR_OPS or wl.dtype not in DTYPES:
-        return f"the ascend matmul template covers fp16 / int8 {', '.join(TIR_OPS)} only"
+    op = get_op(wl.op)
+    if op.family != "matmul" or epilogue(wl) is None or wl.dtype not in DTYPES:
+        return (f"the ascend matmul template covers fp16 / int8 matmul with epilogue steps among "
+                f"{', '.join(EPI_STEPS)} (in that order); {wl.op} {wl.dtype} has {op.epilogue or 'none'}")
     return None
+
+
+def epilogue(wl: Workload) -> tuple[str, ...] | None:
+    """The op's epilogue in this template's names (bias, relu), or None when a step has no lowering."""
+    return lowerable(get_op(wl.op).epilogue_steps(wl), EPI_STEPS, ordered=True)
 
 
 chunks = cube_chunks  # (k, n) elements of one L0 chunk of the tile, or None
@@ -90,7 +100,7 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
     if ch is None:
         return [("L0A", "A_L0A", mt * k0 * isz * sl + machine(target).level("L0A").capacity)]
     kc, nc = ch
-    bias = wl.op in ("matmul_bias", "matmul_bias_relu")
+    bias = "bias" in (epilogue(wl) or ())
     cs = intrin.l0c_slots(machine(target), sl == 2, mt * nt * 4)
     g16 = epilogue_channels(wl, target, cfg)
     out = [b for s in range(sl) for b in (("L1", f"A_L1_{s}", mt * kt * isz), ("L1", f"B_L1_{s}", kt * nt * isz))]
@@ -183,7 +193,7 @@ def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
     mp, kp, np_ = M1 * 16, K1 * k0, N1 * 16
     mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
     ch = chunks(wl, target, cfg)  # None: the capacity dry-run (`buffers`) refuses the config before TVM
-    has_bias = wl.op in ("matmul_bias", "matmul_bias_relu")
+    has_bias = "bias" in (epilogue(wl) or ())
     nd = cfg.get("a_layout") == "ND"
     g16 = epilogue_channels(wl, target, cfg)
     trans_a, trans_b = bool(wl.p.get("trans_a")), bool(wl.p.get("trans_b"))

@@ -10,6 +10,7 @@ from opcompiler.backend.dsp.intrin import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw, conv_out_shape
+from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -18,11 +19,10 @@ from .common import require_fp32
 from .direct import ConvSpec, DirectConfig, DirectTemplate, check, tiles_fit
 from .grouped import DspGroupedConv
 
-EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
-       "conv2d_bn": ("bn",),
-       # conv + eltwise: the residual's tile staged DDR -> AM beside the input rows, added in the epilogue
-       "conv2d_bias_add": ("bias", "res"), "conv2d_bias_add_relu": ("bias", "res", "relu"),
-       "conv2d_bn_add_relu": ("bn", "res", "relu")}
+# the epilogue steps (`opcompiler.ops.steps`) the direct convolution lowers, in its order and its
+# names: a conv2d-family op runs here when its catalogue entry's `epilogue` is made of them ("add",
+# conv + eltwise: the residual's tile staged DDR -> AM beside the input rows, added in the epilogue)
+EPI_STEPS = {"bias": "bias", "bn": "bn", "add": "res", "relu": "relu"}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (1, 2, 4, 8, 12, 16, 28, 32, 56)
@@ -50,12 +50,13 @@ class DspDirectConv2d(DirectTemplate):
         if p["groups"] != 1:
             raise OpcError("the dsp direct convolution supports groups=1 only", arg="groups", value=p["groups"],
                            expected="1")
-        if wl.op not in EPI:
-            raise OpcError(f"no dsp direct-conv lowering for {wl.op}", arg="op", value=wl.op,
-                           expected=", ".join(EPI))
+        epi = lowerable(get_op(wl.op).epilogue_steps(wl), EPI_STEPS, ordered=True)
+        if epi is None:
+            raise OpcError(f"no dsp direct-conv lowering for {wl.op}'s epilogue {get_op(wl.op).epilogue!r}",
+                           arg="op", value=wl.op, expected="epilogue steps among " + ", ".join(EPI_STEPS))
         ho, wo = conv_out_hw(wl)
         return ConvSpec(n=p["n"], h=p["h"], w=p["w"], c=p["c"], k=p["k"], r=p["r"], s=p["s"], stride=p["stride"],
-                        pad=p["pad"], dil=p["dilation"], ho=ho, wo=wo, epi=EPI[wl.op], layout=p["layout"])
+                        pad=p["pad"], dil=p["dilation"], ho=ho, wo=wo, epi=epi, layout=p["layout"])
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         if wl.p["groups"] != 1:

@@ -71,6 +71,7 @@ from opcompiler.backend.dsp.intrin import (
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op, op_prim_func
 from opcompiler.ops.catalogue import conv_out_hw
+from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
@@ -79,8 +80,13 @@ from . import stream
 from .common import refuse_invalid
 from .stream import cdiv, cores_knob, share
 
-EPI = {"conv2d": (), "conv2d_bias": ("bias",), "conv2d_bias_relu": ("bias", "relu"), "conv2d_bn_relu": ("bn", "relu"),
-       "conv2d_bn": ("bn",)}
+# the epilogue steps (`opcompiler.ops.steps`) the grouped convolution lowers, in its order: a
+# conv2d-family op runs here when its catalogue entry's `epilogue` is made of them
+EPI_STEPS = {"bias": "bias", "bn": "bn", "relu": "relu"}
+
+
+def epilogue(wl: Workload) -> tuple[str, ...] | None:
+    return lowerable(get_op(wl.op).epilogue_steps(wl), EPI_STEPS, ordered=True)
 PARAMS = {"bias": ("bias",), "bn": ("scale", "shift")}
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 7, 8, 14, 16, 28, 32, 56)
@@ -96,7 +102,7 @@ class _Geo:
             p["dilation"], p["groups"]
         self.cg, self.kg = self.c // self.groups, self.k // self.groups
         self.ho, self.wo = conv_out_hw(wl)
-        self.epi = EPI[wl.op]
+        self.epi = epilogue(wl)
         self.pnames = [nm for e in self.epi for nm in PARAMS.get(e, ())]
         self.taps = self.R * self.S
         self.L = L = m.lanes
@@ -177,8 +183,9 @@ class DspGroupedConv(Template):
         if wl.layout != "NCHW":
             raise OpcError("the dsp grouped / depthwise convolution is NCHW (output columns on the lanes)",
                            arg="layout", value=wl.layout, expected="NCHW (or groups=1)")
-        if wl.op not in EPI:
-            raise OpcError(f"no dsp grouped-conv lowering for {wl.op}", arg="op", value=wl.op, expected=", ".join(EPI))
+        if epilogue(wl) is None:
+            raise OpcError(f"no dsp grouped-conv lowering for {wl.op}'s epilogue {get_op(wl.op).epilogue!r}",
+                           arg="op", value=wl.op, expected="epilogue steps among " + ", ".join(EPI_STEPS))
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         self._check_wl(wl, target)

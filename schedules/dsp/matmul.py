@@ -16,6 +16,7 @@ from typing import Any, Mapping
 from opcompiler.backend.dsp.intrin import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
+from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -27,7 +28,9 @@ from .gemm import scheduled as gemm_scheduled
 from .ksplit import footprint_k
 from .ksplit import scheduled as ksplit_scheduled
 
-EPI = {"matmul": (), "matmul_bias_relu": ("bias", "relu"), "matmul_bias": ("bias",)}
+# the epilogue steps (`opcompiler.ops.steps`) the fully connected layer lowers, in its order: a
+# matmul-family op runs here when its catalogue entry's `epilogue` is made of them
+EPI_STEPS = {"bias": "bias", "relu": "relu"}
 GEMM_MIN = 256  # m, n and k at least this: the template default is the blocked GEMM
 
 
@@ -51,10 +54,12 @@ class DspFullyConnected(DirectTemplate):
 
     def spec(self, wl: Workload, target: Target) -> ConvSpec:
         require_fp32(wl, target)
-        if wl.op not in EPI:
-            raise OpcError(f"no dsp fully-connected lowering for {wl.op}", arg="op", value=wl.op, expected=", ".join(EPI))
+        epi = lowerable(get_op(wl.op).epilogue_steps(wl), EPI_STEPS, ordered=True)
+        if epi is None:
+            raise OpcError(f"no dsp fully-connected lowering for {wl.op}'s epilogue {get_op(wl.op).epilogue!r}",
+                           arg="op", value=wl.op, expected="epilogue steps among " + ", ".join(EPI_STEPS))
         m_, k_, n_ = wl["m"], wl["k"], wl["n"]
-        return ConvSpec(n=1, h=m_, w=1, c=k_, k=n_, r=1, s=1, stride=1, pad=0, dil=1, ho=m_, wo=1, epi=EPI[wl.op],
+        return ConvSpec(n=1, h=m_, w=1, c=k_, k=n_, r=1, s=1, stride=1, pad=0, dil=1, ho=m_, wo=1, epi=epi,
                         kind="matmul")
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:

@@ -37,7 +37,7 @@ TARGET_DTYPES = {"cpu": ("float32",), "ascend-sim": ("float16", "float32", "int8
 
 ELEMWISE = ("add", "add_relu", "batch_norm", "bias_add", "bn_relu", "relu", "hardswish", "ew_chain")
 CONV = ("conv2d", "conv2d_bias", "conv2d_bias_add", "conv2d_bias_add_relu", "conv2d_bias_relu", "conv2d_bn",
-        "conv2d_bn_add_relu", "conv2d_bn_relu")
+        "conv2d_bn_add_relu", "conv2d_bn_relu", "conv2d_bias_hardswish")
 MATMUL = ("matmul", "matmul_bias", "matmul_bias_relu")
 ROWWISE = ("reduce_max", "reduce_mean", "reduce_sum", "softmax")
 

@@ -9,6 +9,7 @@ from ..fusion import fusion_manager
 from ...workload import Workload
 from .. import reference as ref
 from ..registry import OpDef, Step, register_op
+from ..steps import apply_np, apply_te, chain_flops, parse_chain
 from .common import CUBE, FLOAT, acc_out, bcast_c, placeholders
 
 CONV_DEFAULTS = {"n": 1, "c": 64, "h": 56, "w": 56, "k": 64, "r": 3, "s": 3, "stride": 1, "pad": 1,
@@ -111,7 +112,7 @@ def _conv_params(wl: Workload) -> dict:
 
 register_op(OpDef(
     name="conv2d_bias_relu", summary="fused conv2d + bias + ReLU (one kernel)", family="conv2d",
-    defaults=CONV_DEFAULTS, dtypes=CUBE, preset_kind="conv", fusion="fuse_conv2d_bias_relu",
+    defaults=CONV_DEFAULTS, dtypes=CUBE, preset_kind="conv", fusion="fuse_conv2d_bias_relu", epilogue="bias;relu",
     compute_fn=_conv_bias_relu_compute, reference_fn=_conv_bias_relu_ref, input_specs=_conv_bias_inputs,
     flops_fn=lambda wl: _conv_flops(wl) + 2 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
     unfused_fn=lambda wl: [
@@ -140,7 +141,7 @@ def _conv_bn_relu_ref(wl: Workload, ins) -> np.ndarray:
 
 register_op(OpDef(
     name="conv2d_bn_relu", summary="fused conv2d + batch norm (inference) + ReLU (one kernel)", family="conv2d",
-    defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn_relu",
+    defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn_relu", epilogue="bn;relu",
     compute_fn=_conv_bn_relu_compute, reference_fn=_conv_bn_relu_ref, input_specs=_conv_bn_inputs,
     flops_fn=lambda wl: _conv_flops(wl) + 3 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
     unfused_fn=lambda wl: [
@@ -168,7 +169,7 @@ def _conv_bias_ref(wl: Workload, ins) -> np.ndarray:
 
 register_op(OpDef(
     name="conv2d_bias", summary="fused conv2d + bias, no activation (one kernel)", family="conv2d",
-    defaults=CONV_DEFAULTS, dtypes=CUBE, preset_kind="conv", fusion="fuse_conv2d_bias",
+    defaults=CONV_DEFAULTS, dtypes=CUBE, preset_kind="conv", fusion="fuse_conv2d_bias", epilogue="bias",
     compute_fn=_conv_bias_compute, reference_fn=_conv_bias_ref, input_specs=_conv_bias_inputs,
     flops_fn=lambda wl: _conv_flops(wl) + int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
     unfused_fn=lambda wl: [
@@ -200,7 +201,7 @@ def _conv_bias_add_op(relu: bool) -> None:
     register_op(OpDef(
         name=name, summary=f"fused conv2d + bias + residual add{' + ReLU' if relu else ''} (one kernel; the residual "
                            "read in the epilogue)", family="conv2d",
-        defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion=f"fuse_{name}",
+        defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion=f"fuse_{name}", epilogue="bias;add;relu" if relu else "bias;add",
         compute_fn=compute, reference_fn=reference, input_specs=_conv_bias_add_inputs,
         flops_fn=lambda wl: _conv_flops(wl) + (3 if relu else 2) * int(np.prod(conv_out_shape(wl))),
         validate_fn=_validate_conv,
@@ -233,7 +234,7 @@ def _conv_bn_compute(wl: Workload):
 
 register_op(OpDef(
     name="conv2d_bn", summary="fused conv2d + batch norm (inference), no activation (one kernel)", family="conv2d",
-    defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn",
+    defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn", epilogue="bn",
     compute_fn=_conv_bn_compute,
     reference_fn=lambda wl, ins: (_conv_ref_acc(wl, ins).astype(wl.dtype) * bcast_c(ins[2], wl)
                                   + bcast_c(ins[3], wl)).astype(wl.dtype),
@@ -259,7 +260,7 @@ def _conv_bn_add_relu_ref(wl: Workload, ins) -> np.ndarray:
 register_op(OpDef(
     name="conv2d_bn_add_relu", summary="fused conv2d + batch norm + residual add + ReLU (one kernel; the residual "
                                        "read in the epilogue)", family="conv2d",
-    defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn_add_relu",
+    defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn_add_relu", epilogue="bn;add;relu",
     compute_fn=_conv_bn_add_relu_compute, reference_fn=_conv_bn_add_relu_ref,
     input_specs=lambda wl: _conv_bn_inputs(wl) + [_residual(wl)],
     flops_fn=lambda wl: _conv_flops(wl) + 4 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
@@ -271,3 +272,34 @@ register_op(OpDef(
     ],
 ))
 
+
+
+# conv + bias + HardSwish (MobileNetV3's conv block): a fusion pattern made of steps the vocabulary
+# has (`opcompiler.ops.steps`), declared here alone; its `epilogue` tells each template whether it can
+# lower it (docs/adding_an_operator.md)
+_HSWISH = parse_chain("hardswish")
+
+
+@fusion_manager.register("fuse_conv2d_bias_hardswish", ops=("conv2d", "bias_add", "hardswish"))
+def _fuse_conv2d_bias_hardswish_compute(data, weight, bias, stride=1, padding=0, dilation=1, groups=1, layout="NCHW",
+                                        kernel_name="fuse_conv2d_bias_hardswish"):
+    conv = dsl.conv2d(data, weight, stride, padding, dilation, groups, layout, bias=bias)
+    return apply_te(dsl, _HSWISH, conv, None, [int(d) for d in conv.shape], str(conv.dtype))
+
+
+register_op(OpDef(
+    name="conv2d_bias_hardswish", summary="fused conv2d + bias + HardSwish (one kernel; MobileNetV3)",
+    family="conv2d", defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv",
+    fusion="fuse_conv2d_bias_hardswish", epilogue="bias;hardswish",
+    compute_fn=lambda wl: (lambda ins: (ins, fusion_manager.get("fuse_conv2d_bias_hardswish").compute(
+        *ins, **_conv_kwargs(wl))))(placeholders(_conv_bias_inputs(wl))),
+    reference_fn=lambda wl, ins: apply_np(_HSWISH, _conv_bias_ref(wl, ins), [], wl.dtype),
+    input_specs=_conv_bias_inputs,
+    flops_fn=lambda wl: _conv_flops(wl) + (1 + chain_flops(_HSWISH)) * int(np.prod(conv_out_shape(wl))),
+    validate_fn=_validate_conv,
+    unfused_fn=lambda wl: [
+        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
+        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
+        Step(op="hardswish", params=_ew_params(wl), inputs=("s1",)),
+    ],
+))

@@ -58,7 +58,7 @@ def _mmb_compute(wl: Workload):
 
 register_op(OpDef(
     name="matmul_bias_relu", summary="fused matmul + bias + ReLU (fully connected layer)", family="matmul",
-    defaults=MMB_DEFAULTS, dtypes=CUBE, preset_kind="matmul", fusion="fuse_matmul_bias_relu",
+    defaults=MMB_DEFAULTS, dtypes=CUBE, preset_kind="matmul", fusion="fuse_matmul_bias_relu", epilogue="bias;relu",
     compute_fn=_mmb_compute,
     reference_fn=lambda wl, ins: np.maximum(_mm_ref_acc(wl, ins) + ins[2].astype(np.float32 if wl.dtype != "int8"
                                                                                    else np.int32), 0
@@ -85,7 +85,7 @@ def _mm_bias_compute(wl: Workload):
 
 register_op(OpDef(
     name="matmul_bias", summary="fused matmul + bias, no activation (fully connected layer)", family="matmul",
-    defaults=MMB_DEFAULTS, dtypes=CUBE, preset_kind="matmul", fusion="fuse_matmul_bias",
+    defaults=MMB_DEFAULTS, dtypes=CUBE, preset_kind="matmul", fusion="fuse_matmul_bias", epilogue="bias",
     compute_fn=_mm_bias_compute,
     reference_fn=lambda wl, ins: (_mm_ref_acc(wl, ins) + ins[2].astype(np.float32 if wl.dtype != "int8" else np.int32)
                                   ).astype(acc_out(wl.dtype)),
