@@ -219,7 +219,28 @@ def exp_seq(x: str, y: str) -> list[VI]:
 # ------------------------------------------------------------------ the lowering
 
 
-class AttentionLowerer:
+class StageOps:
+    """What a stage-event lowerer (attention, the recurrent cell) emits with: memoised ops in
+    timing mode and VPU passes costed by the timing model. Needs `m`, `L`, `fn` and `memo`."""
+
+    def _op(self, key: tuple, make: Callable[[], Op]) -> Op:
+        """Timing mode: ops of one kind, shape and slot are one object (repeated steps compress)."""
+        if self.fn:
+            return make()
+        op = self.memo.get(key)
+        if op is None:
+            op = self.memo[key] = make()
+        return op
+
+    def _vpu(self, nests: tuple, reads: tuple, writes: tuple, label: str) -> Op:
+        kern = VKernel(tuple(nests), label)
+        cost = tm.kernel_cost(self.m, kern)
+        fn = (lambda mem, k=kern, L=self.L: ex.execute_pass(mem, k, L)) if self.fn else None
+        return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kern.nests),
+                  fn=fn, label=label)
+
+
+class AttentionLowerer(StageOps):
     """The attention events -> one op list per core (see the module docstring). `p` (the
     template's params): bh, sq, skv, d, heads, mq (query tile, a multiple of the lanes), nk (key /
     value tile), dbuf, causal, mask_batches, scale, cores, tiles, seq_first (Q, K, V and O are
@@ -260,21 +281,6 @@ class AttentionLowerer:
         self.ulen = ulen
 
     # ---- ops ------------------------------------------------------------------------------
-    def _op(self, key: tuple, make: Callable[[], Op]) -> Op:
-        """Timing mode: ops of one kind, shape and slot are one object (repeated steps compress)."""
-        if self.fn:
-            return make()
-        op = self.memo.get(key)
-        if op is None:
-            op = self.memo[key] = make()
-        return op
-
-    def _vpu(self, nests: tuple, reads: tuple, writes: tuple, label: str) -> Op:
-        kern = VKernel(tuple(nests), label)
-        cost = tm.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern, L=self.L: ex.execute_pass(mem, k, L)) if self.fn else None
-        return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kern.nests),
-                  fn=fn, label=label)
 
     def _dma(self, src: View, dst: View, reads: tuple, writes: tuple, label: str) -> Op:
         return dma_op(self.m, src, dst, reads, writes, self.fn, label)
@@ -480,4 +486,4 @@ def band_extent(mq: int, nk: int) -> tuple[int, int]:
     return x0, -(-(x0 + mq + nk) // 32) * 32
 
 
-__all__ = ["AttentionLowerer", "band_extent", "block_shape", "events_of", "gemm_nests", "tiles_of"]
+__all__ = ["AttentionLowerer", "StageOps", "band_extent", "block_shape", "events_of", "gemm_nests", "tiles_of"]

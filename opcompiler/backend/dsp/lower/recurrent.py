@@ -34,19 +34,13 @@ on the simulated memories; timing list-schedules them.
 """
 from __future__ import annotations
 
-from collections.abc import Callable
 from opcompiler.errors import OpcFailure
 
 from .. import program as vx  # the VPU's vector instructions
-
-from .. import timing as tm
-
-from .. import execute as ex
 from ..intrin import ALIGN
 from ..machine import DspMachine
-from ..program import Allocator, Op, View, compress, dma_op
-from .attention import events_of, gemm_nests
-from ..program import VI, Mem, Nest, VKernel
+from ..program import VI, Allocator, Mem, Nest, Op, View, compress, dma_op
+from .attention import StageOps, events_of, gemm_nests
 
 
 def acc_nests(L: int, rows: int, nvec: int, steps: int, a: tuple[int, int, int], b: tuple[int, int],
@@ -75,7 +69,7 @@ class _Stage:
         self.ins, self.comp, self.outs, self.hoist = ins, comp, outs, hoist
 
 
-class RecurrentLowerer:
+class RecurrentLowerer(StageOps):
     """The recurrent events -> one op list per core (see the module docstring). `p` (the
     template's params, `schedules/dsp/recurrent.plan`): op, t, b, i, h, G, blocks, kinds, bias,
     chunks ((kind, k0, rows, resident), ...), grid ((n0, n1, u0, u1) per core), nb, hcp, kc,
@@ -166,21 +160,6 @@ class RecurrentLowerer:
                     self.wG[q, j] = gsm.alloc(f"wG_{q}_{j}", kn * len(self.kinds[ki][2]) * hq)
 
     # ---- ops ----------------------------------------------------------------------------------
-    def _op(self, key: tuple, make: Callable[[], Op]) -> Op:
-        """Timing mode: ops of one kind, shape and slot are one object (repeated steps compress)."""
-        if self.fn:
-            return make()
-        op = self.memo.get(key)
-        if op is None:
-            op = self.memo[key] = make()
-        return op
-
-    def _vpu(self, nests: tuple, reads: tuple, writes: tuple, label: str) -> Op:
-        kern = VKernel(tuple(nests), label)
-        cost = tm.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern, L=self.L: ex.execute_pass(mem, k, L)) if self.fn else None
-        return Op("vpu", "vpu", cycles=cost.cycles, reads=reads, writes=writes, cost=cost, nruns=len(kern.nests),
-                  fn=fn, label=label)
 
     def _dma(self, key: tuple, src: View, dst: View, reads: tuple, writes: tuple, label: str) -> Op:
         return self._op(("dma", src.level, dst.level, src.shape, src.strides, dst.strides, reads, writes) + key, lambda: dma_op(self.m, src, dst, reads, writes, self.fn, label))
