@@ -39,12 +39,6 @@ LIMITS: tuple[Limit, ...] = (
     Limit(("gru",), "ascend", lambda p, dt: int(p.get("lbr", 1)) == 0, "lbr=0 (linear_before_reset=0)",
           "the ascend GRU applies the reset gate to h R_n^T after the product (torch's linear_before_reset=1); "
           "lbr=0 needs r before it: run it on cpu"),
-    # a fused op whose epilogue has a step the simulators' conv epilogues do not lower yet (they lower
-    # bias, bn, add, relu: `EPI_STEPS` in schedules/ascend/conv2d.py, schedules/dsp/conv2d.py, grouped.py)
-    Limit(("conv2d_bias_hardswish",), "ascend", lambda p, dt: True, "any shape",
-          "the cube's conv epilogue has no HardSwish step yet (it lowers bias, bn, add, relu)"),
-    Limit(("conv2d_bias_hardswish",), "dsp", lambda p, dt: True, "any shape",
-          "the direct / grouped convolution's epilogue has no HardSwish step yet (it lowers bias, bn, add, relu)"),
 )
 
 

@@ -12,6 +12,8 @@ import numpy as np
 
 import opcompiler.backend.ascend.intrin as intrin
 from opcompiler.errors import OpcError
+from opcompiler.ops import get_op
+from opcompiler.ops.steps import chain_temps
 from opcompiler.target import Target
 from opcompiler.template_base import Template
 from opcompiler.workload import Workload
@@ -209,6 +211,8 @@ def epilogue_channels(wl: Workload, target: Target, cfg: Mapping) -> int:
     """Output channels (columns) one epilogue pass of a cube template holds in UB."""
     m = machine(target)
     out_isz = 2 if wl.dtype == "float16" else 0  # int8: no cast buffer
+    # an epilogue step that keeps x beside its own tile (hardswish) holds one more fp16 tile per slot
+    out_isz += 2 * chain_temps(get_op(wl.op).epilogue_steps(wl)) if wl.dtype == "float16" else 0
     return 16 * epilogue_group(m, cfg["n_tile"] // 16, cfg["m_tile"], 4, out_isz, 2 if cfg["double_buffer"] else 1,
                                m.level("UB").capacity // 2)
 

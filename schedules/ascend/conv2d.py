@@ -141,12 +141,13 @@ class AscendConv2d(CubeTemplate):
 
 
 # the epilogue steps (`opcompiler.ops.steps`) the cube lowering has, in its pipeline's order
-# (L0C -> UB, bias in fp32, cast, BN, the residual read in the epilogue ("add"), ReLU), in this
-# template's names; a conv2d-family op runs here when its catalogue entry's `epilogue` is made of them
-EPI_STEPS = {"bias": "bias", "bn": "bn", "add": "res", "relu": "relu"}
+# (L0C -> UB, bias in fp32, cast, BN, the residual read in the epilogue ("add"), ReLU, HardSwish), in
+# this template's names; a conv2d-family op runs here when its catalogue entry's `epilogue` is made of them
+EPI_STEPS = {"bias": "bias", "bn": "bn", "add": "res", "relu": "relu", "hardswish": "hswish"}
 INT8_STEPS = ("bias", "relu")  # int8: the int32 bias and ReLU only
+# TE block name -> instruction tag; HardSwish's blocks (vadds, clip, vmuls) are inlined into its last, `vmul`
 EPI_TAGS = {"conv2d_bias": "bias", "conv2d_out": "cast", "batch_norm": "bn", "vadd": "res", "vrelu": "relu",
-            "conv2d_reindex": "out", "conv2d_reindex_pad": "out"}
+            "vmul": "hswish", "conv2d_reindex": "out", "conv2d_reindex_pad": "out"}
 DTYPES = CUBE_DTYPES  # C0 (K0), accumulator, element bytes
 
 
@@ -169,6 +170,11 @@ def epilogue_flags(wl: Workload) -> tuple[bool, bool, bool]:
     """(bias, bn, res): which per-channel / residual operands the epilogue reads."""
     epi = epilogue(wl) or ()
     return "bias" in epi, "bn" in epi, "res" in epi
+
+
+def has_hswish(wl: Workload) -> bool:
+    """The epilogue ends in HardSwish (one more UB tile per slot: x kept for its last multiply)."""
+    return "hswish" in (epilogue(wl) or ())
 
 
 chunks = cube_chunks  # (k, n) elements of one L0 chunk of the (mt, kt, nt) tile, or None
@@ -205,6 +211,8 @@ def tir_buffers(wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, s
         out += [("UB", "scale_UB", pn * 2), ("UB", "shift_UB", pn * 2)]
     if res:  # the residual's tile, read from GM beside each channel group's epilogue
         out += [("UB", f"res_UB_{i}", mt * g16 * 2) for i in range(slots)]
+    if has_hswish(wl):  # HardSwish's clip(x + 3, 0, 6) / 6 beside x
+        out += [("UB", f"hs_UB_{i}", mt * g16 * 2) for i in range(slots)]
     return out
 
 
@@ -228,6 +236,9 @@ def _implicit_gemm(wl: Workload):
     r, s = wl["r"], wl["s"]
     sch = tvm.s_tir.Schedule(te.create_prim_func([*ins, out]))
     conv = sch.get_sblock("conv2d")
+    if has_hswish(wl):  # x + 3, its clip and the 1/6 scale become one expression in the last block
+        for name in ("vadds", "broadcast_scalar", "vmin", "broadcast_scalar_1", "vmax", "vmuls"):
+            sch.compute_inline(sch.get_sblock(name))
 
     def flat(b, k, y, x):  # the output pixels as one GEMM axis
         return b, k, y * wo + x
@@ -511,6 +522,7 @@ def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         lowering="conv", key=key, module=lambda: schedule(padded, mt, kt, nt, kc, nc, resident, g16),
         params={"geom": ConvGeometry(wl, target).geom, "n": n, "c1": c1, "n1": n1, "tiles": (mt, kt, nt),
                 "chunks": ch, "slots": 2 if cfg["double_buffer"] else 1, "bias": bias, "bn": bn, "res": res,
+                "hswish": has_hswish(wl),
                 "resident": resident, "group": g16, "dtype": wl.dtype, "conv_groups": G,
                 "block_dim": cfg["block_dim"]},
         host=HostLayout(pack=pack, unpack=unpack, out_name="out", out_shape=(n * G, n1, hw, 16), out_dtype=out_dt),

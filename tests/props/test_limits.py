@@ -18,8 +18,6 @@ COVERED = {
     3: ("attention", "dsp-sim", "b=1,h=1,sq=8,skv=8,d=8", "float16"),
     4: ("lstm", "dsp-sim", "t=2,b=1,i=4,h=4", "float16"),
     5: ("gru", "ascend-sim", "t=2,b=16,i=16,h=16,lbr=0", "float16"),
-    6: ("conv2d_bias_hardswish", "ascend-sim", "n=1,c=16,h=8,w=8,k=16,r=3,s=3,pad=1", "float16"),
-    7: ("conv2d_bias_hardswish", "dsp-sim", "n=1,c=16,h=8,w=8,k=16,r=3,s=3,pad=1", "float32"),
 }
 
 

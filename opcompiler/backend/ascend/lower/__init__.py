@@ -72,7 +72,8 @@ def _conv(sched: Scheduled, m: Machine) -> Plan:
     geom = ConvGeom(**p["geom"])
     low = tl.ConvLowering(m, tl.trace(sched.key, sched.module), geom, p["n"], p["c1"], p["n1"], p["tiles"],
                           p["chunks"], p["slots"], bias=p["bias"], bn=p["bn"], resident=p["resident"],
-                          group=p["group"], dtype=p["dtype"], conv_groups=p["conv_groups"], res=p["res"])
+                          group=p["group"], dtype=p["dtype"], conv_groups=p["conv_groups"], res=p["res"],
+                          hswish=p.get("hswish", False))
     return _cube_plan(sched, m, low, TIR_CONV)
 
 

@@ -225,14 +225,25 @@ def channel_op(kb: KernelBuilder, op: str, buf, off: int, rows: int, param, poff
                        -(-rows // 8))
 
 
-def _rows_op(kb: KernelBuilder, op: str, dst, src, nblk: int, mt: int, rows: int) -> None:
-    """A unary vector op over `rows` of each of `nblk` (mt, 16) channel blocks in UB: one
-    contiguous run when every row is live, else one run per block."""
+def _rows_op(kb: KernelBuilder, op: str, dst, srcs, nblk: int, mt: int, rows: int, scalar: float = 0.0) -> None:
+    """A vector op over `rows` of each of `nblk` (mt, 16) channel blocks in UB (`srcs`: one buffer
+    or several): one contiguous run when every row is live, else one run per block."""
+    srcs = srcs if isinstance(srcs, (list, tuple)) else (srcs,)
     if rows == mt:
-        kb.vec(op, VOp(dst), (VOp(src),), nblk * mt * 16)
+        kb.vec(op, VOp(dst), tuple(VOp(s) for s in srcs), nblk * mt * 16, scalar=scalar)
     else:
         for jj in range(nblk):
-            kb.vec(op, VOp(dst, jj * mt * 16), (VOp(src, jj * mt * 16),), rows * 16)
+            kb.vec(op, VOp(dst, jj * mt * 16), tuple(VOp(s, jj * mt * 16) for s in srcs), rows * 16, scalar=scalar)
+
+
+def _hardswish(kb: KernelBuilder, o16, tmp, nblk: int, mt: int, rows: int) -> None:
+    """HardSwish in place on the fp16 output tile (the catalogue step's order): t = x + 3,
+    clipped to [0, 6] (min, then max), times 1/6; x * t."""
+    _rows_op(kb, "adds", tmp, o16, nblk, mt, rows, 3.0)
+    _rows_op(kb, "mins", tmp, tmp, nblk, mt, rows, 6.0)
+    _rows_op(kb, "maxs", tmp, tmp, nblk, mt, rows, 0.0)
+    _rows_op(kb, "muls", tmp, tmp, nblk, mt, rows, 1.0 / 6.0)
+    _rows_op(kb, "mul", o16, (o16, tmp), nblk, mt, rows)
 
 
 class ConvLowering:
@@ -248,11 +259,13 @@ class ConvLowering:
     to whole C0 / 16 blocks. GM: data (N*G, C1, H, W, C0), weight (G*C1*R*S, K1, 16, C0), out
     (N*G, K1, H*W, 16), params (G*K1, 16), C1 and K1 per group (the direct template's layouts)."""
 
-    EPILOGUE = ("bias", "cast", "bn", "res", "relu")
+    EPILOGUE = ("bias", "cast", "bn", "res", "relu", "hswish")
 
     def __init__(self, m: Machine, events: Sequence[tuple], geom: ConvGeom, n: int, c1: int, n1: int,
                  tiles: tuple[int, int, int], chunks: tuple[int, int], slots: int, bias: bool, bn: bool,
-                 resident: bool, group: int, dtype: str = "float16", conv_groups: int = 1, res: bool = False):
+                 resident: bool, group: int, dtype: str = "float16", conv_groups: int = 1, res: bool = False,
+                 hswish: bool = False):
+        self.hswish = hswish
         self.m, self.geom, self.n, self.c1, self.n1 = m, geom, n * conv_groups, c1, n1
         self.tiles, self.chunks, self.slots, self.bias, self.bn = tiles, chunks, slots, bias, bn
         self.resident, self.g, self.dtype, self.cg, self.res = resident, group // 16, dtype, conv_groups, res
@@ -326,6 +339,8 @@ class ConvLowering:
         if self.res:  # `res`: a residual in the output's layout, added in the epilogue (conv + eltwise)
             R = kb.gm("res", (self.n, n1, hw, 16), out_dt)
             rbufs = [kb.alloc("UB", f"res_UB_{i}", (self.g, mt, 16), out_dt) for i in range(slots)]
+        if self.hswish:  # HardSwish's clip(x + 3, 0, 6) / 6 beside x
+            hbufs = [kb.alloc("UB", f"hs_UB_{i}", (self.g, mt, 16), out_dt) for i in range(slots)]
         lo_g, hi_g = split_even(len(groups), active, core)
         na = nb = nw = nfm = ne = 0
         cur_fm, cur_w, h0, f = None, None, 0, fm[0]
@@ -451,6 +466,8 @@ class ConvLowering:
                                    m1 * 16 * 16)
                 elif tag == "relu":
                     _rows_op(kb, "relu", o16, o16, gn, mt, m1 * 16)
+                elif tag == "hswish":
+                    _hardswish(kb, o16, hbufs[(ne - 1) % slots], gn, mt, m1 * 16)
             if pending is not None:
                 flush(pending, n1s)
             kb.loop()
