@@ -936,6 +936,8 @@ def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
             axes = list(node.attrs.get("axes", range(len(xs))))
         axes = sorted({a % len(xs) for a in axes})
         out = node.outputs[0]
+        if kind in ("sum", "mean") and _fold_bag(ctx, node, x, axes, kind):
+            return
         kept_after = [i for i in range(axes[0], len(xs)) if i not in axes] if axes else []
         if any(xs[i] != 1 for i in kept_after):
             # a block of axes with non-unit axes after it (DeepFM's sum over the fields of a
@@ -962,6 +964,36 @@ def _reduce(kind: str) -> Callable[[_Ctx, Node], None]:
                            f"{out}:mean", node, (outer,))
         ctx.emit("view", {}, (red,), out, node, ctx.shapes[out])
     return fn
+
+
+def _fold_bag(ctx: _Ctx, node: Node, x: str, axes: list[int], kind: str) -> bool:
+    """A sum (or mean) over the ids' last axes of an embedding lookup that only it reads
+    (`emb(ids).sum(1)` of ids (batch, bag): nn.EmbeddingBag's sum written out) is the lookup's
+    bag sum: the `gather` takes `bag` and writes one row per bag, so the looked-up rows never
+    leave the chip. True when folded."""
+    rows = ctx.rows.get(x)
+    g = _producer(ctx, rows) if rows is not None else None
+    xs = ctx.shape(x)
+    if g is None or g.kind != "gather" or int(g.params.get("bag", 1)) != 1 or ctx.uses[x] != 1 or not axes:
+        return False
+    if axes != list(range(axes[0], len(xs) - 1)):  # the block of axes just before the row's
+        return False
+    b = int(np.prod([xs[a] for a in axes], dtype=np.int64))
+    n, d = ctx.shape(rows)
+    view = _producer(ctx, x)
+    if b < 2 or view is None or view.kind != "view" or view.inputs != (rows,):
+        return False
+    ctx.prims[ctx.prims.index(g)] = replace(g, params={**g.params, "bag": b})
+    ctx.prims.remove(view)
+    ctx.row_views.discard(x)
+    del ctx.rows[x]
+    ctx.shapes[rows] = (n // b, d)
+    out = node.outputs[0]
+    if kind == "mean":
+        rows = ctx.emit("ew_chain", {**ew_params((n // b, d)), "chain": f"affine:{1.0 / b!r}:0.0"}, (rows,),
+                        f"{out}:mean", node, (n // b, d))
+    ctx.emit("view", {}, (rows,), out, node, ctx.shapes[out])
+    return True
 
 
 def _layer_norm(ctx: _Ctx, node: Node) -> None:

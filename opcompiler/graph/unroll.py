@@ -1,4 +1,5 @@
-"""The unfused plan of a recurrent layer: its op-by-op kernels, step by step, through GM.
+"""The unfused plan of a recurrent layer: its op-by-op kernels, step by step, through GM (and of an
+embedding bag: the lookup, then the sum over the bag as its own kernels).
 
 An `lstm` / `gru` prim is one persistent kernel in a fused plan. In the unfused plan it becomes
 what an op-by-op framework runs (`opcompiler.ops.opbyop.decompose`: the input projection, then
@@ -23,11 +24,32 @@ def expand(prims: list[Prim], consts: dict[str, np.ndarray], shapes: dict[str, t
     its weights added to `consts`, the new values' shapes to `shapes`)."""
     out: list[Prim] = []
     for p in prims:
-        if p.kind not in GATES:
+        if p.kind == "gather" and int(p.params.get("bag", 1)) > 1:
+            out.extend(_unbag(p, shapes))
+        elif p.kind in GATES:
+            out.extend(_expand(p, consts, shapes))
+        else:
             out.append(p)
-            continue
-        out.extend(_expand(p, consts, shapes))
     return out
+
+
+def _unbag(p: Prim, shapes: dict[str, tuple]) -> list[Prim]:
+    """An embedding lookup with its bag sum folded in (`lower._fold_bag`), as the graph reads
+    unfused: the lookup's rows written to GM, then the sum over the bag axis as any middle-axis
+    ReduceSum runs (the rows (bags, bag, d) transposed to (bags, d, bag), one row reduction)."""
+    b = int(p.params["bag"])
+    n, d = int(p.params["n"]), int(p.params["cols"])
+    nb, pre = n // b, f"{p.output}:"
+    shapes.update({pre + "rows": (n, d), pre + "3d": (nb, b, d), pre + "t": (nb, d, b), pre + "2d": (nb * d, b),
+                   pre + "sum": (nb * d,)})
+    mk = lambda kind, params, ins, out: Prim(kind=kind, params=params, inputs=ins, outputs=(out,),  # noqa: E731
+                                              node=p.node, onnx_op=p.onnx_op)
+    return [mk("gather", {**p.params, "bag": 1}, p.inputs, pre + "rows"),
+            mk("view", {}, (pre + "rows",), pre + "3d"),
+            mk("transpose", {"dims": f"{nb}x{b}x{d}", "perm": "021"}, (pre + "3d",), pre + "t"),
+            mk("view", {}, (pre + "t",), pre + "2d"),
+            mk("reduce_sum", {"m": nb * d, "n": b}, (pre + "2d",), pre + "sum"),
+            mk("view", {}, (pre + "sum",), p.output)]
 
 
 def _expand(p: Prim, consts: dict[str, np.ndarray], shapes: dict[str, tuple]) -> list[Prim]:

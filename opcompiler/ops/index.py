@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = 'f001137ecaf742cb4f03f9479b9c8b6f172fa70a4e7a6e023ffe8fe8d571e6a1'
+CATALOGUE_SHA256 = 'ce40148f92b21ecb03a236d31a5d1523e89e05d6df41e9fd8421360a7ea9d801'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),
@@ -76,8 +76,8 @@ OPS: dict[str, OpInfo] = {
         _CONV, 'conv', _F),
     'ew_chain': OpInfo('elemwise', "element-wise chain in one kernel: chain='bn;relu', 'sigmoid', 'mul;clip:0:6', ...",
         {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'chain': 'sigmoid'}, '', _F),
-    'gather': OpInfo('gather', 'embedding lookup: rows of a table (rows, cols) by runtime int indices (n,) (+ per-field offsets)',
-        {'rows': 1000, 'cols': 64, 'n': 128, 'idx': 'int64', 'fields': 0}, '', _F),
+    'gather': OpInfo('gather', 'embedding lookup: rows of a table (rows, cols) by runtime int indices (n,) (+ per-field offsets; summed in bags of `bag` rows: EmbeddingBag)',
+        {'rows': 1000, 'cols': 64, 'n': 128, 'idx': 'int64', 'fields': 0, 'bag': 1}, '', _F),
     'gru': OpInfo('recurrent', 'one GRU layer, ONNX semantics, one direction (t, b, i, h, reverse, lbr): Y = every h_t',
         {'t': 100, 'b': 64, 'i': 512, 'h': 512, 'reverse': 0, 'lbr': 1}, '', ('float16', 'float32')),
     'hardswish': OpInfo('elemwise', 'HardSwish: x * relu6(x + 3) / 6 (MobileNetV3), one kernel',

@@ -25,8 +25,8 @@ from typing import Mapping
 import numpy as np
 
 from opcompiler.backend.ascend.intrin import DMA_COPY, PRAGMA, UB_SCOPE
-from opcompiler.ops import op_prim_func
-from opcompiler.ops.catalogue.gather import fields
+from opcompiler.ops import get_op, op_prim_func
+from opcompiler.ops.catalogue.gather import bag, fields
 from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
@@ -35,6 +35,7 @@ from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
 
 ROWS_TILES = (1, 2, 4, 8, 16, 32, 64, 128)
 GATHER = "dma_gather"  # the backend's `lower.gather.GATHER`
+BAG_SUM = "vec_bag_sum"  # the backend's `lower.gather.BAG_SUM`: a bag's rows added on the vector unit
 
 
 def _tiled(wl: Workload, rows_tile: int):
@@ -42,10 +43,20 @@ def _tiled(wl: Workload, rows_tile: int):
 
     sch = Schedule(op_prim_func(wl))
     blk = sch.get_sblock("gather")
-    i, _ = sch.get_loops(blk)
-    to, _ = sch.split(i, [None, rows_tile])
-    rb = sch.cache_write(blk, 0, UB_SCOPE)
-    sch.reverse_compute_at(rb, to, preserve_unit_loops=True)
+    b = bag(wl)
+    if b > 1:  # the tile's bags: their rows gathered into UB, summed in UB (`bag_sum`), the sums out
+        bs = sch.get_sblock("bag_sum")
+        to, _ = sch.split(sch.get_loops(bs)[0], [None, rows_tile // b])
+        rb = sch.cache_write(bs, 0, UB_SCOPE)
+        sch.reverse_compute_at(rb, to, preserve_unit_loops=True)
+        sch.compute_at(blk, to, preserve_unit_loops=True)
+        sch.set_scope(blk, 0, UB_SCOPE)
+        sch.annotate(sch.get_loops(bs)[1], PRAGMA, BAG_SUM)
+    else:
+        i, _ = sch.get_loops(blk)
+        to, _ = sch.split(i, [None, rows_tile])
+        rb = sch.cache_write(blk, 0, UB_SCOPE)
+        sch.reverse_compute_at(rb, to, preserve_unit_loops=True)
     ib = sch.cache_read(blk, 1, UB_SCOPE)  # reads: table[indices[i] (+ offsets[i % F]), j], indices[i], ...
     sch.compute_at(ib, to, preserve_unit_loops=True)
     sch.annotate(sch.get_loops(ib)[1], PRAGMA, DMA_COPY)
@@ -66,8 +77,9 @@ class AscendGather(AscendTemplate):
     version = 1
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
-        rows = tuple(v for v in ROWS_TILES if v < 2 * wl["n"]) or (1,)
-        return [Knob("rows_tile", rows, "indices (rows) per UB tile"),
+        b = bag(wl)  # a tile holds whole bags
+        rows = tuple(v * b for v in ROWS_TILES if v * b < 2 * wl["n"]) or (b,)
+        return [Knob("rows_tile", rows, "indices (rows) per UB tile" + (f" (whole bags of {b})" if b > 1 else "")),
                 Knob("double_buffer", (1, 0), "ping-pong index and row tiles"),
                 Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over")]
 
@@ -85,7 +97,7 @@ class AscendGather(AscendTemplate):
         epb = 32 // isz
         slots = 2 if cfg["double_buffer"] else 1
         room = machine(target).level("UB").capacity // slots - 64
-        if cfg["rows_tile"] > 1 or ceil_div(wl["cols"], epb) * epb * isz <= room:
+        if cfg["rows_tile"] > 1 or ceil_div(wl["cols"], epb) * epb * isz <= room or bag(wl) > 1:
             return wl["cols"]
         return max(epb, room // isz // epb * epb)
 
@@ -99,6 +111,8 @@ class AscendGather(AscendTemplate):
         for s in range(2 if cfg["double_buffer"] else 1):
             out.append(("UB", f"idx_{s}", ceil_div(rt * iisz, 32) * 32))
             out.append(("UB", f"rows_{s}", rt * cpad * isz))
+            if bag(wl) > 1:
+                out.append(("UB", f"sums_{s}", rt // bag(wl) * cpad * isz))
         if fields(wl):
             out.append(("UB", "offsets", ceil_div(fields(wl) * iisz, 32) * 32))
         return out
@@ -122,7 +136,7 @@ class AscendGather(AscendTemplate):
                          module=lambda: (on_cores(_tiled(wl, int(cfg["rows_tile"])), "indices_local.UB", cfg), ()),
                          params={"col_chunk": self.col_chunk(wl, target, cfg)},
                          host=HostLayout(pack=pack, out_dtype=wl.dtype),
-                         buffers=self.buffers(wl, target, cfg), flops=0.0,
+                         buffers=self.buffers(wl, target, cfg), flops=float(get_op(wl.op).flops(wl)),
                          info={"gm_layouts": {"table": "ND (rows, cols)", "indices": f"({wl['n']},) {idt}",
                                               **({"offsets": f"({fields(wl)},) {idt}"} if fields(wl) else {})},
                                "layout_change": "none"})

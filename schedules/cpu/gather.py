@@ -1,10 +1,12 @@
 """CPU embedding lookup (gather): out[i, :] = table[indices[i], :], the indices in parallel over
-the cores, each row copied in vector chunks of `vector` columns."""
+the cores, each row copied in vector chunks of `vector` columns; with `bag` > 1 (EmbeddingBag's
+sum) the lookup is inlined into the bag sum, each bag's rows added into its output row."""
 from __future__ import annotations
 
 from typing import Any, Mapping
 
 from opcompiler.backend.cpu_intrin import vector_lanes
+from opcompiler.ops.catalogue.gather import bag
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Template, register_template
 from opcompiler.workload import Workload
@@ -32,8 +34,17 @@ class CpuGather(Template):
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]):
         sch = create_schedule(wl)
-        i, j = sch.get_loops(sch.get_sblock("gather"))
         v = config["vector"]
+        if bag(wl) > 1:  # the lookup inlined into the bag sum: per bag, its rows added into the output row
+            sch.compute_inline(sch.get_sblock("gather"))
+            blk = sch.get_sblock("bag_sum")
+            i, j, k = sch.get_loops(blk)
+            sch.reorder(i, k, j)  # (TVM's vectorize refuses j under the reduction loop: LLVM's loop
+            if config["parallel"]:  # vectorizer takes the unit-stride row add)
+                sch.parallel(i)
+            sch.decompose_reduction(blk, k)
+            return sch
+        i, j = sch.get_loops(sch.get_sblock("gather"))
         if v > 1:
             _, ji = sch.split(j, [None, v])
             sch.vectorize(ji)

@@ -71,3 +71,46 @@ def test_other_nodes_reading_integer_tensors_stay_refused(tmp_path, second, op):
     """Only a Gather of a constant table takes the ids; any other reader is refused in one line."""
     with pytest.raises(OpcError, match=rf"node 'second' \({op}\): {op} of the integer tensor 'ids'"):
         make_plan(load(_ids_model(tmp_path / "ids.onnx", second)), "ascend-sim")
+
+
+class _Bag(torch.nn.Module):
+    """A bag-of-words classifier as users write it: nn.Embedding, then the sum (or mean) over the
+    tokens (EmbeddingBag written out: `emb(ids).sum(1)`), a Linear."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.emb = torch.nn.Embedding(1000, 64)
+        self.fc = torch.nn.Linear(64, 3)
+
+    def forward(self, ids):
+        e = self.emb(ids)
+        return self.fc(e.sum(1) if self.kind == "sum" else e.mean(dim=1))
+
+
+@pytest.fixture(scope="module", params=["sum", "mean"])
+def bag_model(request, tmp_path_factory):
+    path = tmp_path_factory.mktemp("bag") / f"bag_{request.param}.onnx"
+    torch.onnx.export(_Bag(request.param).eval(), (torch.randint(0, 1000, (8, 12), dtype=torch.int64),), str(path),
+                      opset_version=17, dynamo=False, input_names=["ids"], output_names=["logits"])
+    return path
+
+
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim", "dsp-sim"])
+def test_a_summed_bag_fuses_with_its_lookup(bag_model, target):
+    """The sum over the tokens folds into the lookup: one `gather` kernel with bag=12 writes one row per
+    sample (no transpose, no reduction kernel); the unfused plan runs the lookup, a transpose and a row
+    reduction, and both match onnxruntime."""
+    g = load(bag_model)
+    fused = run_plan(make_plan(g, target))
+    assert fused.correct, fused.max_abs_err
+    gathers = [k for k in fused.on_target() if k.op == "gather"]
+    assert len(gathers) == 1 and not [k for k in fused.on_target() if k.op in ("transpose", "reduce_sum")]
+    plan = make_plan(g, target)
+    bag = [grp for grp in plan.groups if grp.op == "gather"][0]
+    assert dict(bag.params)["bag"] == 12 and dict(bag.params)["n"] == 96
+    unfused = run_plan(make_plan(g, target, fused=False))
+    assert unfused.correct, unfused.max_abs_err
+    ops = [k.op for k in unfused.on_target()]
+    assert ops[:3] == ["gather", "transpose", "reduce_sum"]

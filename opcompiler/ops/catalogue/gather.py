@@ -1,11 +1,14 @@
 """Embedding lookup: `gather` (rows of a table picked by runtime integer indices; nn.Embedding,
-ONNX Gather on axis 0 with a constant table). No arithmetic: FLOPs 0, the bytes are the cost.
+ONNX Gather on axis 0 with a constant table). No arithmetic but a bag sum's adds: the bytes are the cost.
 
     table    (rows, cols)  in the op dtype (the vocabulary x the row length)
     indices  (n,)          int32 or int64 (`idx`), each in [0, rows)
     offsets  (fields,)     only with `fields` > 0: per-field row offsets, in the `idx` dtype
     out      (n, cols)     out[i] = table[indices[i]]                          (fields = 0)
                            out[i] = table[indices[i] + offsets[i % fields]]    (fields > 0)
+             (n / bag, cols)  with `bag` > 1: each output row the sum of `bag` consecutive looked-up rows
+                           (nn.EmbeddingBag's sum mode; `emb(ids).sum(1)` of ids (batch, bag)),
+                           summed in the op dtype, in order
 
 `fields` > 0 is the folded id offset of a recommender (DeepFM's `ids + offsets` into one table
 shared by F sparse fields: ids (batch, F), offsets (F,), so flat index i is field i % F): the
@@ -24,7 +27,7 @@ from ...workload import Workload
 from ..registry import OpDef, register_op
 from .common import placeholders
 
-GATHER_DEFAULTS = {"rows": 1000, "cols": 64, "n": 128, "idx": "int64", "fields": 0}
+GATHER_DEFAULTS = {"rows": 1000, "cols": 64, "n": 128, "idx": "int64", "fields": 0, "bag": 1}
 GATHER_DTYPES = ("float32", "float16")
 INDEX_DTYPES = ("int32", "int64")
 
@@ -41,10 +44,18 @@ def fields(wl: Workload) -> int:
     return int(wl.p.get("fields", 0) or 0)
 
 
+def bag(wl: Workload) -> int:
+    """Looked-up rows summed into one output row (1: a plain lookup)."""
+    return int(wl.p.get("bag", 1) or 1)
+
+
 def _validate(wl: Workload) -> None:
     for key in ("rows", "cols", "n"):
         if wl[key] < 1:
             raise OpcError("must be >= 1", arg=key, value=wl[key])
+    if bag(wl) < 1 or wl["n"] % bag(wl):
+        raise OpcError(f"must be >= 1 and divide n={wl['n']} (each output row sums `bag` looked-up rows)",
+                       arg="bag", value=wl.p.get("bag"))
     if fields(wl) < 0:
         raise OpcError("must be >= 0 (0: no offsets input)", arg="fields", value=wl["fields"])
     if str(wl["idx"]) not in INDEX_DTYPES:
@@ -60,6 +71,11 @@ def _compute(wl: Workload):
                          tag="gather")
     else:
         out = te.compute((wl["n"], wl["cols"]), lambda i, j: table[idx[i], j], name="gather", tag="gather")
+    if bag(wl) > 1:  # the bag sum: a second stage over the looked-up rows, in order
+        b, rows = bag(wl), out
+        k = te.reduce_axis((0, b), name="k")
+        out = te.compute((wl["n"] // b, wl["cols"]), lambda i, j: te.sum(rows[i * b + k, j], axis=k),
+                         name="bag_sum", tag="bag_sum")
     return ph, out
 
 
@@ -86,7 +102,10 @@ def _reference(wl: Workload, ins) -> np.ndarray:
     bad = idx[(idx < 0) | (idx >= wl["rows"])]
     if bad.size:
         check_index(bad[0], wl["rows"])
-    return np.ascontiguousarray(np.asarray(table)[idx.astype(np.int64)])
+    rows = np.asarray(table)[idx.astype(np.int64)]
+    if bag(wl) > 1:  # summed in float64, rounded once to the op dtype
+        rows = rows.reshape(-1, bag(wl), wl["cols"]).astype(np.float64).sum(axis=1).astype(wl.dtype)
+    return np.ascontiguousarray(rows)
 
 
 def make_offsets(wl: Workload) -> np.ndarray:
@@ -109,7 +128,8 @@ class _GatherDef(OpDef):
 
 
 register_op(_GatherDef(
-    name="gather", summary="embedding lookup: rows of a table (rows, cols) by runtime int indices (n,) (+ per-field offsets)",
+    name="gather", summary="embedding lookup: rows of a table (rows, cols) by runtime int indices (n,) (+ per-field "
+                           "offsets; summed in bags of `bag` rows: EmbeddingBag)",
     family="gather", defaults=GATHER_DEFAULTS, dtypes=GATHER_DTYPES, compute_fn=_compute, reference_fn=_reference,
-    input_specs=_inputs, flops_fn=lambda wl: 0, validate_fn=_validate,
+    input_specs=_inputs, flops_fn=lambda wl: (wl["n"] - wl["n"] // bag(wl)) * wl["cols"], validate_fn=_validate,
 ))

@@ -149,8 +149,8 @@ def _gather(sched: Scheduled, m: Machine) -> Plan:
     gk = gather.lower(_module(sched), sched.params)
     h = sched.host
     return Plan(active_cores=gk.active_cores, make_program=lambda core: gk.program(m, core), pack=h.pack,
-                out_name=gk.oname, out_shape=(gk.n, gk.cols), out_dtype=gk.dtype, unpack=h.unpack or (lambda y: y),
-                flops=0, unit="vector",
+                out_name=gk.oname, out_shape=(gk.n // gk.bag, gk.cols), out_dtype=gk.dtype,
+                unpack=h.unpack or (lambda y: y), flops=sched.flops, unit="vector",
                 info={**sched.info, "lowering": "TVM s_tir schedule -> emit_gather (backend/ascend/lower/gather.py)"})
 
 

@@ -33,11 +33,12 @@ import numpy as np
 from opcompiler.errors import OpcFailure
 
 from .builder import KernelBuilder, split_even, ceil_div
-from ..program import Buf, IndirectMove, Memory, Program, Scalar
+from ..program import Buf, IndirectMove, Memory, Program, Scalar, VOp
 from ..intrin import CORES, PRAGMA, SLOTS
 from ..machine import Machine
 
 GATHER = "dma_gather"  # the pragma of the indirect-DMA nest
+BAG_SUM = "vec_bag_sum"  # the pragma of the bag sum's nest (the tile's rows added per bag in UB)
 
 
 def _walk(mod) -> dict[str, Any]:
@@ -62,6 +63,8 @@ def _walk(mod) -> dict[str, Any]:
                 found["nests"].append(str(pr))
                 if str(pr) == GATHER:
                     found["rows_tile"] = int(s.extent)
+                if str(pr) == BAG_SUM:
+                    found["bags_tile"] = int(s.extent)
                 return
             visit(s.body)
         elif isinstance(s, T.SeqStmt):
@@ -73,7 +76,7 @@ def _walk(mod) -> dict[str, Any]:
             visit(s.block)
 
     visit(f.body)
-    want = ["dma_copy"] * (len(params) == 4) + ["dma_copy", GATHER, "dma_copy"]
+    want = ["dma_copy"] * (len(params) == 4) + ["dma_copy", GATHER] + [BAG_SUM] * ("bags_tile" in found) + ["dma_copy"]
     if "tiles" not in found or found.get("nests") != want:
         raise OpcFailure(f"emit_gather: expected {'an offsets copy-in, ' if len(params) == 4 else ''}a tile loop "
                          f"with index copy-in, {GATHER} and copy-out nests; found {found.get('nests')}")
@@ -114,6 +117,13 @@ class GatherKernel:
         self.oname = w["gm"][-1][0]
         self.offname, self.fields = (w["gm"][2][0], w["gm"][2][1][0]) if len(w["gm"]) == 4 else (None, 0)
         self.tiles, self.rt, self.slots = w["tiles"], w["rows_tile"], w["slots"]
+        self.bag = 1  # rows summed per output row
+        if "bags_tile" in w:  # a tile of whole bags (the rows nest is clipped to n when one tile holds them all)
+            nout = w["gm"][-1][1][0]
+            self.bag = self.n // nout
+            if self.bag * nout != self.n:
+                raise OpcFailure(f"emit_gather: {self.n} indices do not make {nout} whole bags")
+            self.rt = w["bags_tile"] * self.bag
         if ceil_div(self.n, self.rt) != self.tiles:
             raise OpcFailure(f"emit_gather: {self.tiles} tiles of {self.rt} indices do not cover {self.n}")
         self.chunk = min(int(col_chunk) or self.cols, self.cols)
@@ -127,9 +137,11 @@ class GatherKernel:
         ipad = ceil_div(self.rt, 32 // np.dtype(self.idt).itemsize) * (32 // np.dtype(self.idt).itemsize)
         table = kb.gm(self.tname, (self.rows, self.cols), self.dtype)
         idx = kb.gm(self.iname, (self.n,), self.idt)
-        out = kb.gm(self.oname, (self.n, self.cols), self.dtype)
+        b = self.bag
+        out = kb.gm(self.oname, (self.n // b, self.cols), self.dtype)
         ib = [kb.alloc("UB", f"idx_{s}", (ipad,), self.idt) for s in range(self.slots)]
         rb = [kb.alloc("UB", f"rows_{s}", (self.rt, cpad), self.dtype) for s in range(self.slots)]
+        sb = [kb.alloc("UB", f"sums_{s}", (self.rt // b, cpad), self.dtype) for s in range(self.slots)] if b > 1 else []
         ob = None
         if self.fields:  # the per-field offsets, once per core
             epi = 32 // np.dtype(self.idt).itemsize
@@ -150,9 +162,18 @@ class GatherKernel:
                                      ib[s], r)
                     if ob is not None:
                         _add_offset(kb, ob, (i0 + r) % self.fields)
-                kb.data_move(out, (slice(i0, i0 + cnt), slice(c0, c0 + wd)), rb[s], (slice(0, cnt), slice(0, wd)))
+                if b > 1:  # each bag's rows added in order into its sum (a vector add of the row per row)
+                    for q in range(cnt // b):
+                        acc = VOp(sb[s], q * cpad)
+                        kb.vec("add", acc, (VOp(rb[s], q * b * cpad), VOp(rb[s], (q * b + 1) * cpad)), wd)
+                        for r in range(2, b):
+                            kb.vec("add", acc, (acc, VOp(rb[s], (q * b + r) * cpad)), wd)
+                    kb.data_move(out, (slice(i0 // b, (i0 + cnt) // b), slice(c0, c0 + wd)), sb[s],
+                                 (slice(0, cnt // b), slice(0, wd)))
+                else:
+                    kb.data_move(out, (slice(i0, i0 + cnt), slice(c0, c0 + wd)), rb[s], (slice(0, cnt), slice(0, wd)))
         gm_in = (self.tname, self.iname) + ((self.offname,) if self.offname else ())
-        return kb.finish(gm_inputs=gm_in, lowering="emit_gather (indirect row DMAs)")
+        return kb.finish(gm_inputs=gm_in, lowering="emit_gather (indirect row DMAs" + (", bag sums)" if b > 1 else ")"))
 
 
 def _add_offset(kb: KernelBuilder, ob: Buf, pos: int) -> None:
