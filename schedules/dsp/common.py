@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import math
 
-from opcompiler.backend.dsp.intrin import ALIGN, F32, SCOPE_GSM, STAGE, TIR, DspMachine
+from opcompiler.backend.dsp.intrin import ALIGN, F32, HSWISH_INLINE, SCOPE_GSM, STAGE, TIR, DspMachine
 from opcompiler.errors import OpcError
 from opcompiler.target import Target
 from opcompiler.workload import Workload
@@ -34,6 +34,22 @@ def capacity_why(m: DspMachine, fp: dict[str, int]) -> str | None:
     if "REG" in fp and fp["REG"] > m.registers:
         return f"register block needs {fp['REG']} vector registers > {m.registers}"
     return None
+
+
+def inline_hswish(sch, names: list[str]) -> list[str]:
+    """A conv compute whose epilogue ends in HardSwish (`opcompiler.ops.steps`: x + 3, min 6 and max 0
+    against broadcast constants, times 1/6, times x: one block each) with the step as one epilogue
+    block: its blocks but the last (`intrin.HSWISH_INLINE`) inlined into it ("vmul", whose value is
+    then x * (max(min(x + 3, 6), 0) * 1/6)). Returns the root blocks' names left; a compute without
+    the step is left as it is."""
+    if "vmul" not in names:
+        return names
+    if not all(b in names for b in HSWISH_INLINE):
+        raise OpcError("a conv epilogue block vmul that is not the HardSwish step's", arg="op",
+                       expected="the HardSwish step's blocks " + ", ".join(HSWISH_INLINE + ("vmul",)))
+    for b in HSWISH_INLINE:  # producers first: each into its consumer, ending in vmul
+        sch.compute_inline(sch.get_sblock(b))
+    return [b for b in names if b not in HSWISH_INLINE]
 
 
 def copy_loop(sch, blk, depth: int):

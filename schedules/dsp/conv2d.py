@@ -21,8 +21,9 @@ from .grouped import DspGroupedConv
 
 # the epilogue steps (`opcompiler.ops.steps`) the direct convolution lowers, in its order and its
 # names: a conv2d-family op runs here when its catalogue entry's `epilogue` is made of them ("add",
-# conv + eltwise: the residual's tile staged DDR -> AM beside the input rows, added in the epilogue)
-EPI_STEPS = {"bias": "bias", "bn": "bn", "add": "res", "relu": "relu"}
+# conv + eltwise: the residual's tile staged DDR -> AM beside the input rows, added in the epilogue;
+# "hardswish": x * (clip(x + 3, 0, 6) / 6) on the accumulators, the clip in a temporary register)
+EPI_STEPS = {"bias": "bias", "bn": "bn", "add": "res", "relu": "relu", "hardswish": "hswish"}
 PW = (1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 12, 14, 16, 19)
 ROWS = (1, 2, 3, 4, 5, 6, 8, 10, 12, 19)
 COLS = (1, 2, 4, 8, 12, 16, 28, 32, 56)

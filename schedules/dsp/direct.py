@@ -12,7 +12,7 @@ DDR -> SM (zero rows and halo columns give the padding), run the VPU pass, DMA t
 tile AM -> DDR (or AM -> GSM -> DDR). Two orders of the VPU pass:
 
 * `out` (output-stationary): register blocks of `pw` output pixels x `kv` vectors accumulate
-  over R*S*C in registers; the fused epilogue (bias, BN, the residual, ReLU) runs on the
+  over R*S*C in registers; the fused epilogue (bias, BN, the residual, ReLU or HardSwish) runs on the
   registers. A residual (conv + eltwise fusion) is an output-shaped tensor whose tile is DMAed
   DDR -> AM with the stage's input rows and added after bias / BN, before ReLU.
 * `ws` (the paper's Algorithm 3 as written): for each input channel c the R*S x kv weight
@@ -29,7 +29,8 @@ the knobs, geometry and capacity check above:
         (conv + eltwise) the residual's tile cached here in local.AM, DMAed beside the input rows
         yi, xo_blk (register blocks of pw pixels within an output row)
           conv2d reduction into local.REG (registers), then the epilogue blocks
-          (bias / batch_norm in local.REG, the residual's vadd, ReLU) writing the output tile in local.AM
+          (bias / batch_norm in local.REG, the residual's vadd, ReLU or HardSwish: its blocks inlined
+          into its last, `common.inline_hswish`) writing the output tile in local.AM
         output tile local.AM -> DDR (the cache_write block)
 
 Loops carry `opc.dsp.*` annotations that say what each nest is on the chip: `dma` (one
@@ -46,8 +47,8 @@ from dataclasses import dataclass
 from typing import Any
 
 from opcompiler.backend.dsp.intrin import (
-    CORES, DMA, DMA_SHARED, EPI_BLOCKS, EPI_REGS, F32, MK, MK_EW, MK_WS, OP, SCOPE_AM, SCOPE_GSM, SCOPE_REG, SCOPE_SM,
-    STAGE, DspMachine, MkCost, machine, mk_ew, mk_out, mk_ws,
+    CORES, DMA, DMA_SHARED, EPI_BLOCKS, EPI_REGS, EPI_TEMPS, F32, MK, MK_EW, MK_WS, OP, SCOPE_AM, SCOPE_GSM, SCOPE_REG,
+    SCOPE_SM, STAGE, DspMachine, MkCost, machine, mk_ew, mk_out, mk_ws,
 )
 from opcompiler.backend.dsp.intrin import sum_costs as _sum
 from opcompiler.errors import OpcError
@@ -56,7 +57,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Scheduled, Template
 from opcompiler.workload import Workload
 
-from .common import capacity_why, compacted, copy_loop, matmul_schedule, placement
+from .common import capacity_why, compacted, copy_loop, inline_hswish, matmul_schedule, placement
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -75,7 +76,7 @@ class ConvSpec:
     dil: int
     ho: int
     wo: int
-    epi: tuple[str, ...]  # subset of ("bias", "bn", "res", "relu"), in order ("res": a residual tensor added)
+    epi: tuple[str, ...]  # subset of ("bias", "bn", "res", "relu", "hswish"), in order ("res": a residual tensor added)
     layout: str = "NHWC"  # of the op's own tensors; NCHW (and transposed matmul) are relaid by DMA
     kind: str = "conv2d"
 
@@ -128,9 +129,10 @@ def footprint(m: DspMachine, sp: ConvSpec, cf: DirectConfig) -> dict[str, int]:
     sm = nbuf * in_rows(sp, cf.rows) * in_cols(sp, cols) * sp.c * F32
     gsm = (sp.taps * sp.c * kbp * F32 if cf.w_path == "gsm" else 0) + (
         m.cores * nbuf * cf.rows * cols * kbp * F32 if cf.out_path == "gsm" else 0)
-    if cf.order == "out":
-        regs = cf.pw * cf.kv + npar * cf.kv + cf.kv + cf.pw
-    else:
+    temps = sum(EPI_TEMPS[e] for e in sp.epi)  # HardSwish's temporary register
+    if cf.order == "out":  # the epilogue's temporaries take the registers the steps' weights and inputs free
+        regs = cf.pw * cf.kv + npar * cf.kv + max(cf.kv + cf.pw, temps)
+    else:  # (the epilogue pass's registers, temporaries included, are `mk_ew`'s to check: a handful)
         regs = sp.taps * cf.kv + (sp.s - 1) * sp.r + cf.kv + sp.r
     return {"AM": am, "SM": sm, "GSM": gsm, "REG": regs}
 
@@ -158,7 +160,7 @@ def pass_cost(m: DspMachine, sp: ConvSpec, cf: DirectConfig, npix: int, width: i
     if sp.epi:
         fm = sum(e in ("bias", "bn", "res") for e in sp.epi)
         parts.append((mk_ew(m, npix * cf.kv, 1 + int("res" in sp.epi), fm, int("relu" in sp.epi),
-                            sum(EPI_REGS[e] for e in sp.epi)), 1))
+                            sum(EPI_REGS[e] for e in sp.epi), int("hswish" in sp.epi)), 1))
         calls += 1
     return _sum(parts), calls
 
@@ -203,7 +205,7 @@ def _begin(wl: Workload, config: Mapping[str, Any]):
 
     base = nhwc_workload(wl)
     sch = tvm.s_tir.Schedule(op_prim_func(base))
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    names = inline_hswish(sch, [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))])
     epi = [b for b in names if b in EPI_BLOCKS]
     conv = sch.get_sblock("conv2d")
     last = sch.get_sblock(epi[-1]) if epi else conv

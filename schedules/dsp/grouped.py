@@ -18,12 +18,13 @@ carried), every input row the block needs is loaded once per column tap (a vecto
 stride `stride`) and multiplied by the tap's weight (an SM scalar broadcast) into the
 accumulators of the output rows that use it; larger `rb` reuses each loaded row for more
 outputs (R x S weight registers + rb accumulators must fit the register file). The epilogue
-(bias, BN scale/shift, ReLU) runs on the accumulators, which are stored to the AM output tile
+(bias, BN scale/shift, ReLU or HardSwish) runs on the accumulators, which are stored to the AM output tile
 and DMAed AM -> DDR.
 
 The schedule (`gconv_schedule`): grouped / depthwise convolution (groups > 1, NCHW) as the TVM
 schedule the DSP simulator executes.
-Built over the op's own TE compute (`pad` -> `conv2d` [-> `conv2d_bias` | `batch_norm`] [-> `vrelu`]),
+Built over the op's own TE compute (`pad` -> `conv2d` [-> `conv2d_bias` | `batch_norm`] [-> `vrelu` | HardSwish's
+blocks, inlined into its last, `vmul`]),
 with the template's knobs as schedule primitives and annotations:
 
     items (image, channel block, row block)   the output channels split into blocks of `planes`:
@@ -58,6 +59,7 @@ from opcompiler.backend.dsp.intrin import (
     CORES,
     DMA,
     EPI_BLOCKS,
+    EPI_TEMPS,
     F32,
     GCONV,
     OP,
@@ -77,12 +79,13 @@ from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
 from . import stream
-from .common import refuse_invalid
+from .common import inline_hswish, refuse_invalid
 from .stream import cdiv, cores_knob, share
 
 # the epilogue steps (`opcompiler.ops.steps`) the grouped convolution lowers, in its order: a
-# conv2d-family op runs here when its catalogue entry's `epilogue` is made of them
-EPI_STEPS = {"bias": "bias", "bn": "bn", "relu": "relu"}
+# conv2d-family op runs here when its catalogue entry's `epilogue` is made of them ("hardswish":
+# x * (clip(x + 3, 0, 6) / 6) on the accumulators, the clip in one temporary register)
+EPI_STEPS = {"bias": "bias", "bn": "bn", "relu": "relu", "hardswish": "hswish"}
 
 
 def epilogue(wl: Workload) -> tuple[str, ...] | None:
@@ -166,7 +169,8 @@ class _Geo:
         return self.nbuf * (wb + len(self.pnames) * self.KP)
 
     def regs(self) -> int:
-        return self.rb + self.taps + X_REGS + len(self.pnames)
+        # the epilogue's temporary registers (HardSwish's clip chain), one for the block's rows
+        return self.rb + self.taps + X_REGS + len(self.pnames) + sum(EPI_TEMPS[e] for e in self.epi)
 
 
 class DspGroupedConv(Template):
@@ -263,7 +267,7 @@ def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool
     sch = tvm.s_tir.Schedule(op_prim_func(_WL[key]))
     p = wl.p
     kg = p["k"] // p["groups"]
-    names = [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))]
+    names = inline_hswish(sch, [sch.get(b).name_hint for b in sch.get_child_blocks(sch.get_sblock("root"))])
     epi = [b for b in names if b in EPI_BLOCKS]
     conv = sch.get_sblock("conv2d")
     last = sch.get_sblock(epi[-1]) if epi else conv

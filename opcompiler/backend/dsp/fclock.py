@@ -209,8 +209,8 @@ class DspClock:
     #                                over `steps` reduction steps (the K loop), then the epilogue
     #   ("ws", npix, kv, r, s, wo, rmw)  one input channel's r x s x kv weights held in registers,
     #                                swept over npix pixels (rows of wo), partial sums in AM
-    #   ("ew", nvec, n_in, fm, va, params)  nvec vectors: n_in loads, fm FMAC and va vector-ALU
-    #                                ops chained, one store, `params` vectors held
+    #   ("ew", nvec, n_in, fm, va, params[, hs])  nvec vectors: n_in loads, fm FMAC and va vector-ALU
+    #                                ops chained, hs HardSwish steps, one store, `params` vectors held
     # Each is issued here as the instruction stream that block executes, every iteration of its
     # loop in order (no steady-state skip), on this clock's slots and latencies.
 
@@ -240,7 +240,8 @@ class DspClock:
 
     def _mk_out(self, pw: int, kv: int, steps: int, epi: tuple) -> int:
         params = [(name, v) for e in epi for v in range(kv) for name in _EPI_PARAMS[e]]
-        window = self._window(pw * kv + len(params), kv + pw)
+        # the epilogue's temporaries (HardSwish's) take registers the loop's weights and inputs free
+        window = self._window(pw * kv + len(params), max(kv + pw, sum(_EPI_TEMPS[e] for e in epi)))
         accs = [("acc", p, v) for p in range(pw) for v in range(kv)]
         sld = self.latency["sld"]
 
@@ -261,6 +262,8 @@ class DspClock:
                     tail += [self._ld(("res", a)), self._fma(a, a, ("res", a))]
                 elif e == "relu":
                     tail.append(("valu", a, (a,), self.latency["valu"]))
+                elif e == "hswish":  # x * (max(min(x + 3, 6), 0) / 6), the clip in a temporary
+                    tail += self._hswish(a, (a,), ("hswish", a))
                 else:
                     raise ValueError(f"the functional clock has no epilogue {e!r}")
             tail.append(self._st(a))
@@ -284,8 +287,15 @@ class DspClock:
         pro = [self._ld(("w", y, c, v)) for y in range(r) for c in range(s) for v in range(kv)]
         return self._loop(pro, body, npix, [], window)
 
-    def _mk_ew(self, nvec: int, n_in: int, fm: int, va: int, params: int) -> int:
-        window = self._window(params, n_in + 1)
+    def _hswish(self, x, src: tuple, t) -> list:
+        """HardSwish of what `src` holds into x: t = src + 3 (FMAC), min 6, max 0 (vector ALU),
+        t * 1/6 (FMAC), x = src * t (FMAC)."""
+        valu = self.latency["valu"]
+        return [self._fma(t, *src), ("valu", t, (t,), valu), ("valu", t, (t,), valu), self._fma(t, t),
+                self._fma(x, *src, t)]
+
+    def _mk_ew(self, nvec: int, n_in: int, fm: int, va: int, params: int, hs: int = 0) -> int:
+        window = self._window(params, n_in + 1 + hs)  # a HardSwish step's temporary per vector
         ps = tuple(("p", j) for j in range(params))
 
         def body(i: int) -> list:
@@ -297,6 +307,9 @@ class DspClock:
                 prev = (y,)
             for _ in range(va):
                 ins.append(("valu", y, prev, self.latency["valu"]))
+                prev = (y,)
+            for _ in range(hs):
+                ins += self._hswish(y, prev, ("t", i))
                 prev = (y,)
             return ins + [("ldst", None, prev, self.latency["vld"])]
         return self._loop([self._ld(p) for p in ps], body, nvec, [], window)
@@ -363,7 +376,9 @@ def _signature(n: vx.Nest) -> tuple:
 _NESTS: dict[tuple, int] = {}
 _CALLS: dict[tuple, int] = {}
 # the parameter vectors each epilogue stage holds in registers, per output-channel vector
-_EPI_PARAMS = {"bias": ("bias",), "bn": ("scale", "shift"), "res": (), "relu": ()}
+_EPI_PARAMS = {"bias": ("bias",), "bn": ("scale", "shift"), "res": (), "relu": (), "hswish": ()}
+# the temporary registers each epilogue stage holds per vector while it runs
+_EPI_TEMPS = {"bias": 0, "bn": 0, "res": 0, "relu": 0, "hswish": 1}
 
 
 def runs(src: View, dst: View) -> int:

@@ -18,7 +18,8 @@ from __future__ import annotations
 
 from ...sim.tir_expr import TIR  # noqa: F401  (TVM's TIR node classes, resolved on first use, for schedules' walkers)
 from .machine import F32, DspMachine, machine
-from .timing import EPI_REGS, MkCost, mk_ew, mk_out, mk_ws, sum_costs  # the micro-kernel intrinsics (see above)
+# the micro-kernel intrinsics (see above)
+from .timing import EPI_REGS, EPI_TEMPS, MkCost, mk_ew, mk_out, mk_ws, sum_costs
 
 F32_NAME = "float32"
 
@@ -51,9 +52,16 @@ INTRINSICS = (DMA, DMA_SHARED, VEC, GCONV, MK, MK_WS, MK_EW, MK_GEMM)
 EVENT = "opc.dsp.event"
 
 # epilogue blocks of the conv / matmul computes, in order, by the lowerings' names for them
-# ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM)
-EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vadd": "res", "vrelu": "relu"}
+# ("vadd": a residual tensor added, the conv + eltwise fusion; its tile is a stage input in AM;
+# "vmul": the HardSwish step's last block, x * (clip(x + 3, 0, 6) * 1/6), the step's other blocks
+# inlined into it by the template, `HSWISH_INLINE`)
+EPI_BLOCKS = {"conv2d_bias": "bias", "matmul_bias": "bias", "batch_norm": "bn", "vadd": "res", "vrelu": "relu",
+              "vmul": "hswish"}
+# the blocks of the HardSwish step's compute (`opcompiler.ops.steps`) a conv template inlines into its
+# last block ("vmul"), so that the step is one epilogue block
+HSWISH_INLINE = ("vadds", "broadcast_scalar", "vmin", "broadcast_scalar_1", "vmax", "vmuls")
 
-__all__ = ["TIR", "MkCost", "mk_ew", "mk_out", "mk_ws", "sum_costs", "ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine", "EPI_BLOCKS", "EPI_REGS", "EVENT", "F32", "F32_NAME", "GCONV",
+__all__ = ["TIR", "MkCost", "mk_ew", "mk_out", "mk_ws", "sum_costs", "ALIGN", "CORES", "DMA", "DMA_SHARED", "DspMachine",
+           "EPI_BLOCKS", "EPI_REGS", "EPI_TEMPS", "HSWISH_INLINE", "EVENT", "F32", "F32_NAME", "GCONV",
            "INTRINSICS", "ITEMS", "MK", "MK_EW", "MK_GEMM", "MK_WS", "OP", "SCOPES", "SCOPE_AM", "SCOPE_GSM",
            "SCOPE_REG", "SCOPE_SM", "STAGE", "VEC", "machine"]

@@ -145,7 +145,19 @@ def _run(m: DspMachine, prologue: list[Instr], body: Callable[[int], list[Instr]
     return MkCost(cycles=cycles, fmas=c["fmac"], vldst=c["ldst"], slds=c["sld"], valu=c["valu"])
 
 
-EPI_REGS = {"bias": 1, "bn": 2, "res": 0, "relu": 0}  # per-channel parameter vectors an epilogue holds in registers
+# per-channel parameter vectors an epilogue holds in registers
+EPI_REGS = {"bias": 1, "bn": 2, "res": 0, "relu": 0, "hswish": 0}
+# temporary registers an epilogue step needs per vector while it runs (`steps.ChainStep.temps`): HardSwish
+# keeps x until its last multiply, the clip chain runs in a temporary
+EPI_TEMPS = {"bias": 0, "bn": 0, "res": 0, "relu": 0, "hswish": 1}
+
+
+def _hswish_instrs(m: DspMachine, x: object, src: tuple, t: object) -> list[Instr]:
+    """HardSwish of the vector in `src` (one register) into register `x`: x * (max(min(x + 3, 6), 0) * 1/6),
+    the clip chain in the temporary `t`: vadd 3 (FMAC), vmin 6, vmax 0 (vector ALU), vmul 1/6 (FMAC),
+    then src * t (FMAC), each waiting on the one before."""
+    return [("fmac", t, src, m.fmac_latency), ("valu", t, (t,), m.valu_latency), ("valu", t, (t,), m.valu_latency),
+            ("fmac", t, (t,), m.fmac_latency), ("fmac", x, src + (t,), m.fmac_latency)]
 
 
 def _epi_instrs(m: DspMachine, acc: object, epi: tuple[str, ...], kv_index: int) -> list[Instr]:
@@ -160,6 +172,8 @@ def _epi_instrs(m: DspMachine, acc: object, epi: tuple[str, ...], kv_index: int)
             out.append(("fmac", acc, (acc, ("res", acc)), m.fmac_latency))
         elif e == "relu":
             out.append(("valu", acc, (acc,), m.valu_latency))
+        elif e == "hswish":
+            out += _hswish_instrs(m, acc, (acc,), ("hswish", acc))
     return out
 
 
@@ -178,7 +192,8 @@ def mk_out(m: DspMachine, pw: int, kv: int, steps: int, epi: tuple[str, ...] = (
     registers over `steps` reduction steps (R*S*C); per step kv weight vectors are loaded from AM
     and pw input scalars are loaded from SM and broadcast; then the epilogue and the stores."""
     live = pw * kv + sum(EPI_REGS[e] for e in epi) * kv
-    depth = _check_regs(m, live, kv + pw, f"register block {pw}x{kv}")
+    # the epilogue's temporaries take registers the loop's weight and input registers free
+    depth = _check_regs(m, live, max(kv + pw, sum(EPI_TEMPS[e] for e in epi)), f"register block {pw}x{kv}")
     pro: list[Instr] = [("ldst", (e, v), (), m.vld_latency) for e in epi if EPI_REGS[e] for v in range(kv)
                         for _ in range(EPI_REGS[e])]
 
@@ -234,10 +249,11 @@ def mk_ws(m: DspMachine, npix: int, kv: int, r: int, s: int, wo: int, rmw: bool)
 
 
 @lru_cache(maxsize=4096)
-def mk_ew(m: DspMachine, nvec: int, n_in: int, fm: int, va: int, params: int) -> MkCost:
-    """Element-wise pass over `nvec` vectors: n_in vector loads, `fm` FMAC ops (add, scale+shift)
-    and `va` vector-ALU ops (max for ReLU) chained per vector, one store."""
-    depth = _check_regs(m, params, n_in + 1, "element-wise block")
+def mk_ew(m: DspMachine, nvec: int, n_in: int, fm: int, va: int, params: int, hs: int = 0) -> MkCost:
+    """Element-wise pass over `nvec` vectors: n_in vector loads, `fm` FMAC ops (add, scale+shift),
+    `va` vector-ALU ops (max for ReLU) and `hs` HardSwish steps (`_hswish_instrs`, one temporary
+    register each) chained per vector, one store."""
+    depth = _check_regs(m, params, n_in + 1 + hs, "element-wise block")
     pro: list[Instr] = [("ldst", ("p", j), (), m.vld_latency) for j in range(params)]
 
     def body(i: int) -> list[Instr]:
@@ -249,10 +265,14 @@ def mk_ew(m: DspMachine, nvec: int, n_in: int, fm: int, va: int, params: int) ->
         for _ in range(va):
             ins.append(("valu", ("y", i), prev, m.valu_latency))
             prev = (("y", i),)
+        for _ in range(hs):
+            ins += _hswish_instrs(m, ("y", i), prev, ("t", i))
+            prev = (("y", i),)
         ins.append(("ldst", None, prev, m.vld_latency))
         return ins
 
-    return replace(_run(m, pro, body, nvec, lambda _: [], depth), calls=(("ew", nvec, n_in, fm, va, params),))
+    sig = ("ew", nvec, n_in, fm, va, params) + ((hs,) if hs else ())
+    return replace(_run(m, pro, body, nvec, lambda _: [], depth), calls=(sig,))
 
 
 def sum_costs(costs: list[tuple[MkCost, int]]) -> MkCost:

@@ -627,7 +627,7 @@ class Lowerer:
         if key not in self._costs:
             fm = sum(e in ("bias", "bn", "res") for e in epi)  # the residual: one more load and add
             self._costs[key] = mk_ew(self.m, npix * self.kv, 1 + int("res" in epi), fm, int("relu" in epi),
-                                     sum(EPI_REGS[e] for e in epi))
+                                     sum(EPI_REGS[e] for e in epi), int("hswish" in epi))
         stage[1].append((self._costs[key], (st, E) if self.fn else None))
 
     def _pred_at(self, info, g: dict):

@@ -17,7 +17,10 @@ tail block of the item's rows):
   it (a tap's weight: an SM scalar broadcast, loaded once per nest iteration);
 * the blocks after the reduction become instructions on each accumulator: `+ v` -> vadd, `* s + t`
   -> vfma, `max(x, c)` / `min` -> vmax / vmin, `* v` -> vmul, with per-channel SM scalars loaded
-  once per iteration; the last block's store is a vector store into the AM tile;
+  once per iteration; an operation of two expressions of the accumulator (HardSwish's
+  x * (max(min(x + 3, 6), 0) * 1/6)) computes the second into one temporary register first
+  (vadd tmp <- acc + 3, vmin, vmax, vmul tmp <- tmp * 1/6, then vmul acc <- acc * tmp); the last
+  block's store is a vector store into the AM tile;
 * addresses (base, steps, lane stride) are the flat indices evaluated at the corner and one step
   along each loop, checked affine over the box.
 
@@ -49,6 +52,16 @@ from .vselect import is_buffer_load, Select
 
 from ..intrin import GCONV  # noqa: E402  (the opc.dsp.op value of a register-blocked convolution nest)
 X_REGS = 4  # tap loads in flight (register names rotate)
+TEMP = ("t",)  # an epilogue operand: the temporary register (`GConvLowerer._temp`)
+TEMP_REG = "tmp"  # its name in the nest
+
+
+def _reads(e, bk: int) -> bool:
+    """Whether the expression loads buffer `bk`."""
+    if is_buffer_load(e):
+        return buf_key(e) == bk
+    kids = [getattr(e, f) for f in ("a", "b", "value") if hasattr(e, f)] + list(getattr(e, "args", ()))
+    return any(_reads(x, bk) for x in kids if not isinstance(x, (int, float, str)))
 
 
 def _nest_pred(st):
@@ -259,8 +272,22 @@ class GConvLowerer(VecLowerer):
             a, b = e.a, e.b
             if Select.const(a) is not None or (is_buffer_load(a) and self._sp(buf_key(a))[0] == "SM"):
                 a, b = b, a
+            if _reads(b, prev) and _reads(a, prev):  # both computed from the accumulator: b in a temporary
+                return self._temp(st, b, prev, S) + self._select(st, a, prev, S) + [(ops[type(e)], TEMP)]
             return self._select(st, a, prev, S) + [(ops[type(e)], param(b))]
         raise self._fail(st, f"no vector instruction for {type(e).__name__} ({e})")
+
+    def _temp(self, st, e, prev: int, S: _Static) -> list:
+        """Instructions computing `e` from the accumulator into the temporary register, the
+        accumulator kept (HardSwish's x * (max(min(x + 3, 6), 0) * 1/6): the clip chain's vadd reads
+        the accumulator and writes the temporary, the rest run on it): [(TEMP, opcode, source,
+        operands)]. One temporary: an expression needing two is refused."""
+        code = self._select(st, e, prev, S)
+        if any(x == TEMP for ins in code for x in ins[1:]):
+            raise self._fail(st, f"an epilogue needing more than one temporary register: {e}")
+        if not code:
+            return [(TEMP, "vmov", "acc")]
+        return [(TEMP, ins[0], "acc" if i == 0 else TEMP, *ins[1:]) for i, ins in enumerate(code)]
 
     # ---- addresses ---------------------------------------------------------------------------
     def _mem(self, st, acc: tuple, lvl: str, slot: int, at: dict, loops: list, lane, check: tuple | None):
@@ -497,12 +524,17 @@ class GConvLowerer(VecLowerer):
             post.append(vx.VI("sld", f"p{i}", (self._mem(st, (bk, fflat), "SM", slot, dict(at0), loops, None, None),)))
 
         def opnd(x):
+            if x == TEMP:
+                return TEMP_REG
             return f"p{x[1]}" if isinstance(x, tuple) else x
         for j in range(rb):
             a = f"acc{j}"
             for _, row, lane, code, bk, fflat, _ in S.epi:
                 for ins in code:
-                    post.append(vx.VI(ins[0], a, (a,) + tuple(opnd(x) for x in ins[1:])))
+                    if ins[0] == TEMP:  # into the temporary (one register, the block's rows in turn)
+                        post.append(vx.VI(ins[1], TEMP_REG, tuple(a if x == "acc" else opnd(x) for x in ins[2:])))
+                    else:
+                        post.append(vx.VI(ins[0], a, (a,) + tuple(opnd(x) for x in ins[1:])))
             _, row, lane, _, bk, fflat, _ = S.epi[-1]
             at = dict(at0)
             if row is not None:
