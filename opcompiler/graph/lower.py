@@ -16,6 +16,7 @@ import numpy as np
 
 from ..errors import OpcError
 from ..ops import fold_bn
+from . import fm
 from .importer import Graph, Node
 
 F32_MAX = float(np.finfo(np.float32).max)
@@ -98,12 +99,15 @@ def lower(graph: Graph, fallback: str | None = None) -> tuple[list[Prim], dict[s
     ctx.uses.update(v for n in graph.nodes for v in n.inputs if v)
     ctx.uses.update(graph.outputs)
     written_ln, skip = _written_out_layer_norms(ctx)
+    fm_chains, fm_skip = fm.find(graph.nodes, graph.outputs, ctx.consts, ctx.shape)  # DeepFM's pairwise term
+    skip |= fm_skip
     masks = mask_values(graph)  # int / bool values the plan stores as floats (runtime masks)
     for node in graph.nodes:
         if node.name in skip:
             continue
         try:
             fn = (lambda c, n: _emit_layer_norm(c, n, *written_ln[n.name])) if node.name in written_ln else \
+                (lambda c, n: _emit_fm(c, n, *fm_chains[n.name])) if node.name in fm_chains else \
                 _LOWER.get(node.op_type)
             if fn is None:
                 raise Unsupported(node, f"op {node.op_type} is not supported (supported: {', '.join(SUPPORTED)})")
@@ -994,6 +998,15 @@ def _fold_bag(ctx: _Ctx, node: Node, x: str, axes: list[int], kind: str) -> bool
                         f"{out}:mean", node, (n // b, d))
     ctx.emit("view", {}, (rows,), out, node, ctx.shapes[out])
     return True
+
+
+def _emit_fm(ctx: _Ctx, node: Node, e: str, keepdims: bool) -> None:
+    """The FM chain ending at this Sub (`graph.fm`): one `fm_interaction` over e (b, f, k), its
+    (b, k) result viewed as the Sub's output ((b, 1, k) with keepdims)."""
+    e = _runtime(ctx, node, e, "embeddings")
+    b, f, k = (int(v) for v in ctx.shape(e))
+    y = ctx.emit("fm_interaction", {"b": b, "f": f, "k": k}, (e,), f"{node.outputs[0]}:fm", node, (b, k))
+    ctx.emit("view", {}, (y,), node.outputs[0], node, ctx.shapes[node.outputs[0]])
 
 
 def _layer_norm(ctx: _Ctx, node: Node) -> None:

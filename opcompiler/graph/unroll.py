@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from ..ops.opbyop import GATES, decompose
-from .lower import Prim
+from .lower import Prim, ew_params
 
 INPUTS = {"lstm": ("X", "W", "R", "B", "h0", "c0"), "gru": ("X", "W", "R", "B", "h0")}
 
@@ -26,6 +26,8 @@ def expand(prims: list[Prim], consts: dict[str, np.ndarray], shapes: dict[str, t
     for p in prims:
         if p.kind == "gather" and int(p.params.get("bag", 1)) > 1:
             out.extend(_unbag(p, shapes))
+        elif p.kind == "fm_interaction":
+            out.extend(_unfm(p, shapes))
         elif p.kind in GATES:
             out.extend(_expand(p, consts, shapes))
         else:
@@ -50,6 +52,32 @@ def _unbag(p: Prim, shapes: dict[str, tuple]) -> list[Prim]:
             mk("view", {}, (pre + "t",), pre + "2d"),
             mk("reduce_sum", {"m": nb * d, "n": b}, (pre + "2d",), pre + "sum"),
             mk("view", {}, (pre + "sum",), p.output)]
+
+
+def _unfm(p: Prim, shapes: dict[str, tuple]) -> list[Prim]:
+    """DeepFM's pairwise term (`graph.fm`) as the model's nodes run one by one: the field sum
+    (transpose to (b, k, f), a row reduction), squared; the squares, their field sum; the difference."""
+    b, f, k = (int(p.params[x]) for x in ("b", "f", "k"))
+    e, pre = p.inputs[0], f"{p.output}:"
+    made: list[Prim] = []
+
+    def mk(kind: str, params: dict, ins: tuple, out: str, shape: tuple) -> str:
+        shapes[out] = shape
+        made.append(Prim(kind=kind, params=params, inputs=ins, outputs=(out,), node=p.node, onnx_op=p.onnx_op))
+        return out
+
+    def field_sum(x: str, tag: str) -> str:
+        t = mk("transpose", {"dims": f"{b}x{f}x{k}", "perm": "021"}, (x,), pre + tag + ":t", (b, k, f))
+        rows = mk("view", {}, (t,), pre + tag + ":rows", (b * k, f))
+        red = mk("reduce_sum", {"m": b * k, "n": f}, (rows,), pre + tag + ":red", (b * k,))
+        return mk("view", {}, (red,), pre + tag, (b, k))
+
+    s = field_sum(e, "sum")
+    s2 = mk("ew_chain", {**ew_params((b, k)), "chain": "mul"}, (s, s), pre + "sum2", (b, k))
+    sq = mk("ew_chain", {**ew_params((b, f, k)), "chain": "mul"}, (e, e), pre + "sq", (b, f, k))
+    q = field_sum(sq, "sumsq")
+    mk("ew_chain", {**ew_params((b, k)), "chain": "sub"}, (s2, q), p.output, (b, k))
+    return made
 
 
 def _expand(p: Prim, consts: dict[str, np.ndarray], shapes: dict[str, tuple]) -> list[Prim]:

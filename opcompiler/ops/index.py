@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = 'ce40148f92b21ecb03a236d31a5d1523e89e05d6df41e9fd8421360a7ea9d801'
+CATALOGUE_SHA256 = 'ec68744dbf1f178291d8a2a7cc8b627d18c3cd6638f77154d6ae55a27887796d'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),
@@ -76,6 +76,8 @@ OPS: dict[str, OpInfo] = {
         _CONV, 'conv', _F),
     'ew_chain': OpInfo('elemwise', "element-wise chain in one kernel: chain='bn;relu', 'sigmoid', 'mul;clip:0:6', ...",
         {'n': 1, 'c': 64, 'h': 56, 'w': 56, 'layout': 'NCHW', 'chain': 'sigmoid'}, '', _F),
+    'fm_interaction': OpInfo('fm', "factorization machine's pairwise term over the field axis of e (b, f, k): (sum_f e)^2 - sum_f e^2 -> (b, k), one fused reduction chain (DeepFM)",
+        {'b': 256, 'f': 26, 'k': 16}, '', _F),
     'gather': OpInfo('gather', 'embedding lookup: rows of a table (rows, cols) by runtime int indices (n,) (+ per-field offsets; summed in bags of `bag` rows: EmbeddingBag)',
         {'rows': 1000, 'cols': 64, 'n': 128, 'idx': 'int64', 'fields': 0, 'bag': 1}, '', _F),
     'gru': OpInfo('recurrent', 'one GRU layer, ONNX semantics, one direction (t, b, i, h, reverse, lbr): Y = every h_t',

@@ -6,3 +6,4 @@ from . import attention  # noqa: F401
 from . import norm  # noqa: F401  (layer_norm, add_layer_norm)
 from . import gather  # noqa: F401  (embedding lookup)
 from . import recurrent  # noqa: F401  (lstm)
+from . import fm  # noqa: F401  (fm_interaction)

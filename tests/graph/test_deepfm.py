@@ -55,9 +55,10 @@ def test_runs_whole_on_the_target(models, name, target, fused):
     gathers = [k for k in run.on_target() if k.op == "gather"]
     assert len(gathers) == 2  # the field embeddings and the first-order weights, each one kernel
     ops = [k.op for k in run.on_target()]
-    if name == "deepfm":  # the FM term: its two sums over the fields, a transpose and a row reduction each
-        # (unfused, the first-order term's bag sum is a third: see below)
-        assert ops.count("transpose") == (2 if fused else 3)
+    if name == "deepfm":  # the FM term: one fused reduction chain (`fm_interaction`); unfused, its two sums
+        # over the fields are a transpose and a row reduction each (and the first-order bag sum a third)
+        assert ops.count("fm_interaction") == (1 if fused else 0)
+        assert ops.count("transpose") == (0 if fused else 3)
     views = {g.outputs[0]: g.inputs[0] for g in plan.groups if g.op == "view"}
     bags = []
     for g in plan.groups:
@@ -169,3 +170,36 @@ def test_a_reduction_over_scattered_axes_is_refused_in_one_line(tmp_path):
         make_plan(load(_reduce_model(tmp_path / "s.onnx", "ReduceSum", [0, 2], 0)), "ascend-sim")
     msg = str(e.value)
     assert "\n" not in msg and "ReduceSum over axes [0, 2] of a 4-D tensor" in msg
+
+
+class _Fm(torch.nn.Module):
+    """The FM term as users write it, in three spellings: pow, products, keepdim sums (+ a variant
+    whose field sum is also read by another node: no fold, the chain runs as it is written)."""
+
+    def __init__(self, kind: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.kind = kind
+        self.emb = torch.nn.Embedding(200, 8)
+
+    def forward(self, ids):
+        e = self.emb(ids)  # (batch, fields, 8)
+        if self.kind == "pow":
+            return 0.5 * (e.sum(1).pow(2) - e.pow(2).sum(1)).sum(1, keepdim=True)
+        if self.kind == "mul":
+            s = e.sum(dim=1, keepdim=True)
+            return (s * s - (e * e).sum(dim=1, keepdim=True)).sum(2)
+        s = e.sum(1)
+        return (s.pow(2) - e.pow(2).sum(1)) + s  # s read twice
+
+
+@pytest.mark.parametrize("kind,folded", [("pow", True), ("mul", True), ("shared", False)])
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim"])
+def test_fm_spellings(tmp_path, kind, folded, target):
+    path = tmp_path / f"fm_{kind}.onnx"
+    torch.onnx.export(_Fm(kind).eval(), (torch.randint(0, 200, (6, 5), dtype=torch.int64),), str(path),
+                      opset_version=17, dynamo=False, input_names=["ids"], output_names=["y"])
+    for fused in (True, False):
+        run = run_plan(make_plan(load(path), target, fused=fused))
+        assert run.correct, run.max_abs_err
+        assert [k.op for k in run.on_target()].count("fm_interaction") == int(folded and fused)

@@ -12,7 +12,8 @@
     batched.py      batch_matmul
     attention.py    attention (softmax(Q K^T * scale + mask) V)
     recurrent.py    lstm (one ONNX LSTM layer, a fused persistent cell on ascend-sim)
-    gather.py       gather (embedding lookup: rows of a table by runtime int indices)
+    gather.py       gather (embedding lookup: rows of a table by runtime int indices; EmbeddingBag's sums)
+    fm.py           fm_interaction (DeepFM's pairwise term: one fused reduction chain over the fields)
 
 The geometry helpers in the right-hand column are public: schedules import them from here.
 After adding or changing an op, run `python -m opcompiler.ops.make_index` (the TVM-free index
@@ -26,6 +27,7 @@ from . import attention  # noqa: F401
 from . import norm  # noqa: F401  (layer_norm, add_layer_norm)
 from . import recurrent  # noqa: F401  (lstm)
 from . import gather  # noqa: F401  (gather: embedding lookup)
+from . import fm  # noqa: F401  (fm_interaction)
 from .conv import CONV_DEFAULTS, conv_out_hw, conv_out_shape
 from .elementwise import chain_op
 from .movement import slice_geometry, transpose_dims

@@ -13,6 +13,7 @@ the lowering by `sched.lowering` and assembles the plan:
     move         `move` (MTE2 / MTE3 boxes, a vector dup for padding)
     reduce       `reduce` (per row vcadd / vcmax folds; softmax's stages per row)
     gather       `gather` (indices into UB, an indirect DMA per row, row tiles out)
+    fm           `fm_interaction` (a tile of samples into UB, field sums as strided vector adds)
     attention    the capacity dry-run, the flash-attention nest traced once per key, each stage
                  turned into its instructions (`attention.AttentionLowering`)
     recurrent    the same for the LSTM / GRU nest (`recurrent.RecurrentLowering`)
@@ -154,9 +155,21 @@ def _gather(sched: Scheduled, m: Machine) -> Plan:
                 info={**sched.info, "lowering": "TVM s_tir schedule -> emit_gather (backend/ascend/lower/gather.py)"})
 
 
+def _fm(sched: Scheduled, m: Machine) -> Plan:
+    from . import fm
+
+    fit(sched, m)
+    fk = fm.lower(_module(sched), sched.params)
+    h = sched.host
+    return Plan(active_cores=fk.active_cores, make_program=lambda core: fk.program(m, core), pack=h.pack,
+                out_name=fk.oname, out_shape=(fk.b, fk.k), out_dtype=fk.dtype, unpack=h.unpack or (lambda y: y),
+                flops=sched.flops, unit="vector",
+                info={**sched.info, "lowering": "TVM s_tir schedule -> emit_fm (backend/ascend/lower/fm.py)"})
+
+
 LOWERINGS: dict[str, Callable[[Scheduled, Machine], Plan]] = {
     "gemm": _gemm, "conv": _conv, "vector": _vector, "move": _move, "reduce": _reduce, "attention": _attention,
-    "gather": _gather, "recurrent": _recurrent}
+    "gather": _gather, "recurrent": _recurrent, "fm": _fm}
 
 
 def lower(sched: Scheduled, m: Machine) -> Plan:
