@@ -91,3 +91,32 @@ def test_hardswish_epilogue_costs_its_five_vector_instructions():
     assert per == 18
     assert hs_t.busy["V"] - relu_t.busy["V"] == 4 * per
     assert hs_t.cycles - relu_t.cycles == 4 * per
+
+
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim", "dsp-sim"])
+def test_a_mobilenet_v3_block_fuses_conv_bias_hardswish(tmp_path, target):
+    """MobileNetV3's conv blocks (conv, depthwise conv, 1x1 conv, each + HardSwish) import as the
+    `hardswish` op, so the catalogue's pattern conv2d, bias_add, hardswish fuses each into one
+    conv2d_bias_hardswish kernel on every target; values against onnxruntime."""
+    torch = pytest.importorskip("torch")
+    from opcompiler.graph import load, make_plan, run_plan
+
+    class Block(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.c1 = torch.nn.Conv2d(3, 16, 3, 2, 1)
+            self.c2 = torch.nn.Conv2d(16, 16, 3, 1, 1, groups=16)
+            self.c3 = torch.nn.Conv2d(16, 24, 1)
+            self.fc = torch.nn.Linear(24, 10)
+
+        def forward(self, x):
+            hs = torch.nn.functional.hardswish
+            return self.fc(hs(self.c3(hs(self.c2(hs(self.c1(x)))))).mean((2, 3)))
+
+    torch.manual_seed(0)
+    path = tmp_path / "mnv3_block.onnx"
+    torch.onnx.export(Block().eval(), (torch.randn(1, 3, 32, 32),), str(path), opset_version=17, dynamo=False,
+                      input_names=["x"], output_names=["y"])
+    run = run_plan(make_plan(load(path), target))
+    assert run.correct, run.max_abs_err
+    assert [k.op for k in run.on_target()].count("conv2d_bias_hardswish") == 3

@@ -1526,7 +1526,7 @@ _LOWER: dict[str, Callable[[_Ctx, Node], None]] = {
     "Gemm": _gemm, "MatMul": _matmul, "MaxPool": _pool("max"), "AveragePool": _pool("avg"),
     "GlobalAveragePool": _global_avg, "Flatten": _view, "Reshape": _view, "Squeeze": _view, "Unsqueeze": _view,
     "Softmax": _softmax, "LogSoftmax": _log_softmax, "Clip": _clip, "Concat": _concat, "Sigmoid": _chain("sigmoid"),
-    "HardSigmoid": _hard_sigmoid, "HardSwish": _chain("hardswish"), "Transpose": _transpose, "Slice": _slice,
+    "HardSigmoid": _hard_sigmoid, "HardSwish": lambda c, n: _unary(c, n, "hardswish", {}), "Transpose": _transpose, "Slice": _slice,
     "ReduceMean": _reduce("mean"), "ReduceSum": _reduce("sum"), "ReduceMax": _reduce("max"), "LRN": _lrn,
     "Identity": _view, "Dropout": _dropout, "Sub": _sub, "Div": _div, "Pow": _pow, "Erf": _chain("erf"),
     "Tanh": _chain("tanh"), "Gelu": _gelu, "Sqrt": _chain("pow:0.5"), "Reciprocal": _chain("rec"),

@@ -123,7 +123,11 @@ def shapes(draw, op: str) -> dict[str, Any]:
         n = draw(st.sampled_from((1, 2, 3, 16, 17, 33, 128)))
         return {"rows": draw(st.sampled_from((1, 2, 7, 16, 17, 100))), "cols": draw(st.sampled_from(COLS)),
                 "n": n, "idx": draw(st.sampled_from(("int32", "int64"))),
-                "fields": draw(st.sampled_from(tuple(f for f in (0, 1, 3, 10) if f <= n)))}
+                "fields": draw(st.sampled_from(tuple(f for f in (0, 1, 3, 10) if f <= n))),
+                "bag": draw(st.sampled_from(tuple(b for b in (1, 1, 2, 3, 16, 17) if n % b == 0)))}
+    if op == "fm_interaction":
+        return {"b": draw(st.sampled_from((1, 2, 3, 16, 17, 33))), "f": draw(st.sampled_from((1, 2, 3, 10, 26, 39))),
+                "k": draw(st.sampled_from(COLS))}
     raise KeyError(f"no shape strategy for op {op!r}: add one to tests/props/cases.py")
 
 
@@ -145,7 +149,7 @@ class Case:
     def sizes(self) -> list[int]:
         """The tensor sizes drawn (not strides, pads or axes): the extents of a `dims` too."""
         out = [int(v) for k, v in self.params.items()
-               if k in ("n", "c", "c1", "h", "w", "k", "m", "r", "s", "rows", "cols") and isinstance(v, int)]
+               if k in ("n", "c", "c1", "h", "w", "k", "m", "r", "s", "rows", "cols", "b", "f") and isinstance(v, int)]
         if "dims" in self.params:
             out += [int(d) for d in str(self.params["dims"]).split("x")]
         return out
