@@ -15,7 +15,7 @@ from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.steps import chain_temps
 from opcompiler.target import Target
-from opcompiler.template_base import Template
+from opcompiler.template_base import Knob, Template
 from opcompiler.workload import Workload
 
 POW2_TILES = (16, 32, 64, 128, 256, 512, 1024)
@@ -173,6 +173,26 @@ class AscendTemplate(Template):
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         raise NotImplementedError
+
+    def tile_features(self, wl: Workload, target: Target, cfg: Mapping, count: int, tile: str = "rows_tile"
+                      ) -> dict[str, float]:
+        """The tiling's features of a UB-tiled vector kernel: `count` items in tiles of cfg[tile]
+        split over the cores, and how full UB is."""
+        tiles = ceil_div(count, cfg[tile])
+        cores = min(cfg["block_dim"], tiles)
+        occ = sum(b for lvl, _, b in self.buffers(wl, target, cfg) if lvl == "UB") / machine(target).level("UB").capacity
+        return {"tiles": tiles, "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ}
+
+
+def tile_knobs(target: Target, tile: Knob, buffering: str = "ping-pong UB tiles",
+               split: str = "AI cores the tiles are split over") -> list[Knob]:
+    """A UB-tiled vector kernel's knobs: its tile, ping-pong buffering, the cores."""
+    return [tile, Knob("double_buffer", (1, 0), buffering), Knob("block_dim", tuple(reversed(core_values(target))), split)]
+
+
+def spread_first(tiles: Sequence[int], count: int, cores: int) -> list[int]:
+    """Tile sizes, fewest items per core first (every core busy), then the larger tile."""
+    return sorted(tiles, key=lambda t: (ceil_div(ceil_div(count, t), cores) * t, -t))
 
 
 def epilogue_group(m: Any, nt1: int, mt_rows: int, acc_isz: int, out_isz: int, slots: int,

@@ -31,7 +31,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
+from .common import AscendTemplate, ceil_div, on_cores, spread_first, tile_knobs
 
 ROWS_TILES = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 FIELD_SUM = "fm_field_sum"  # the backend's `lower.fm.FIELD_SUM`
@@ -78,16 +78,13 @@ class AscendFm(AscendTemplate):
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         rows = tuple(v for v in ROWS_TILES if v < 2 * wl["b"]) or (1,)
-        return [Knob("rows_tile", rows, "samples per UB tile"),
-                Knob("double_buffer", (1, 0), "ping-pong tiles (the next tile's DMA under this one's vector work)"),
-                Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over")]
+        return tile_knobs(target, Knob("rows_tile", rows, "samples per UB tile"),
+                          "ping-pong tiles (the next tile's DMA under this one's vector work)")
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         """Every core busy first, then the largest tile that fits (fewer, longer instructions)."""
-        cores = target.cores
-        per_core = lambda t: ceil_div(ceil_div(wl["b"], t), cores) * t  # noqa: E731
-        order = sorted(self.space(wl, target)[0].values, key=lambda t: (per_core(t), -t))
-        return [{"rows_tile": t, "double_buffer": 1, "block_dim": cores} for t in order]
+        return [{"rows_tile": t, "double_buffer": 1, "block_dim": target.cores}
+                for t in spread_first(self.space(wl, target)[0].values, wl["b"], target.cores)]
 
     def buffers(self, wl: Workload, target: Target, cfg: Mapping) -> list[tuple[str, str, int]]:
         rt, f, kp = cfg["rows_tile"], wl["f"], kpad(wl)
@@ -102,12 +99,9 @@ class AscendFm(AscendTemplate):
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
-        tiles = ceil_div(wl["b"], cfg["rows_tile"])
-        cores = min(cfg["block_dim"], tiles)
         isz = np.dtype(wl.dtype).itemsize
-        occ = sum(b for _, _, b in self.buffers(wl, target, cfg)) / machine(target).level("UB").capacity
         return {"gm_read_bytes": wl["b"] * wl["f"] * wl["k"] * isz, "gm_write_bytes": wl["b"] * wl["k"] * isz,
-                "tiles": tiles, "active_cores": cores, "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ}
+                **self.tile_features(wl, target, cfg, wl["b"])}
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         pack = lambda ins: {"e": np.ascontiguousarray(ins[0], dtype=wl.dtype)}  # noqa: E731

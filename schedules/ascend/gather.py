@@ -31,7 +31,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
+from .common import AscendTemplate, ceil_div, machine, on_cores, spread_first, tile_knobs
 
 ROWS_TILES = (1, 2, 4, 8, 16, 32, 64, 128)
 GATHER = "dma_gather"  # the backend's `lower.gather.GATHER`
@@ -79,16 +79,13 @@ class AscendGather(AscendTemplate):
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         b = bag(wl)  # a tile holds whole bags
         rows = tuple(v * b for v in ROWS_TILES if v * b < 2 * wl["n"]) or (b,)
-        return [Knob("rows_tile", rows, "indices (rows) per UB tile" + (f" (whole bags of {b})" if b > 1 else "")),
-                Knob("double_buffer", (1, 0), "ping-pong index and row tiles"),
-                Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the tiles are split over")]
+        return tile_knobs(target, Knob("rows_tile", rows, "indices (rows) per UB tile" +
+                                       (f" (whole bags of {b})" if b > 1 else "")), "ping-pong index and row tiles")
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         """Fewest rows per core first (the tiles spread over every core), then larger tiles."""
-        cores = target.cores
-        per_core = lambda t: ceil_div(ceil_div(wl["n"], t), cores) * t  # noqa: E731
-        order = sorted(self.space(wl, target)[0].values, key=lambda t: (per_core(t), -t))
-        return [{"rows_tile": t, "double_buffer": 1, "block_dim": cores} for t in order]
+        return [{"rows_tile": t, "double_buffer": 1, "block_dim": target.cores}
+                for t in spread_first(self.space(wl, target)[0].values, wl["n"], target.cores)]
 
     def col_chunk(self, wl: Workload, target: Target, cfg: Mapping) -> int:
         """Columns per indirect DMA: the whole row, or (one index per tile) as much of it as a
@@ -119,12 +116,8 @@ class AscendGather(AscendTemplate):
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
-        tiles = ceil_div(wl["n"], cfg["rows_tile"])
-        cores = min(cfg["block_dim"], tiles)
-        isz = np.dtype(wl.dtype).itemsize
-        occ = sum(b for _, _, b in self.buffers(wl, target, cfg)) / machine(target).level("UB").capacity
-        return {"gm_read_bytes": wl["n"] * wl["cols"] * isz, "tiles": tiles, "active_cores": cores,
-                "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ}
+        return {"gm_read_bytes": wl["n"] * wl["cols"] * np.dtype(wl.dtype).itemsize,
+                **self.tile_features(wl, target, cfg, wl["n"])}
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
         idt = str(wl["idx"])

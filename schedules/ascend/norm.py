@@ -30,7 +30,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
+from .common import AscendTemplate, ceil_div, on_cores, tile_knobs
 from .reduce import KEEP, ROW_ALIGN, ROWS
 
 ROW_TILES = (1, 2, 4, 8, 16, 32, 64)
@@ -148,8 +148,7 @@ class AscendNorm(AscendTemplate):
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         rows = tuple(v for v in ROW_TILES if v <= wl["rows"]) or (1,)
-        return [Knob("rows_tile", rows, "rows per UB tile"), Knob("double_buffer", (1, 0), "ping-pong UB tiles"),
-                Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the rows are split over")]
+        return tile_knobs(target, Knob("rows_tile", rows, "rows per UB tile"), split="AI cores the rows are split over")
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         """Every core busy with two tiles or more (the second overlaps the first's DMA), then the
@@ -181,12 +180,8 @@ class AscendNorm(AscendTemplate):
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
-        tiles = ceil_div(wl["rows"], cfg["rows_tile"])
-        cores = min(cfg["block_dim"], tiles)
         isz = np.dtype(wl.dtype).itemsize
-        occ = sum(b for _, _, b in self.buffers(wl, target, cfg)) / machine(target).level("UB").capacity
-        return {"gm_read_bytes": wl["rows"] * wl["cols"] * isz, "tiles": tiles, "active_cores": cores,
-                "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ,
+        return {"gm_read_bytes": wl["rows"] * wl["cols"] * isz, **self.tile_features(wl, target, cfg, wl["rows"]),
                 "alignment_waste": 1 - wl["cols"] / (ceil_div(wl["cols"], ROW_ALIGN) * ROW_ALIGN)}
 
     def apply(self, wl: Workload, target: Target, cfg: Mapping) -> Scheduled:

@@ -42,7 +42,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import HostLayout, Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import AscendTemplate, ceil_div, core_values, machine, on_cores
+from .common import AscendTemplate, ceil_div, machine, on_cores, tile_knobs
 
 ROW_TILES = (1, 2, 4, 8, 16, 32, 64)
 
@@ -52,8 +52,7 @@ class _RowTemplate(AscendTemplate):
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         rows = tuple(v for v in ROW_TILES if v <= max(wl["m"], 1)) or (1,)
-        return [Knob("rows_tile", rows, "rows per UB tile"), Knob("double_buffer", (1, 0), "ping-pong UB tiles"),
-                Knob("block_dim", tuple(reversed(core_values(target))), "AI cores the rows are split over")]
+        return tile_knobs(target, Knob("rows_tile", rows, "rows per UB tile"), split="AI cores the rows are split over")
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         return [{"rows_tile": t, "double_buffer": 1, "block_dim": target.cores}
@@ -81,12 +80,8 @@ class _RowTemplate(AscendTemplate):
 
     def features(self, wl: Workload, target: Target, config: Mapping) -> dict[str, float]:
         cfg = self.config(wl, target, config)
-        tiles = ceil_div(wl["m"], cfg["rows_tile"])
-        cores = min(cfg["block_dim"], tiles)
         isz = np.dtype(wl.dtype).itemsize
-        occ = sum(b for _, _, b in self.buffers(wl, target, cfg)) / machine(target).level("UB").capacity
-        return {"gm_read_bytes": wl["m"] * wl["n"] * isz, "tiles": tiles, "active_cores": cores,
-                "tiles_per_core": ceil_div(tiles, cores), "occupancy_UB": occ,
+        return {"gm_read_bytes": wl["m"] * wl["n"] * isz, **self.tile_features(wl, target, cfg, wl["m"]),
                 "alignment_waste": 1 - wl["n"] / self._row_stride(wl), "fold_stages": max(1, int(np.ceil(
                     np.log(max(wl["n"], 2)) / np.log(machine(target).lanes(4)))))}
 

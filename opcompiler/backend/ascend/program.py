@@ -190,9 +190,13 @@ class IndirectMove(DataMove):
     index: Buf | None = None
     index_pos: int = 0
 
+    def row(self, mem: Memory) -> int:
+        """The table row this move reads: the index the scalar unit loads from UB."""
+        return int(mem.load(self.index).reshape(-1)[self.index_pos])
+
     def execute(self, mem: Memory) -> int:
         table = mem.load(self.src)
-        r = int(mem.load(self.index).reshape(-1)[self.index_pos])
+        r = self.row(mem)
         rows = table.shape[0]
         if not 0 <= r < rows:
             raise OpcFailure(f"gather: index {r} is out of range for a table of {rows} rows (valid: 0..{rows - 1})")

@@ -321,4 +321,40 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
-__all__ = ["KernelBuilder", "split_even", "ceil_div"]
+def walk_tiled(mod) -> dict[str, Any]:
+    """The facts a hand-tiled vector kernel (gather, fm) is built from, read off its scheduled
+    module: the GM tensors (name, shape, dtype: the function's parameters), the tile loop (the loop
+    carrying `CORES`: its extent, cores and buffering) and, in program order, each nest carrying a
+    `PRAGMA` with its loop's extent (`nests`: [(pragma, extent)])."""
+    from tvm import tirx as T
+
+    from ..intrin import CORES, PRAGMA, SLOTS
+
+    f = mod["main"]
+    found: dict[str, Any] = {"gm": [(b.name, tuple(int(s) for s in b.shape), str(b.dtype)) for b in f.params],
+                             "nests": []}
+
+    def visit(s):
+        if isinstance(s, T.For):
+            if CORES in s.annotations:
+                found["tiles"] = int(s.extent)
+                found["cores"] = int(s.annotations[CORES])
+                found["slots"] = 2 if int(s.annotations.get(SLOTS, 0)) else 1
+            pr = s.annotations.get(PRAGMA)
+            if pr is not None:
+                found["nests"].append((str(pr), int(s.extent)))
+                return
+            visit(s.body)
+        elif isinstance(s, T.SeqStmt):
+            for x in s.seq:
+                visit(x)
+        elif hasattr(s, "body"):
+            visit(s.body)
+        elif hasattr(s, "block"):
+            visit(s.block)
+
+    visit(f.body)
+    return found
+
+
+__all__ = ["KernelBuilder", "split_even", "ceil_div", "walk_tiled"]

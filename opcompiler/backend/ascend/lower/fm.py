@@ -23,13 +23,12 @@ from __future__ import annotations
 
 from typing import Any, Mapping
 
-import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from .builder import KernelBuilder, ceil_div, split_even
+from .builder import KernelBuilder, ceil_div, split_even, walk_tiled
 from ..program import Buf, Program, VOp
-from ..intrin import CORES, DMA_COPY, PRAGMA, SLOTS, VECTOR_AUTO
+from ..intrin import DMA_COPY, VECTOR_AUTO
 from ..machine import Machine
 
 FIELD_SUM = "fm_field_sum"  # the pragma of a field-sum nest
@@ -37,40 +36,15 @@ MAX_REP_STRIDE = 255  # blocks: the repeat stride field of a vector instruction
 
 
 def _walk(mod) -> dict[str, Any]:
-    from tvm import tirx as T
-
-    f = mod["main"]
-    params = list(f.params)
-    if len(params) != 2:
-        raise OpcFailure(f"emit_fm: an fm module has e and out; not {len(params)} tensors")
-    found: dict[str, Any] = {"gm": [(b.name, tuple(int(s) for s in b.shape), str(b.dtype)) for b in params],
-                             "nests": []}
-
-    def visit(s):
-        if isinstance(s, T.For):
-            if CORES in s.annotations:
-                found["tiles"] = int(s.extent)
-                found["cores"] = int(s.annotations[CORES])
-                found["slots"] = 2 if int(s.annotations.get(SLOTS, 0)) else 1
-            pr = s.annotations.get(PRAGMA)
-            if pr is not None:
-                found["nests"].append(str(pr))
-                found["rows_tile"] = int(s.extent)  # the last nest: the copy out
-                return
-            visit(s.body)
-        elif isinstance(s, T.SeqStmt):
-            for x in s.seq:
-                visit(x)
-        elif hasattr(s, "body"):
-            visit(s.body)
-        elif hasattr(s, "block"):
-            visit(s.block)
-
-    visit(f.body)
+    found = walk_tiled(mod)
+    if len(found["gm"]) != 2:
+        raise OpcFailure(f"emit_fm: an fm module has e and out; not {len(found['gm'])} tensors")
+    nests = [pr for pr, _ in found["nests"]]
     cast = found["gm"][0][2] != "float32"
     want = [DMA_COPY] + [VECTOR_AUTO] * cast + [FIELD_SUM, VECTOR_AUTO, FIELD_SUM, VECTOR_AUTO, DMA_COPY]
-    if "tiles" not in found or found["nests"] != want:
-        raise OpcFailure(f"emit_fm: expected a tile loop with nests {want}; found {found.get('nests')}")
+    if "tiles" not in found or nests != want:
+        raise OpcFailure(f"emit_fm: expected a tile loop with nests {want}; found {nests}")
+    found["rows_tile"] = found["nests"][-1][1]  # the copy out's samples
     return found
 
 

@@ -32,9 +32,8 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from .builder import KernelBuilder, split_even, ceil_div
+from .builder import KernelBuilder, ceil_div, split_even, walk_tiled
 from ..program import Buf, IndirectMove, Memory, Program, Scalar, VOp
-from ..intrin import CORES, PRAGMA, SLOTS
 from ..machine import Machine
 
 GATHER = "dma_gather"  # the pragma of the indirect-DMA nest
@@ -43,43 +42,20 @@ BAG_SUM = "vec_bag_sum"  # the pragma of the bag sum's nest (the tile's rows add
 
 def _walk(mod) -> dict[str, Any]:
     """The facts the kernel is built from, read off the module (see the module docstring)."""
-    from tvm import tirx as T
-
-    f = mod["main"]
-    params = list(f.params)  # the tensors themselves (TVM 0.27: buffer parameters)
-    if len(params) not in (3, 4):
-        raise OpcFailure(f"emit_gather: a gather module has table, indices, [offsets,] out; not {len(params)} tensors")
-    gm = [(b.name, tuple(int(s) for s in b.shape), str(b.dtype)) for b in params]
-    found: dict[str, Any] = {"gm": gm, "nests": []}
-
-    def visit(s):
-        if isinstance(s, T.For):
-            if CORES in s.annotations:
-                found["tiles"] = int(s.extent)
-                found["cores"] = int(s.annotations[CORES])
-                found["slots"] = 2 if int(s.annotations.get(SLOTS, 0)) else 1
-            pr = s.annotations.get(PRAGMA)
-            if pr is not None:
-                found["nests"].append(str(pr))
-                if str(pr) == GATHER:
-                    found["rows_tile"] = int(s.extent)
-                if str(pr) == BAG_SUM:
-                    found["bags_tile"] = int(s.extent)
-                return
-            visit(s.body)
-        elif isinstance(s, T.SeqStmt):
-            for x in s.seq:
-                visit(x)
-        elif hasattr(s, "body"):
-            visit(s.body)
-        elif hasattr(s, "block"):
-            visit(s.block)
-
-    visit(f.body)
-    want = ["dma_copy"] * (len(params) == 4) + ["dma_copy", GATHER] + [BAG_SUM] * ("bags_tile" in found) + ["dma_copy"]
-    if "tiles" not in found or found.get("nests") != want:
-        raise OpcFailure(f"emit_gather: expected {'an offsets copy-in, ' if len(params) == 4 else ''}a tile loop "
-                         f"with index copy-in, {GATHER} and copy-out nests; found {found.get('nests')}")
+    found = walk_tiled(mod)
+    nparams = len(found["gm"])
+    if nparams not in (3, 4):
+        raise OpcFailure(f"emit_gather: a gather module has table, indices, [offsets,] out; not {nparams} tensors")
+    for pr, extent in found["nests"]:
+        if pr == GATHER:
+            found["rows_tile"] = extent
+        elif pr == BAG_SUM:
+            found["bags_tile"] = extent
+    nests = [pr for pr, _ in found["nests"]]
+    want = ["dma_copy"] * (nparams == 4) + ["dma_copy", GATHER] + [BAG_SUM] * ("bags_tile" in found) + ["dma_copy"]
+    if "tiles" not in found or nests != want:
+        raise OpcFailure(f"emit_gather: expected {'an offsets copy-in, ' if nparams == 4 else ''}a tile loop "
+                         f"with index copy-in, {GATHER} and copy-out nests; found {nests}")
     return found
 
 
@@ -92,20 +68,8 @@ class OffsetIndirectMove(IndirectMove):
     offset: Buf | None = None
     offset_pos: int = 0
 
-    def execute(self, mem: Memory) -> int:
-        table = mem.load(self.src)
-        r = int(mem.load(self.index).reshape(-1)[self.index_pos]) + int(mem.load(self.offset).reshape(-1)[self.offset_pos])
-        rows = table.shape[0]
-        if not 0 <= r < rows:
-            raise OpcFailure(f"gather: index {r} is out of range for a table of {rows} rows (valid: 0..{rows - 1})")
-        s = table[(slice(r, r + 1), *self.src_idx[1:])]
-        d = mem.store(self.dst)
-        tgt = d[self.dst_idx]
-        if s.size != tgt.size:
-            raise OpcFailure(f"indirect data_move {self.src.name}[{r}] -> {self.dst.name}{self.dst_idx}: "
-                             f"{s.size} elements into {tgt.size}")
-        d[self.dst_idx] = s.reshape(tgt.shape).astype(d.dtype, copy=False)
-        return s.size * s.itemsize
+    def row(self, mem: Memory) -> int:
+        return super().row(mem) + int(mem.load(self.offset).reshape(-1)[self.offset_pos])
 
 
 class GatherKernel:
