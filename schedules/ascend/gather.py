@@ -84,8 +84,12 @@ class AscendGather(AscendTemplate):
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         """Fewest rows per core first (the tiles spread over every core), then larger tiles."""
-        return [{"rows_tile": t, "double_buffer": 1, "block_dim": target.cores}
-                for t in spread_first(self.space(wl, target)[0].values, wl["n"], target.cores)]
+        order = spread_first(self.space(wl, target)[0].values, wl["n"], target.cores)
+        if bag(wl) > 1:  # bags: the sums (V) of one tile run under the next tile's row DMAs (MTE2), so
+            # among the tiles that spread as well, those leaving each core 4 tiles or more come first
+            tiles_per_core = lambda t: ceil_div(ceil_div(wl["n"], t), target.cores)  # noqa: E731
+            order.sort(key=lambda t: (ceil_div(wl["n"], t * target.cores) * t, tiles_per_core(t) < 4))
+        return [{"rows_tile": t, "double_buffer": 1, "block_dim": target.cores} for t in order]
 
     def col_chunk(self, wl: Workload, target: Target, cfg: Mapping) -> int:
         """Columns per indirect DMA: the whole row, or (one index per tile) as much of it as a
