@@ -39,6 +39,8 @@ LIMITS: tuple[Limit, ...] = (
     Limit(("gru",), "ascend", lambda p, dt: int(p.get("lbr", 1)) == 0, "lbr=0 (linear_before_reset=0)",
           "the ascend GRU applies the reset gate to h R_n^T after the product (torch's linear_before_reset=1); "
           "lbr=0 needs r before it: run it on cpu"),
+    Limit(("fm_interaction",), "dsp", lambda p, dt: dt != "float32", "float16",
+          "the DSP's VPEs compute fp32 only: the field sums and squares run in fp32"),
 )
 
 

@@ -18,6 +18,7 @@ COVERED = {
     3: ("attention", "dsp-sim", "b=1,h=1,sq=8,skv=8,d=8", "float16"),
     4: ("lstm", "dsp-sim", "t=2,b=1,i=4,h=4", "float16"),
     5: ("gru", "ascend-sim", "t=2,b=16,i=16,h=16,lbr=0", "float16"),
+    6: ("fm_interaction", "dsp-sim", "b=2,f=3,k=4", "float16"),
 }
 
 

@@ -17,6 +17,7 @@ the program (relayouts, host work, core groups); the backend decides functional 
     attention  attention.AttentionLowerer     flash attention (a TIR nest of stage events)
     gather     gather.GatherLowerer           embedding lookup (index tile to SM, a row DMA per index)
     recurrent  recurrent.RecurrentLowerer     the fused LSTM / GRU cell (a TIR nest of stage events)
+    fm         fm.FmLowerer                   fm_interaction (a tile of samples in AM, both field sums per vector)
 
 `params` (all plain data):
   inputs      ((name, shape), ...) of the op's inputs (host copies in copy mode, `Program.inputs`)
@@ -172,6 +173,15 @@ def _recurrent(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
 
 
 LOWERINGS["recurrent"] = _recurrent
+
+
+def _fm(m: DspMachine, func, p: dict, ddr: dict, names: dict, fn: bool):
+    from .fm import make
+
+    return make(m, func, p, ddr, names, fn)
+
+
+LOWERINGS["fm"] = _fm
 
 
 def lower(sched: Scheduled, target: Target, functional: bool) -> Program:
