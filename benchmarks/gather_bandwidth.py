@@ -17,6 +17,15 @@ is never allocated), and
     floor %     the bandwidth at that floor, % of the HBM figure: the ceiling for a row-per-DMA
                 gather at this size
 
+Why the floor is what it is: an MTE2 DMA pays the GM latency before its data lands, and a pipe's
+DMAs run in order. Huawei's own open cycle model of the Atlas A2/A3 (910B/910C) core charges it
+the same way: hicann/pypto framework/src/cost_model/simulation_ca/A2A3/model/pipe.cpp,
+CalcMovOutUb (GM -> UB) sets `endTime = module_.back()->endTime + movdelay` while an earlier DMA
+is in flight, movdelay = transfer + ddrRdLatency_ (307 + 4 cycles at 1.85 GHz), so back-to-back
+row DMAs complete one latency apart. A row-per-DMA gather of 1 KiB rows therefore cannot reach
+half the HBM bandwidth on such a core; longer rows amortise the latency better (the 4,096 x
+2,048-column line: 27 %).
+
     python benchmarks/gather_bandwidth.py [--target ascend-sim] [--json]
 """
 from __future__ import annotations
