@@ -255,3 +255,63 @@ def test_ascend_bag_clocks_agree_and_only_sums_leave(config):
     out_bytes = sum(x.nbytes for c in range(plan.active_cores) for x in plan.make_program(c).instrs
                     if isinstance(x, DataMove) and x.path[1] == "GM")
     assert out_bytes == wl["n"] // 4 * wl["cols"] * 2
+
+
+# -- a table resident in L1 (`table_l1`): loaded once per core, rows then read L1 -> UB -------------
+
+@pytest.mark.parametrize("shape", ["rows=37,cols=33,n=13,idx=int32", "rows=300,cols=16,n=96,fields=3,bag=3",
+                                   "rows=2000,cols=1,n=64,bag=8"])
+@pytest.mark.parametrize("config", [{"rows_tile": 4, "double_buffer": 1, "block_dim": 4, "table_l1": 1},
+                                    {"rows_tile": 8, "double_buffer": 0, "block_dim": 2, "table_l1": 1}])
+def test_ascend_l1_table_values_and_clocks(shape, config):
+    wl = workload("gather", shape, dtype="float16")
+    config = {**config, "rows_tile": config["rows_tile"] * wl["bag"]}  # whole bags per tile
+    _, be, k, ins, res = _run("ascend-sim", shape, "float16", config)
+    want = get_op("gather").reference(wl, ins).astype(np.float64)
+    assert np.abs(np.asarray(res.outputs[0]).astype(np.float64) - want).max() <= BAG_TOL["float16"] * max(
+        1.0, np.abs(want).max() / 4)
+    assert res.metrics["functional_cycles"] == res.metrics["timing_cycles"] == be.measure(k).cycles
+
+
+def test_ascend_l1_table_index_outside_is_one_line():
+    wl = workload("gather", "rows=37,cols=33,n=13,idx=int64", dtype="float16")
+    ins = get_op("gather").make_inputs(wl, 1)
+    ins[1][3] = 37
+    with pytest.raises(OpcFailure) as e:
+        _run("ascend-sim", "rows=37,cols=33,n=13,idx=int64", "float16",
+             {"rows_tile": 4, "double_buffer": 1, "block_dim": 2, "table_l1": 1}, ins=ins)
+    assert "\n" not in str(e.value) and "index 37 " in str(e.value) and "table of 37 rows" in str(e.value)
+
+
+def test_ascend_one_more_row_from_an_l1_table_costs_the_l1_path():
+    """As the GM case above, but the table (500 rows of 1 KiB) resident in L1: the tenth row's
+    indirect move is ceil(L1 -> UB latency + 1024 / its rate) = ceil(20 + 1024 / 128) = 28 cycles on
+    MTE1, plus its copy out 1024 / 64 = 16: 44 cycles where a GM row costs 226."""
+    from math import ceil
+
+    from opcompiler.backend.ascend.machine import _machine
+
+    m = _machine(TARGETS["ascend-sim"])
+    be = get_backend(TARGETS["ascend-sim"])
+    cyc = {}
+    for n in (9, 10):
+        wl = workload("gather", f"rows=500,cols=512,n={n},idx=int64", dtype="float16")
+        cyc[n] = be.measure(be.build(wl, {"rows_tile": 16, "double_buffer": 0, "block_dim": 1, "table_l1": 1})).cycles
+    l1, wr = m.path("L1", "UB"), m.path("UB", "GM")
+    want = ceil(l1.latency_cycles + 1024 / l1.bytes_per_cycle) + ceil(1024 / wr.bytes_per_cycle)
+    assert want == 44
+    assert cyc[10] - cyc[9] == want
+
+
+def test_ascend_table_l1_is_offered_when_the_table_fits_and_chosen_when_it_pays():
+    from opcompiler.template import get_template
+
+    tgt = TARGETS["ascend-sim"]
+    tmpl = get_template("gather", "ascend")
+    space = lambda shape: {k.name: k.values for k in tmpl.space(workload("gather", shape, dtype="float16"), tgt)}  # noqa: E731
+    assert space("rows=1048576,cols=512,n=4096")["table_l1"] == (0,)  # 1 GiB: never in L1
+    assert space("rows=26000,cols=16,n=53248")["table_l1"] == (1, 0)  # 832 KB of 1 MB
+    big = workload("gather", "rows=26000,cols=16,n=53248,fields=26", dtype="float16")
+    small = workload("gather", "rows=26000,cols=16,n=64", dtype="float16")
+    assert tmpl.default(big, tgt)["table_l1"] == 1  # 1,664 rows per core: 300k cycles of latency saved
+    assert tmpl.default(small, tgt)["table_l1"] == 0  # 2 rows per core: loading 832 KB does not pay

@@ -93,11 +93,12 @@ class KernelBuilder:
     def indirect_move(self, dst: Buf, dst_idx: tuple, table: Buf, row_idx: tuple, index: Buf, pos: int) -> None:
         """An indirect DMA (`IndirectMove`): the box `row_idx` of `table` (a region of row 0,
         the row taken at execute time from `index[pos]`) into `dst[dst_idx]`; bytes, bursts and
-        pipe as `data_move` of that box. It reads `index`: it waits for the move that filled it."""
-        if table.level != "GM" or index.level == "GM" or row_idx[0] != slice(0, 1):
-            raise OpcFailure(f"indirect_move reads rows of a GM table by an on-chip index, not "
+        pipe as `data_move` of that box (a GM table: MTE2; a table resident in L1: MTE1's L1 -> UB
+        path). It reads `index`: it waits for the move that filled it."""
+        if table.level not in ("GM", "L1") or index.level == "GM" or row_idx[0] != slice(0, 1):
+            raise OpcFailure(f"indirect_move reads rows of a GM or L1 table by an on-chip index, not "
                              f"{table.name} ({table.level}) {row_idx} by {index.name} ({index.level})")
-        path = self.m.path("GM", dst.level)
+        path = self.m.path(table.level, dst.level)
         elems, src_runs = region_bursts(table.shape, row_idx)
         delems, dst_runs = region_bursts(dst.shape, dst_idx)
         if elems != delems:

@@ -40,7 +40,7 @@ GATHER = "dma_gather"  # the pragma of the indirect-DMA nest
 BAG_SUM = "vec_bag_sum"  # the pragma of the bag sum's nest (the tile's rows added per bag in UB)
 
 
-def _walk(mod) -> dict[str, Any]:
+def _walk(mod, table_l1: bool = False) -> dict[str, Any]:
     """The facts the kernel is built from, read off the module (see the module docstring)."""
     found = walk_tiled(mod)
     nparams = len(found["gm"])
@@ -52,7 +52,7 @@ def _walk(mod) -> dict[str, Any]:
         elif pr == BAG_SUM:
             found["bags_tile"] = extent
     nests = [pr for pr, _ in found["nests"]]
-    want = ["dma_copy"] * (nparams == 4) + ["dma_copy", GATHER] + [BAG_SUM] * ("bags_tile" in found) + ["dma_copy"]
+    want = ["dma_copy"] * ((nparams == 4) + table_l1) + ["dma_copy", GATHER] + [BAG_SUM] * ("bags_tile" in found) + ["dma_copy"]
     if "tiles" not in found or nests != want:
         raise OpcFailure(f"emit_gather: expected {'an offsets copy-in, ' if nparams == 4 else ''}a tile loop "
                          f"with index copy-in, {GATHER} and copy-out nests; found {nests}")
@@ -75,8 +75,9 @@ class OffsetIndirectMove(IndirectMove):
 class GatherKernel:
     """Each core's program of one scheduled gather (see the module docstring)."""
 
-    def __init__(self, mod, col_chunk: int):
-        w = _walk(mod)
+    def __init__(self, mod, col_chunk: int, table_l1: bool = False):
+        w = _walk(mod, table_l1)
+        self.table_l1 = table_l1
         (self.tname, (self.rows, self.cols), self.dtype), (self.iname, (self.n,), self.idt) = w["gm"][:2]
         self.oname = w["gm"][-1][0]
         self.offname, self.fields = (w["gm"][2][0], w["gm"][2][1][0]) if len(w["gm"]) == 4 else (None, 0)
@@ -100,6 +101,10 @@ class GatherKernel:
         cpad = ceil_div(self.chunk, epb) * epb
         ipad = ceil_div(self.rt, 32 // np.dtype(self.idt).itemsize) * (32 // np.dtype(self.idt).itemsize)
         table = kb.gm(self.tname, (self.rows, self.cols), self.dtype)
+        if self.table_l1:  # the whole table into L1 once, rows padded to 32 B; rows are then read L1 -> UB
+            resident = kb.alloc("L1", "table_L1", (self.rows, ceil_div(self.cols, epb) * epb), self.dtype)
+            kb.data_move(resident, (slice(None), slice(0, self.cols)), table, (slice(None), slice(None)))
+            table = resident
         idx = kb.gm(self.iname, (self.n,), self.idt)
         b = self.bag
         out = kb.gm(self.oname, (self.n // b, self.cols), self.dtype)
@@ -152,7 +157,7 @@ def _add_offset(kb: KernelBuilder, ob: Buf, pos: int) -> None:
 
 
 def lower(mod, params: Mapping[str, Any]) -> GatherKernel:
-    return GatherKernel(mod, int(params.get("col_chunk", 0)))
+    return GatherKernel(mod, int(params.get("col_chunk", 0)), bool(params.get("table_l1", False)))
 
 
 __all__ = ["GATHER", "GatherKernel", "lower"]
