@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = 'ec68744dbf1f178291d8a2a7cc8b627d18c3cd6638f77154d6ae55a27887796d'
+CATALOGUE_SHA256 = 'e9e2db4c92bfe6d66aa89824f9b38f2f19e03699b8fbefe9172946c4b71c136a'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),

@@ -30,7 +30,7 @@ from opcompiler.template_base import HostLayout, Scheduled, register_template
 from opcompiler.workload import Workload
 
 from .common import CUBE_DTYPES, ceil_div, cube_chunks, epilogue_channels, pad_to, tir_epilogue_at
-from .matmul import AscendMatmul, _dims, stage_operands
+from .matmul import AscendMatmul, _dims, gemm_sizes, tensorize_gemm
 from .matmul import tir_buffers  # noqa: F401  (the same buffers: a batch adds none on chip)
 
 EPI_TAGS = {"matmul_out": "cast", "matmul_pad": "out"}
@@ -71,23 +71,15 @@ def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int
     if epi:
         sch.set_scope(l0c, 0, UB)
     tir_epilogue_at(sch, l0c, [blk for _, blk in epi], i0, nt, g16)
-    l1, a0, b0, init = stage_operands(sch, mm, k0, k1, j1)
-    _, acc, _ = CUBE_DTYPES[wl.dtype]
-    sch.tensorize(sch.get_loops(init)[-2], intrin.intrin_init(mt, nt, acc, lead=1))
-    sch.tensorize(sch.get_loops(mm)[-3], intrin.intrin_mmad(mt, kc, nc, wl.dtype, acc, lead=1, b_lead=0 if bc else 1))
-    for blk, tag in [(l1[0], "dma_a"), (l1[1], "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c")] + [
-            (blk, EPI_TAGS[name]) for name, blk in epi]:
-        intrin.substitute(sch, blk, 2, tag)
+    tensorize_gemm(sch, mm, (k0, k1, j1), l0c, [(blk, EPI_TAGS[name]) for name, blk in epi], wl.dtype,
+                   (mt, nt, kc, nc), lead=1, b_lead=0 if bc else 1)
     return sch.mod, [([int(s) for s in t.shape], str(t.dtype)) for t in (*ins, out)]
 
 
 def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
     """The config's scheduled batch_matmul for the backend's "gemm" lowering (module docstring)."""
     nb, M, K, N = wl["b"], wl["m"], wl["k"], wl["n"]
-    k0, _, _ = CUBE_DTYPES[wl.dtype]
-    out_dt = "float16" if wl.dtype == "float16" else "int32"
-    M1, K1, N1 = ceil_div(M, 16), ceil_div(K, k0), ceil_div(N, 16)
-    mp, kp, np_ = M1 * 16, K1 * k0, N1 * 16
+    k0, out_dt, (M1, K1, N1), (mp, kp, np_) = gemm_sizes(wl)
     mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
     ch = cube_chunks(wl, target, cfg)  # None: the capacity dry-run (`buffers`) refuses the config before TVM
     nd = cfg.get("a_layout") == "ND"

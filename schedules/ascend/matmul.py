@@ -144,6 +144,21 @@ def stage_operands(sch, mm, k0, k1, j1) -> tuple[list, Any, Any, Any]:
     return l1, a0, b0, init
 
 
+def tensorize_gemm(sch, mm, loops: tuple, l0c, epi: list[tuple[Any, str]], dtype: str,
+                   tiles: tuple[int, int, int, int], lead: int = 0, b_lead: int | None = None) -> None:
+    """The GEMM's operands staged (`stage_operands` at `loops`: k0, k1, j1), its L0C init and
+    mmad tensorized (`tiles`: mt, nt, kc, nc; `lead`, `b_lead`: the intrinsics' leading unit
+    axes, batch_matmul's) and the copies and epilogue blocks (`epi`: (block, event)) substituted
+    by their events."""
+    mt, nt, kc, nc = tiles
+    l1, a0, b0, init = stage_operands(sch, mm, *loops)
+    _, acc, _ = DTYPES[dtype]
+    sch.tensorize(sch.get_loops(init)[-2], intrin.intrin_init(mt, nt, acc, lead=lead))
+    sch.tensorize(sch.get_loops(mm)[-3], intrin.intrin_mmad(mt, kc, nc, dtype, acc, lead=lead, b_lead=b_lead))
+    for blk, tag in [(l1[0], "dma_a"), (l1[1], "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c")] + epi:
+        intrin.substitute(sch, blk, 2, tag)
+
+
 def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int, kc: int, nc: int, g16: int):
     """The (16-padded) matmul's s_tir schedule; (module, argument specs)."""
     import tvm
@@ -174,23 +189,23 @@ def schedule(wl: Workload, mp: int, kp: int, np_: int, mt: int, kt: int, nt: int
     tir_epilogue_at(sch, l0c, [blk for _, blk in epi], i0, nt, g16)  # producers first
     for _, blk in epi[:-1]:  # the last epilogue block writes GM
         sch.set_scope(blk, 0, UB)
-    l1, a0, b0, init = stage_operands(sch, mm, k0, k1, j1)
-    _, acc, _ = DTYPES[wl.dtype]
-    sch.tensorize(sch.get_loops(init)[-2], intrin.intrin_init(mt, nt, acc))
-    sch.tensorize(sch.get_loops(mm)[-3], intrin.intrin_mmad(mt, kc, nc, wl.dtype, acc))
-    for blk, tag in [(l1[0], "dma_a"), (l1[1], "dma_b"), (a0, "ld_a"), (b0, "ld_b"), (l0c, "l0c")] + [
-            (blk, EPI_TAGS[name]) for name, blk in epi]:
-        intrin.substitute(sch, blk, 2, tag)
+    tensorize_gemm(sch, mm, (k0, k1, j1), l0c, [(blk, EPI_TAGS[name]) for name, blk in epi], wl.dtype,
+                   (mt, nt, kc, nc))
     return sch.mod, [([int(s) for s in t.shape], str(t.dtype)) for t in (*ins, out)]
+
+
+def gemm_sizes(wl: Workload) -> tuple[int, str, tuple[int, int, int], tuple[int, int, int]]:
+    """A (batch) GEMM's K0, output dtype, fractal counts (M1, K1, N1) and padded (M, K, N)."""
+    k0, _, _ = DTYPES[wl.dtype]
+    out_dt = "float16" if wl.dtype == "float16" else "int32"
+    M1, K1, N1 = ceil_div(wl["m"], 16), ceil_div(wl["k"], k0), ceil_div(wl["n"], 16)
+    return k0, out_dt, (M1, K1, N1), (M1 * 16, K1 * k0, N1 * 16)
 
 
 def scheduled(wl: Workload, target: Target, cfg: Mapping) -> Scheduled:
     """The config's scheduled matmul for the backend's "gemm" lowering (see the module docstring)."""
     M, K, N = wl["m"], wl["k"], wl["n"]
-    k0, _, _ = DTYPES[wl.dtype]
-    out_dt = "float16" if wl.dtype == "float16" else "int32"
-    M1, K1, N1 = ceil_div(M, 16), ceil_div(K, k0), ceil_div(N, 16)
-    mp, kp, np_ = M1 * 16, K1 * k0, N1 * 16
+    k0, out_dt, (M1, K1, N1), (mp, kp, np_) = gemm_sizes(wl)
     mt, kt, nt = cfg["m_tile"], cfg["k_tile"], cfg["n_tile"]
     ch = chunks(wl, target, cfg)  # None: the capacity dry-run (`buffers`) refuses the config before TVM
     has_bias = "bias" in (epilogue(wl) or ())

@@ -44,19 +44,19 @@ class CpuMatmul(Template):
         tn = config["tile_n"]
         if wl["trans_b"]:  # B is (N, K): pack to (N/tn, K, tn) so vector loads are contiguous
             bp = sch.cache_read(mm, 1, "global")
-            sch.transform_layout(bp, ("write", 0), lambda n, k: (n // tn, k, n % tn))
+            sch.transform_layout(bp, ("write", 0), self._packed_b(wl, tn))
         out = output_block(sch)
         if sch.get(out).name_hint == "matmul":
             sch.cache_write(mm, 0, "local")
             mm, out = sch.get_sblock("matmul"), output_block(sch)
         else:
             sch.set_scope(mm, 0, "local")
-        i, j, k = sch.get_loops(mm)
+        *lead, i, j, k = sch.get_loops(mm)  # (batch_matmul: the batch loop leads, parallel with the tiles)
         io, ii = sch.split(i, [None, config["tile_m"]])
         jo, ji = sch.split(j, [None, tn])
         ko, ki = sch.split(k, [None, config["tile_k"]])
-        sch.reorder(io, jo, ko, ki, ii, ji)
-        sch.parallel(sch.fuse(io, jo))
+        sch.reorder(*lead, io, jo, ko, ki, ii, ji)
+        sch.parallel(sch.fuse(*lead, io, jo))
         sch.reverse_compute_at(out, sch.get_loops(mm)[0])
         sch.vectorize(ji)
         sch.unroll(ii)
@@ -65,6 +65,10 @@ class CpuMatmul(Template):
         if len(lps) > 1:  # a 1 x 1 tile (m and n without a divisor > 1 up to the tile caps) has no loop of its own
             sch.vectorize(lps[-1])
         return sch
+
+    def _packed_b(self, wl: Workload, tn: int):
+        """The packed layout of a transposed B: (N, K) -> (N/tn, K, tn)."""
+        return lambda n, k: (n // tn, k, n % tn)
 
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         return {"accumulators": config["tile_m"] * config["tile_n"],

@@ -61,7 +61,7 @@ from opcompiler.workload import Workload
 
 from . import stream
 from .common import copy_loop, refuse_invalid, require_fp32
-from .stream import cdiv, cores_knob, share
+from .stream import cdiv, cores_knob, item_features, share
 
 TILES = (1024, 2048, 4096, 8192, 16384, 32768)
 
@@ -208,12 +208,10 @@ class DspChain(Template):
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
         g = _Geo(m, wl, config)
-        items = g.items()
-        return {"ddr_bytes": float((2 + g.nfull) * g.total * F32), "stages": float(len(items)),
-                "work_per_core": len(items) / max(1, min(config.get("cores", m.cores), len(items))),
-                "am_occupancy": g.am_elems() * F32 / m.cap("AM"), "steps": float(len(g.steps)),
-                "lane_use": (g.hw / g.pitch) if g.mode == "plane" and g.pitch else
-                (g.c / g.pitch if g.mode == "pixel" else 1.0)}
+        return item_features(m, g, g.items(), config.get("cores", m.cores), float((2 + g.nfull) * g.total * F32),
+                             steps=float(len(g.steps)),
+                             lane_use=(g.hw / g.pitch) if g.mode == "plane" and g.pitch else
+                             (g.c / g.pitch if g.mode == "pixel" else 1.0))
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         """The TVM schedule of the op's compute (`chain_schedule`), lowered by the DSP backend."""

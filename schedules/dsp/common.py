@@ -3,8 +3,10 @@ from __future__ import annotations
 
 import math
 
-from opcompiler.backend.dsp.intrin import ALIGN, F32, HSWISH_INLINE, SCOPE_GSM, STAGE, TIR, DspMachine
+from opcompiler.backend.dsp.intrin import ALIGN, F32, HSWISH_INLINE, SCOPE_GSM, SCOPE_REG, STAGE, TIR, DspMachine
 from opcompiler.errors import OpcError
+from opcompiler.ops import get_op
+from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.workload import Workload
 
@@ -16,6 +18,16 @@ def require_fp32(wl: Workload, target: Target) -> None:
     if wl.dtype != "float32":
         raise OpcError(f"{target.name} computes in fp32 on its VPEs (no {wl.dtype} arithmetic)", arg="--dtype",
                        value=wl.dtype, expected="float32")
+
+
+def epilogue_steps(wl: Workload, steps: dict[str, str], lowering: str) -> tuple[str, ...]:
+    """The op's epilogue as the lowering's steps (`steps`: the catalogue's step -> the lowering's,
+    in order), or an OpcError naming the `lowering` and the steps it takes."""
+    epi = lowerable(get_op(wl.op).epilogue_steps(wl), steps, ordered=True)
+    if epi is None:
+        raise OpcError(f"no dsp {lowering} lowering for {wl.op}'s epilogue {get_op(wl.op).epilogue!r}",
+                       arg="op", value=wl.op, expected="epilogue steps among " + ", ".join(steps))
+    return epi
 
 
 def refuse_invalid(tmpl, wl: Workload, target: Target, config) -> None:
@@ -50,6 +62,18 @@ def inline_hswish(sch, names: list[str]) -> list[str]:
     for b in HSWISH_INLINE:  # producers first: each into its consumer, ending in vmul
         sch.compute_inline(sch.get_sblock(b))
     return [b for b in names if b not in HSWISH_INLINE]
+
+
+def reg_blocks(sch, blk, name: str, epi: list[str]) -> list:
+    """The blocks computed per register block, in registers: without an epilogue a register copy
+    of the accumulator `blk` (block `name`; the block is then stored to the AM tile); with one,
+    `blk` and the epilogue blocks but the last (which stores to the AM tile) set to registers, and
+    the epilogue's blocks returned."""
+    if not epi:
+        return [sch.cache_write(blk, 0, SCOPE_REG)]
+    for b in [name] + epi[:-1]:
+        sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)  # accumulators live in registers
+    return [sch.get_sblock(b) for b in epi]
 
 
 def copy_loop(sch, blk, depth: int):

@@ -10,12 +10,11 @@ from opcompiler.backend.dsp.intrin import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
 from opcompiler.ops.catalogue import conv_out_hw, conv_out_shape
-from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import require_fp32
+from .common import epilogue_steps, require_fp32
 from .direct import ConvSpec, DirectConfig, DirectTemplate, check, tiles_fit
 from .grouped import DspGroupedConv
 
@@ -39,7 +38,6 @@ class DspDirectConv2d(DirectTemplate):
 
     name = "dsp.direct_conv2d"
     op_families = ("conv2d",)
-    target_family = "dsp"
     version = 2  # v2: one route, TVM's scheduled TIR lowered by the backend (the `lowering` knob is gone)
     # groups > 1 (depthwise, grouped): output channels cannot share the lanes' input scalars;
     # those workloads go to the grouped template (`grouped.py`, with its own TVM schedule)
@@ -51,10 +49,7 @@ class DspDirectConv2d(DirectTemplate):
         if p["groups"] != 1:
             raise OpcError("the dsp direct convolution supports groups=1 only", arg="groups", value=p["groups"],
                            expected="1")
-        epi = lowerable(get_op(wl.op).epilogue_steps(wl), EPI_STEPS, ordered=True)
-        if epi is None:
-            raise OpcError(f"no dsp direct-conv lowering for {wl.op}'s epilogue {get_op(wl.op).epilogue!r}",
-                           arg="op", value=wl.op, expected="epilogue steps among " + ", ".join(EPI_STEPS))
+        epi = epilogue_steps(wl, EPI_STEPS, "direct-conv")
         ho, wo = conv_out_hw(wl)
         return ConvSpec(n=p["n"], h=p["h"], w=p["w"], c=p["c"], k=p["k"], r=p["r"], s=p["s"], stride=p["stride"],
                         pad=p["pad"], dil=p["dilation"], ho=ho, wo=wo, epi=epi, layout=p["layout"])

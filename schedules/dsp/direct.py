@@ -42,7 +42,7 @@ descriptor per execution of the nest), `mk` (each iteration is one micro-kernel 
 """
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any
 
@@ -57,7 +57,7 @@ from opcompiler.target import Target
 from opcompiler.template_base import Scheduled, Template
 from opcompiler.workload import Workload
 
-from .common import capacity_why, compacted, copy_loop, inline_hswish, matmul_schedule, placement
+from .common import capacity_why, compacted, copy_loop, inline_hswish, matmul_schedule, placement, reg_blocks
 
 
 @dataclass(frozen=True, kw_only=True)
@@ -235,13 +235,7 @@ def _out_staged(wl: Workload, target: Target, config: Mapping[str, Any]):
     sch, p, names, epi, conv, last, cols = _begin(wl, config)
     lanes = machine(target).lanes
     ko, _, yi, xi, item, pad, o = _tiles(sch, conv, last, names, config, cols, lanes, ws=False)
-    if not epi:  # plain conv: accumulate in registers, then store the block to the AM tile
-        st = sch.cache_write(conv, 0, SCOPE_REG)
-        epi_blocks = [st]
-    else:
-        for b in ["conv2d"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)  # accumulators live in registers
-        epi_blocks = [sch.get_sblock(b) for b in epi]
+    epi_blocks = reg_blocks(sch, conv, "conv2d", epi)  # plain conv: accumulate in registers, then store
     pixels = sch.fuse(yi, xi)  # the tile's pixels, row-major: register blocks may span rows
     for b in epi_blocks:  # per output pixel, right after its reduction (exact regions)
         sch.reverse_compute_at(b, pixels)
@@ -383,13 +377,7 @@ def fc_schedule(wl: Workload, target: Target, config: Mapping[str, Any]):
     a = sch.cache_read(mm, 0, SCOPE_SM)
     sch.compute_at(a, io)
     o = sch.cache_write(last, 0, SCOPE_AM)
-    if not epi:
-        st = sch.cache_write(mm, 0, SCOPE_REG)
-        epi_blocks = [st]
-    else:
-        for b in ["matmul"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)
-        epi_blocks = [sch.get_sblock(b) for b in epi]
+    epi_blocks = reg_blocks(sch, mm, "matmul", epi)
     for b in epi_blocks:
         sch.reverse_compute_at(b, ii)
     sch.reverse_compute_at(o, io)
@@ -489,6 +477,8 @@ def _as_module(func):
 class DirectTemplate(Template):
     """Shared by the direct-convolution and fully-connected templates: knobs, checks, lowering."""
 
+    target_family = "dsp"
+
     def spec(self, wl: Workload, target: Target) -> ConvSpec:
         raise NotImplementedError
 
@@ -505,13 +495,19 @@ class DirectTemplate(Template):
             raise OpcError(why, arg="--config", value=dict(config))
         return scheduled(self, wl, target, config)
 
-    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+    def _basis(self, wl: Workload, target: Target, config: Mapping[str, Any],
+               fp_of: Callable[[DspMachine, ConvSpec, DirectConfig], dict[str, int]] = footprint) -> tuple:
+        """What the features start from: (the machine, the spec, the config, its footprint by
+        `fp_of`, the output channels of a k block, the k blocks)."""
         m = machine(target)
         sp = self.spec(wl, target)
         cf = DirectConfig.of(config)
-        fp = footprint(m, sp, cf)
+        fp = fp_of(m, sp, cf)
         kbp = cf.kv * m.lanes
-        nk = -(-sp.k // kbp)
+        return m, sp, cf, fp, kbp, -(-sp.k // kbp)
+
+    def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
+        m, sp, cf, fp, kbp, nk = self._basis(wl, target, config)
         cols = min(cf.cols, sp.wo)
         stages = sp.n * -(-sp.ho // cf.rows) * -(-sp.wo // cols) * nk
         cost, calls = pass_cost(m, sp, cf, cf.rows * cols, cols)

@@ -64,7 +64,6 @@ from opcompiler.backend.dsp.intrin import (
     GCONV,
     OP,
     SCOPE_AM,
-    SCOPE_REG,
     SCOPE_SM,
     STAGE,
     DspMachine,
@@ -79,8 +78,8 @@ from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
 from . import stream
-from .common import inline_hswish, refuse_invalid
-from .stream import cdiv, cores_knob, share
+from .common import epilogue_steps, inline_hswish, reg_blocks, require_fp32
+from .stream import cdiv, cores_knob, geo_shares, item_features
 
 # the epilogue steps (`opcompiler.ops.steps`) the grouped convolution lowers, in its order: a
 # conv2d-family op runs here when its catalogue entry's `epilogue` is made of them ("hardswish":
@@ -182,14 +181,11 @@ class DspGroupedConv(Template):
     version = 1
 
     def _check_wl(self, wl: Workload, target: Target) -> None:
-        from .common import require_fp32
         require_fp32(wl, target)
         if wl.layout != "NCHW":
             raise OpcError("the dsp grouped / depthwise convolution is NCHW (output columns on the lanes)",
                            arg="layout", value=wl.layout, expected="NCHW (or groups=1)")
-        if epilogue(wl) is None:
-            raise OpcError(f"no dsp grouped-conv lowering for {wl.op}'s epilogue {get_op(wl.op).epilogue!r}",
-                           arg="op", value=wl.op, expected="epilogue steps among " + ", ".join(EPI_STEPS))
+        epilogue_steps(wl, EPI_STEPS, "grouped-conv")
 
     def space(self, wl: Workload, target: Target) -> list[Knob]:
         self._check_wl(wl, target)
@@ -239,19 +235,14 @@ class DspGroupedConv(Template):
         ddr_w = (g.k * g.cg * g.taps) * F32 * (1 if g.resident else len(items) / max(1, len(g.blocks())))
         ddr_out = g.n * g.k * g.ho * g.wo * F32
         rows_loaded = g.ir(g.rb)
-        return {"ddr_bytes": float(ddr_in + ddr_w + ddr_out), "stages": float(len(items)),
-                "work_per_core": len(items) / max(1, min(config["cores"], len(items))),
-                "am_occupancy": g.am_elems() * F32 / m.cap("AM"), "sm_occupancy": g.sm_elems() * F32 / m.cap("SM"),
-                "reg_occupancy": g.regs() / m.registers, "loads_per_fma": rows_loaded * g.S / (g.rb * g.taps),
-                "lane_use": g.wo / g.OW}
+        return item_features(m, g, items, config["cores"], float(ddr_in + ddr_w + ddr_out),
+                             sm_occupancy=g.sm_elems() * F32 / m.cap("SM"), reg_occupancy=g.regs() / m.registers,
+                             loads_per_fma=rows_loaded * g.S / (g.rb * g.taps), lane_use=g.wo / g.OW)
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         """This config's TVM schedule (`gconv_schedule`), lowered by the DSP backend."""
         self._check_wl(wl, target)
-        refuse_invalid(self, wl, target, config)
-        m = machine(target)
-        g = _Geo(m, wl, config)
-        shares = share(g.items(), int(config["cores"]), m.cores)
+        m, g, shares = geo_shares(self, wl, target, config, _Geo)
         return scheduled(wl, target, config, g, shares)
 
 
@@ -309,12 +300,7 @@ def gconv_schedule(wl: Workload, planes: int, rows: int, rb: int, resident: bool
     sch.reverse_compute_at(o, yo, preserve_unit_loops=True)
     yb, yr = sch.split(yi, [None, rb])
     sch.reorder(yb, xv, rc, yr, xl)
-    if not epi:  # plain conv: accumulate in registers, then store the block to the AM tile
-        blocks = [sch.cache_write(conv, 0, SCOPE_REG)]
-    else:
-        for b in ["conv2d"] + epi[:-1]:
-            sch.set_scope(sch.get_sblock(b), 0, SCOPE_REG)
-        blocks = [sch.get_sblock(b) for b in epi]
+    blocks = reg_blocks(sch, conv, "conv2d", epi)  # plain conv: accumulate in registers, then store
     for b in blocks:
         sch.reverse_compute_at(b, xv)
     # created last to first: TVM puts each new copy at the root's front, so the weights are

@@ -16,12 +16,11 @@ from typing import Any, Mapping
 from opcompiler.backend.dsp.intrin import machine
 from opcompiler.errors import OpcError
 from opcompiler.ops import get_op
-from opcompiler.ops.steps import lowerable
 from opcompiler.target import Target
 from opcompiler.template_base import Knob, Scheduled, register_template
 from opcompiler.workload import Workload
 
-from .common import capacity_why, refuse_invalid, require_fp32
+from .common import capacity_why, epilogue_steps, refuse_invalid, require_fp32
 from .direct import ConvSpec, DirectConfig, DirectTemplate, check
 from .gemm import KC, MB, NB, GemmGeo, check_gemm, gemm_features
 from .gemm import scheduled as gemm_scheduled
@@ -47,17 +46,13 @@ class DspFullyConnected(DirectTemplate):
 
     name = "dsp.fully_connected"
     op_families = ("matmul",)
-    target_family = "dsp"
     # 2: algo=gemm and its knobs kc, mb, nb; 3: no `lowering` knob (algo=fc split=items is lowered
     # from TIR); 4: split=k and algo=gemm lowered from TIR too (split=k cycles moved by up to 0.02 %)
     version = 4
 
     def spec(self, wl: Workload, target: Target) -> ConvSpec:
         require_fp32(wl, target)
-        epi = lowerable(get_op(wl.op).epilogue_steps(wl), EPI_STEPS, ordered=True)
-        if epi is None:
-            raise OpcError(f"no dsp fully-connected lowering for {wl.op}'s epilogue {get_op(wl.op).epilogue!r}",
-                           arg="op", value=wl.op, expected="epilogue steps among " + ", ".join(EPI_STEPS))
+        epi = epilogue_steps(wl, EPI_STEPS, "fully-connected")
         m_, k_, n_ = wl["m"], wl["k"], wl["n"]
         return ConvSpec(n=1, h=m_, w=1, c=k_, k=n_, r=1, s=1, stride=1, pad=0, dil=1, ho=m_, wo=1, epi=epi,
                         kind="matmul")
@@ -211,12 +206,7 @@ class DspFullyConnected(DirectTemplate):
             return gemm_features(machine(target), self._geo(wl, target, config))
         if config.get("split") != "k":
             return super().features(wl, target, config)
-        m = machine(target)
-        sp = self.spec(wl, target)
-        cf = DirectConfig.of(config)
-        fp = footprint_k(m, sp, cf)
-        kbp = cf.kv * m.lanes
-        nk = -(-sp.k // kbp)
+        m, sp, cf, fp, kbp, nk = self._basis(wl, target, config, footprint_k)
         blocks = nk * -(-sp.h // cf.rows)
         ddr = (sp.c * sp.k + nk * sp.h * sp.c + sp.h * sp.k) * 4  # W once, I per channel block, C out
         return {"ddr_bytes": float(ddr), "gsm_bytes": float(2 * blocks * m.cores * cf.rows * kbp * 4),

@@ -32,8 +32,8 @@ from opcompiler.template_base import Knob, Scheduled, Template, register_templat
 from opcompiler.workload import Workload
 
 from . import stream
-from .common import capacity_why, refuse_invalid, require_fp32
-from .stream import cdiv, cores_knob, share
+from .common import capacity_why, require_fp32
+from .stream import RowBlocks, cdiv, cores_knob, geo_shares, row_default
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 ACC = (1, 2, 4, 8)
@@ -41,22 +41,10 @@ MASK_TAIL = "opc.dsp.mask_tail"  # a row nest's fused reduction masks the lanes 
 _WL: dict[str, Workload] = {}
 
 
-class _Geo:
+class _Geo(RowBlocks):
     def __init__(self, m: DspMachine, wl: Workload, cfg: Mapping[str, Any]):
-        self.m_, self.n = wl["rows"], wl["cols"]
-        self.L = m.lanes
-        self.acc = int(cfg["acc"])
-        self.npad = cdiv(self.n, self.L * self.acc) * self.L * self.acc
-        self.rows = max(1, min(int(cfg["rows"]), self.m_))
-        self.nbuf = 1 + int(cfg["dbuf"])
+        super().__init__(m, wl["rows"], wl["cols"], cfg)
         self.res = wl.op == "add_layer_norm"
-
-    def items(self) -> list[tuple[int, int]]:
-        return [(r0, min(self.rows, self.m_ - r0)) for r0 in range(0, self.m_, self.rows)]
-
-    @staticmethod
-    def key(it: tuple[int, int]) -> int:
-        return it[1]
 
     def am_elems(self) -> int:
         """AM the lowering places (`VecLowerer._allocate`: each tile in whole vectors, a stage's
@@ -173,14 +161,7 @@ class DspNorm(Template):
         knobs = {k.name: k.values for k in self.space(wl, target)}
         vecs = cdiv(wl["cols"], m.lanes)
         accs = [a for a in (4, 2, 1) if a <= vecs] or [1]
-        for rows in sorted(knobs["rows"], reverse=True):
-            if cdiv(wl["rows"], rows) < min(2 * m.cores, wl["rows"]):
-                continue
-            for acc in accs:
-                cfg = {"rows": rows, "acc": acc, "dbuf": 1, "cores": m.cores}
-                if self.check(wl, target, cfg) is None:
-                    return cfg
-        return {"rows": 1, "acc": 1, "dbuf": 1, "cores": m.cores}
+        return row_default(self, wl, target, m, wl["rows"], knobs["rows"], accs)
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         m = machine(target)
@@ -189,20 +170,13 @@ class DspNorm(Template):
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
         g = _Geo(m, wl, config)
-        items = g.items()
-        return {"ddr_bytes": float(((3 if g.res else 2) * g.m_ * g.n + 2 * g.n) * F32), "stages": float(len(items)),
-                "work_per_core": len(items) / max(1, min(config["cores"], len(items))),
-                "am_occupancy": g.am_elems() * F32 / m.cap("AM"), "lane_use": g.n / g.npad,
-                "vectors_per_row": g.npad / g.L}
+        return g.features(m, config["cores"], float(((3 if g.res else 2) * g.m_ * g.n + 2 * g.n) * F32))
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         """The TVM schedule of the op's compute (`norm_schedule`), lowered by the DSP backend's
         vector lowering; the tail mask is a table the lowering computes (a host constant)."""
         require_fp32(wl, target)
-        refuse_invalid(self, wl, target, config)
-        m = machine(target)
-        g = _Geo(m, wl, config)
-        shares = share(g.items(), int(config["cores"]), m.cores)
+        m, g, shares = geo_shares(self, wl, target, config, _Geo)
         op = get_op(wl.op)
         knobs = (g.rows, g.acc, g.L)
         ddr = {nm: tuple(s) for nm, s, _ in op.inputs(wl)}

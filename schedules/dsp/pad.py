@@ -24,8 +24,7 @@ from opcompiler.template_base import Knob, Scheduled, Template
 from opcompiler.workload import Workload
 
 from . import move
-from .common import refuse_invalid
-from .stream import cdiv, cores_knob, share
+from .stream import cdiv, cores_knob, geo_shares, item_features
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 8, 16, 32, 64)
@@ -100,15 +99,9 @@ class DspPad(Template):
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
         g = _Geo(m, wl, config)
-        items = g.items()
-        return {"ddr_bytes": float((g.P * g.h * g.w + g.P * g.H * g.W) * F32), "stages": float(len(items)),
-                "work_per_core": len(items) / max(1, min(config["cores"], len(items))),
-                "am_occupancy": g.am_elems() * F32 / m.cap("AM")}
+        return item_features(m, g, g.items(), config["cores"], float((g.P * g.h * g.w + g.P * g.H * g.W) * F32))
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         self.space(wl, target)
-        refuse_invalid(self, wl, target, config)
-        m = machine(target)
-        g = _Geo(m, wl, config)
-        shares = share(g.items(), int(config["cores"]), m.cores)
+        m, g, shares = geo_shares(self, wl, target, config, _Geo)
         return move.scheduled(wl, target, config, (g.planes, g.rows), bool(config["dbuf"]), shares, g.key, {})

@@ -77,8 +77,8 @@ from opcompiler.template_base import Knob, Scheduled, Template, register_templat
 from opcompiler.workload import Workload
 
 from . import stream
-from .common import capacity_why, refuse_invalid, require_fp32
-from .stream import cdiv, cores_knob, share
+from .common import capacity_why, require_fp32
+from .stream import cdiv, cores_knob, geo_shares
 
 PLANES = (1, 2, 4, 8, 16, 32, 64)
 ROWS = (1, 2, 4, 7, 8, 14, 16, 28, 32, 56)
@@ -265,10 +265,7 @@ class DspPool2d(Template):
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         """The TVM schedule of the op's compute (`pool_schedule`), lowered by the DSP backend."""
         self._check_wl(wl, target)
-        refuse_invalid(self, wl, target, config)
-        m = machine(target)
-        g = _Geo(m, wl, config)
-        shares = share(g.items(), int(config["cores"]), m.cores)  # cores with equal item keys time alike
+        m, g, shares = geo_shares(self, wl, target, config, _Geo)
         return scheduled(wl, target, config, g, shares)
 
 

@@ -62,30 +62,18 @@ from opcompiler.template_base import Knob, Scheduled, Template, register_templat
 from opcompiler.workload import Workload
 
 from . import stream
-from .common import capacity_why, refuse_invalid, require_fp32
-from .stream import cdiv, cores_knob, share
+from .common import capacity_why, require_fp32
+from .stream import RowBlocks, cores_knob, geo_shares, row_default
 
 ROWS = (1, 2, 4, 8, 16, 32, 64, 128)
 ACC = (1, 2, 4, 8)
 
 
-class _Geo:
+class _Geo(RowBlocks):
     def __init__(self, m: DspMachine, wl: Workload, cfg: Mapping[str, Any]):
-        self.m_, self.n = wl["m"], wl["n"]
-        self.L = m.lanes
-        self.acc = int(cfg["acc"])
-        self.npad = cdiv(self.n, self.L * self.acc) * self.L * self.acc
-        self.rows = max(1, min(int(cfg["rows"]), self.m_))
-        self.nbuf = 1 + int(cfg["dbuf"])
+        super().__init__(m, wl["m"], wl["n"], cfg)
         self.softmax = wl.op == "softmax"
         self.mean = wl.op == "reduce_mean"
-
-    def items(self) -> list[tuple[int, int]]:
-        return [(r0, min(self.rows, self.m_ - r0)) for r0 in range(0, self.m_, self.rows)]
-
-    @staticmethod
-    def key(it: tuple[int, int]) -> int:
-        return it[1]
 
     def am_elems(self) -> int:
         tile = self.rows * self.npad
@@ -113,15 +101,7 @@ class _RowTemplate(Template):
     def default(self, wl: Workload, target: Target) -> dict[str, Any]:
         m = machine(target)
         knobs = {k.name: k.values for k in self.space(wl, target)}
-        cfg: dict[str, Any] = {}
-        for rows in sorted(knobs["rows"], reverse=True):
-            if cdiv(wl["m"], rows) < min(2 * m.cores, wl["m"]):
-                continue
-            for acc in (4, 2, 1):
-                cfg = {"rows": rows, "acc": acc, "dbuf": 1, "cores": m.cores}
-                if self.check(wl, target, cfg) is None:
-                    return cfg
-        return {"rows": 1, "acc": 1, "dbuf": 1, "cores": m.cores}
+        return row_default(self, wl, target, m, wl["m"], knobs["rows"], (4, 2, 1))
 
     def check(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> str | None:
         m = machine(target)
@@ -131,21 +111,14 @@ class _RowTemplate(Template):
     def features(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> dict[str, float]:
         m = machine(target)
         g = _Geo(m, wl, config)
-        items = g.items()
         out = g.m_ * g.n if g.softmax else g.m_
-        return {"ddr_bytes": float((g.m_ * g.n + out) * F32), "stages": float(len(items)),
-                "work_per_core": len(items) / max(1, min(config["cores"], len(items))),
-                "am_occupancy": g.am_elems() * F32 / m.cap("AM"), "lane_use": g.n / g.npad,
-                "vectors_per_row": g.npad / g.L}
+        return g.features(m, config["cores"], float((g.m_ * g.n + out) * F32))
 
     def apply(self, wl: Workload, target: Target, config: Mapping[str, Any]) -> Scheduled:
         """The TVM schedule of the op's compute (`reduce_schedule` / `softmax_schedule`), lowered by
         the DSP backend."""
         self._check_wl(wl, target)
-        refuse_invalid(self, wl, target, config)
-        m = machine(target)
-        g = _Geo(m, wl, config)
-        shares = share(g.items(), int(config["cores"]), m.cores)  # cores with equal item keys time alike
+        m, g, shares = geo_shares(self, wl, target, config, _Geo)
         return (softmax_scheduled if g.softmax else scheduled)(wl, target, config, g, shares)
 
 

@@ -171,8 +171,14 @@ class DataMove(Instr):
             s = s.reshape(s.shape[0] // k0, k0, s.shape[1] // 16, 16).transpose(0, 2, 3, 1)
         elif self.transform == "nz2nd":
             s = s.transpose(1, 0, 2).reshape(s.shape[1], s.shape[0] * s.shape[2])
+        return self._put(d, tgt, s, "data_move", self.src_idx)
+
+    def _put(self, d, tgt, s, kind: str, at) -> int:
+        """Write the values `s` into `tgt`, this move's region of the destination `d` (as many
+        elements, cast to its dtype); `kind` and `at` (the source region) name the move in the
+        error. Returns the bytes moved."""
         if s.size != tgt.size:
-            raise OpcFailure(f"data_move {self.src.name}{self.src_idx} -> {self.dst.name}{self.dst_idx}: "
+            raise OpcFailure(f"{kind} {self.src.name}{at} -> {self.dst.name}{self.dst_idx}: "
                              f"{s.size} elements into {tgt.size}")
         d[self.dst_idx] = s.reshape(tgt.shape).astype(d.dtype, copy=False)
         return s.size * s.itemsize  # bytes moved
@@ -200,15 +206,9 @@ class IndirectMove(DataMove):
         rows = table.shape[0]
         if not 0 <= r < rows:
             raise OpcFailure(f"gather: index {r} is out of range for a table of {rows} rows (valid: 0..{rows - 1})")
-        idx = (slice(r, r + 1), *self.src_idx[1:])
-        s = table[idx]
+        s = table[(slice(r, r + 1), *self.src_idx[1:])]
         d = mem.store(self.dst)
-        tgt = d[self.dst_idx]
-        if s.size != tgt.size:
-            raise OpcFailure(f"indirect data_move {self.src.name}[{r}] -> {self.dst.name}{self.dst_idx}: "
-                             f"{s.size} elements into {tgt.size}")
-        d[self.dst_idx] = s.reshape(tgt.shape).astype(d.dtype, copy=False)
-        return s.size * s.itemsize  # bytes moved
+        return self._put(d, d[self.dst_idx], s, "indirect data_move", [r])
 
 
 @dataclass(frozen=True)

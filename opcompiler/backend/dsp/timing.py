@@ -441,13 +441,7 @@ def timing(m: DspMachine, prog: Program) -> Timing:
     n = len(prog.cores)
     sched = _Sched(m, n, prog.multiplicity)
     if n == 1:
-        for op in prog.cores[0]:
-            if isinstance(op, Repeat):
-                sched.repeat(op.body, op.count)
-            elif op.kind == "barrier":
-                sched.barrier([0])
-            else:
-                sched.run(0, op)
+        _run_one(sched, prog.cores[0])
     else:
         _timing_groups(sched, prog.cores)
     counters = Counters()
@@ -461,6 +455,17 @@ def timing(m: DspMachine, prog: Program) -> Timing:
     # busy: summed busy cycles per resource (vpu, fmac, dma per core; ddr, gsm channels; host)
     return Timing(cycles=int(dsp + host), host_cycles=int(host), busy=dict(busy),
                   bytes_by_level=counters.bytes_by_level, counters=counters, detail={"dsp_cycles": int(dsp)})
+
+
+def _run_one(sched: _Sched, ops: list) -> None:
+    """Schedule the ops of one core group (`sched`'s group 0) in order."""
+    for op in ops:
+        if isinstance(op, Repeat):
+            sched.repeat(op.body, op.count)
+        elif op.kind == "barrier":
+            sched.barrier([0])
+        else:
+            sched.run(0, op)
 
 
 def _op_sig(o: Op) -> tuple:
@@ -485,13 +490,7 @@ def _timing_groups(sched: _Sched, cores: list[list]) -> None:
         one = merge(sched.boards, sum(sched.mult))
         merged.boards, merged.busy = [one], sched.busy
         merged.chan, merged.static, merged.counts = sched.chan, sched.static, sched.counts
-        for op in cores[0][cut[0] + 1:]:
-            if isinstance(op, Repeat):
-                merged.repeat(op.body, op.count)
-            elif op.kind == "barrier":
-                merged.barrier([0])
-            else:
-                merged.run(0, op)
+        _run_one(merged, cores[0][cut[0] + 1:])
         for sb in sched.boards:
             sb.pipe = dict(one.pipe)
         return

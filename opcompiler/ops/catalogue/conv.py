@@ -110,16 +110,21 @@ def _conv_params(wl: Workload) -> dict:
     return {k: v for k, v in wl.params}
 
 
+def _unfused(wl: Workload, *epilogue: tuple[str, ...]) -> list[Step]:
+    """The fusion op by op: the conv2d, then each epilogue step (op, its other inputs) on the
+    previous step's result."""
+    steps = [Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1"))]
+    for j, (op, *ins) in enumerate(epilogue):
+        steps.append(Step(op=op, params=_ew_params(wl), inputs=(f"s{j}", *ins)))
+    return steps
+
+
 register_op(OpDef(
     name="conv2d_bias_relu", summary="fused conv2d + bias + ReLU (one kernel)", family="conv2d",
     defaults=CONV_DEFAULTS, dtypes=CUBE, preset_kind="conv", fusion="fuse_conv2d_bias_relu", epilogue="bias;relu",
     compute_fn=_conv_bias_relu_compute, reference_fn=_conv_bias_relu_ref, input_specs=_conv_bias_inputs,
     flops_fn=lambda wl: _conv_flops(wl) + 2 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
-    unfused_fn=lambda wl: [
-        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
-        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
-        Step(op="relu", params=_ew_params(wl), inputs=("s1",)),
-    ],
+    unfused_fn=lambda wl: _unfused(wl, ("bias_add", "in2"), ("relu",)),
 ))
 
 
@@ -144,11 +149,7 @@ register_op(OpDef(
     defaults=CONV_DEFAULTS, dtypes=FLOAT, preset_kind="conv", fusion="fuse_conv2d_bn_relu", epilogue="bn;relu",
     compute_fn=_conv_bn_relu_compute, reference_fn=_conv_bn_relu_ref, input_specs=_conv_bn_inputs,
     flops_fn=lambda wl: _conv_flops(wl) + 3 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
-    unfused_fn=lambda wl: [
-        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
-        Step(op="batch_norm", params=_ew_params(wl), inputs=("s0", "in2", "in3")),
-        Step(op="relu", params=_ew_params(wl), inputs=("s1",)),
-    ],
+    unfused_fn=lambda wl: _unfused(wl, ("batch_norm", "in2", "in3"), ("relu",)),
 ))
 
 
@@ -172,10 +173,7 @@ register_op(OpDef(
     defaults=CONV_DEFAULTS, dtypes=CUBE, preset_kind="conv", fusion="fuse_conv2d_bias", epilogue="bias",
     compute_fn=_conv_bias_compute, reference_fn=_conv_bias_ref, input_specs=_conv_bias_inputs,
     flops_fn=lambda wl: _conv_flops(wl) + int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
-    unfused_fn=lambda wl: [
-        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
-        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
-    ],
+    unfused_fn=lambda wl: _unfused(wl, ("bias_add", "in2")),
 ))
 
 
@@ -205,11 +203,7 @@ def _conv_bias_add_op(relu: bool) -> None:
         compute_fn=compute, reference_fn=reference, input_specs=_conv_bias_add_inputs,
         flops_fn=lambda wl: _conv_flops(wl) + (3 if relu else 2) * int(np.prod(conv_out_shape(wl))),
         validate_fn=_validate_conv,
-        unfused_fn=lambda wl: [
-            Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
-            Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
-            Step(op="add", params=_ew_params(wl), inputs=("s1", "in3")),
-        ] + ([Step(op="relu", params=_ew_params(wl), inputs=("s2",))] if relu else []),
+        unfused_fn=lambda wl: _unfused(wl, ("bias_add", "in2"), ("add", "in3"), *([("relu",)] if relu else [])),
     ))
 
 
@@ -240,10 +234,7 @@ register_op(OpDef(
                                   + bcast_c(ins[3], wl)).astype(wl.dtype),
     input_specs=_conv_bn_inputs, flops_fn=lambda wl: _conv_flops(wl) + 2 * int(np.prod(conv_out_shape(wl))),
     validate_fn=_validate_conv,
-    unfused_fn=lambda wl: [
-        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
-        Step(op="batch_norm", params=_ew_params(wl), inputs=("s0", "in2", "in3")),
-    ],
+    unfused_fn=lambda wl: _unfused(wl, ("batch_norm", "in2", "in3")),
 ))
 
 
@@ -264,12 +255,7 @@ register_op(OpDef(
     compute_fn=_conv_bn_add_relu_compute, reference_fn=_conv_bn_add_relu_ref,
     input_specs=lambda wl: _conv_bn_inputs(wl) + [_residual(wl)],
     flops_fn=lambda wl: _conv_flops(wl) + 4 * int(np.prod(conv_out_shape(wl))), validate_fn=_validate_conv,
-    unfused_fn=lambda wl: [
-        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
-        Step(op="batch_norm", params=_ew_params(wl), inputs=("s0", "in2", "in3")),
-        Step(op="add", params=_ew_params(wl), inputs=("s1", "in4")),
-        Step(op="relu", params=_ew_params(wl), inputs=("s2",)),
-    ],
+    unfused_fn=lambda wl: _unfused(wl, ("batch_norm", "in2", "in3"), ("add", "in4"), ("relu",)),
 ))
 
 
@@ -297,9 +283,5 @@ register_op(OpDef(
     input_specs=_conv_bias_inputs,
     flops_fn=lambda wl: _conv_flops(wl) + (1 + chain_flops(_HSWISH)) * int(np.prod(conv_out_shape(wl))),
     validate_fn=_validate_conv,
-    unfused_fn=lambda wl: [
-        Step(op="conv2d", params=_conv_params(wl), inputs=("in0", "in1")),
-        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
-        Step(op="hardswish", params=_ew_params(wl), inputs=("s1",)),
-    ],
+    unfused_fn=lambda wl: _unfused(wl, ("bias_add", "in2"), ("hardswish",)),
 ))

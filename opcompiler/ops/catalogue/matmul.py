@@ -51,24 +51,35 @@ def _mmb_inputs(wl: Workload) -> list:
     return _mm_inputs(wl) + [("bias", (wl["n"],), bdt)]
 
 
-def _mmb_compute(wl: Workload):
-    ins = placeholders(_mmb_inputs(wl))
-    return ins, fusion_manager.get("fuse_matmul_bias_relu").compute(*ins, bool(wl["trans_a"]), bool(wl["trans_b"]))
+def _fused_compute(fusion: str):
+    """The compute of the matmul fusion registered as `fusion` (inputs A, B, bias)."""
+    def compute(wl: Workload):
+        ins = placeholders(_mmb_inputs(wl))
+        return ins, fusion_manager.get(fusion).compute(*ins, bool(wl["trans_a"]), bool(wl["trans_b"]))
+    return compute
+
+
+def _mmb_ref_acc(wl: Workload, ins) -> np.ndarray:
+    """The reference matmul plus the bias, in the accumulator's type (int32 for int8, else fp32)."""
+    return _mm_ref_acc(wl, ins) + ins[2].astype(np.float32 if wl.dtype != "int8" else np.int32)
+
+
+def _ew_params(wl: Workload) -> dict:
+    """The (m, n) output as an NHWC element-wise workload (the unfused bias_add / relu)."""
+    return {"n": 1, "c": wl["n"], "h": 1, "w": wl["m"], "layout": "NHWC"}
 
 
 register_op(OpDef(
     name="matmul_bias_relu", summary="fused matmul + bias + ReLU (fully connected layer)", family="matmul",
     defaults=MMB_DEFAULTS, dtypes=CUBE, preset_kind="matmul", fusion="fuse_matmul_bias_relu", epilogue="bias;relu",
-    compute_fn=_mmb_compute,
-    reference_fn=lambda wl, ins: np.maximum(_mm_ref_acc(wl, ins) + ins[2].astype(np.float32 if wl.dtype != "int8"
-                                                                                   else np.int32), 0
-                                            ).astype(acc_out(wl.dtype)),
+    compute_fn=_fused_compute("fuse_matmul_bias_relu"),
+    reference_fn=lambda wl, ins: np.maximum(_mmb_ref_acc(wl, ins), 0).astype(acc_out(wl.dtype)),
     input_specs=_mmb_inputs, flops_fn=lambda wl: 2 * wl["m"] * wl["k"] * wl["n"] + 2 * wl["m"] * wl["n"],
     validate_fn=_validate_mm,
     unfused_fn=lambda wl: [
         Step(op="matmul", params=dict(wl.params), inputs=("in0", "in1")),
-        Step(op="bias_add", params={"n": 1, "c": wl["n"], "h": 1, "w": wl["m"], "layout": "NHWC"}, inputs=("s0", "in2")),
-        Step(op="relu", params={"n": 1, "c": wl["n"], "h": 1, "w": wl["m"], "layout": "NHWC"}, inputs=("s1",)),
+        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
+        Step(op="relu", params=_ew_params(wl), inputs=("s1",)),
     ],
 ))
 
@@ -78,22 +89,16 @@ def _fuse_matmul_bias_compute(tensor_a, tensor_b, bias, trans_a=False, trans_b=F
     return dsl.matmul(tensor_a, tensor_b, trans_a, trans_b, bias=bias)
 
 
-def _mm_bias_compute(wl: Workload):
-    ins = placeholders(_mmb_inputs(wl))
-    return ins, fusion_manager.get("fuse_matmul_bias").compute(*ins, bool(wl["trans_a"]), bool(wl["trans_b"]))
-
-
 register_op(OpDef(
     name="matmul_bias", summary="fused matmul + bias, no activation (fully connected layer)", family="matmul",
     defaults=MMB_DEFAULTS, dtypes=CUBE, preset_kind="matmul", fusion="fuse_matmul_bias", epilogue="bias",
-    compute_fn=_mm_bias_compute,
-    reference_fn=lambda wl, ins: (_mm_ref_acc(wl, ins) + ins[2].astype(np.float32 if wl.dtype != "int8" else np.int32)
-                                  ).astype(acc_out(wl.dtype)),
+    compute_fn=_fused_compute("fuse_matmul_bias"),
+    reference_fn=lambda wl, ins: _mmb_ref_acc(wl, ins).astype(acc_out(wl.dtype)),
     input_specs=_mmb_inputs, flops_fn=lambda wl: 2 * wl["m"] * wl["k"] * wl["n"] + wl["m"] * wl["n"],
     validate_fn=_validate_mm,
     unfused_fn=lambda wl: [
         Step(op="matmul", params=dict(wl.params), inputs=("in0", "in1")),
-        Step(op="bias_add", params={"n": 1, "c": wl["n"], "h": 1, "w": wl["m"], "layout": "NHWC"}, inputs=("s0", "in2")),
+        Step(op="bias_add", params=_ew_params(wl), inputs=("s0", "in2")),
     ],
 ))
 

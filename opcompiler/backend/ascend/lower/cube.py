@@ -49,6 +49,25 @@ def split_groups(events: Sequence[tuple], carry: tuple[str, ...] = ()) -> list[t
 # -- events -> instructions ----------------------------------------------------------------------
 
 
+def _mmad_chunk(kb: KernelBuilder, c0, a, b, m1: int, kn: int, nn: int, ev: tuple, inited: set[int]) -> None:
+    """One (k, n) chunk's mmad L0A x L0B -> the L0C tile `c0` at the chunk's first channel block
+    (from the `mmad` event `ev`), initialising each channel block with its first chunk; then its
+    loop control."""
+    nc0 = (ev[1] % ev[2]) // 16  # the chunk's first channel block in the L0C tile
+    kb.mmad(c0, a, b, m1, kn, nn, c_n1_off=nc0, init=nc0 not in inited)
+    inited.add(nc0)
+    kb.loop()
+
+
+def _close_steps(kb: KernelBuilder, steps: int, pending: tuple | None, flush, n1s: int) -> None:
+    """Before a channel group's L0C -> UB: the last k step's loop control (where no group is
+    pending), else the pending group's write to GM (`flush`)."""
+    if steps and pending is None:
+        kb.loop()  # the last k step's loop control
+    if pending is not None:
+        flush(pending, n1s)
+
+
 class GemmLowering:
     """A GEMM trace -> one core's program. Events (GEMM coordinates of each instruction's first
     element): `dma_a` / `dma_b` (one k step of A / B, GM -> L1), `ld_a` (one L0 chunk of A, L1 ->
@@ -177,16 +196,10 @@ class GemmLowering:
                         kb.data_move(l0b[bslot], (slice(0, kn), slice(0, nn)), bl,
                                      (slice(kc, kc + kn), slice(nc0, nc0 + nn)))
                 elif tag == "mmad" and kn > 0 and nn > 0:
-                    nc0 = (ev[1] % ev[2]) // 16
-                    kb.mmad(c0, l0a[aslot], l0b[bslot], mm1, kn, nn, c_n1_off=nc0, init=nc0 not in inited)
-                    inited.add(nc0)
-                    kb.loop()
+                    _mmad_chunk(kb, c0, l0a[aslot], l0b[bslot], mm1, kn, nn, ev, inited)
                 elif tag == "l0c":  # one channel group of the tile: L0C -> UB
-                    if steps and pending is None:
-                        kb.loop()  # the last k step's loop control
-                    if pending is not None:
-                        flush(pending, n1s)
-                        pending = None
+                    _close_steps(kb, steps, pending, flush, n1s)
+                    pending = None
                     gj = ev[2] // 16 - n1s
                     gn = min(self.g, nn_t - gj)  # channel blocks past N: pad_einsum's padding, not issued
                     if gn > 0:
@@ -414,16 +427,10 @@ class ConvLowering:
                         kb.data_move(l0b[bslot], (slice(0, kn), slice(0, nn)), wbuf,
                                      (slice(kq0, kq0 + kn), slice(nc0, nc0 + nn)))
                 elif tag == "mmad" and kn > 0 and nn > 0:
-                    nc0 = (ev[1] % ev[2]) // 16  # the chunk's first channel block in the L0C tile
-                    kb.mmad(c0, l0a[aslot], l0b[bslot], m1, kn, nn, c_n1_off=nc0, init=nc0 not in inited)
-                    inited.add(nc0)
-                    kb.loop()
+                    _mmad_chunk(kb, c0, l0a[aslot], l0b[bslot], m1, kn, nn, ev, inited)
                 elif tag == "l0c":  # one channel group of the tile: L0C -> UB
-                    if steps and pending is None:
-                        kb.loop()  # the last k step's loop control
-                    if pending is not None:
-                        flush(pending, n1s)
-                        pending = None
+                    _close_steps(kb, steps, pending, flush, n1s)
+                    pending = None
                     b, p0, gj = ev[1], ev[2], ev[3] // 16 - n1s
                     gn = min(self.g, nn_t - gj)  # channel blocks past K: pad_einsum's padding, not issued
                     if gn > 0:

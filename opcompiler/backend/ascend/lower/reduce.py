@@ -42,7 +42,7 @@ import numpy as np
 from ....errors import OpcFailure
 from .builder import KernelBuilder, ceil_div, split_even
 from ..program import Program, VOp
-from .vector import CORES, PRAGMA, SLOTS, UB_SCOPE, _Lowering, _nest_parts, _seq, lower_module
+from .vector import CORES, PRAGMA, SLOTS, UB_SCOPE, _Lowering, _TiledKernel, _nest_parts, _seq, lower_module
 from ..machine import Machine
 
 from ..intrin import REDUCE  # noqa: E402 (the pragma of a row reduction nest)
@@ -71,7 +71,7 @@ class _Step:
 
 
 @dataclass(eq=False)
-class RowKernel:
+class RowKernel(_TiledKernel):
     """What one scheduled row kernel lowers to: GM tensors, the tile loop, per-iteration steps on
     physical UB buffers (per ping-pong slot, or shared: the fold scratch, the scalar)."""
 
@@ -88,18 +88,12 @@ class RowKernel:
     pre: list[_Step] = field(default_factory=list)  # once per core, before its first tile (layer norm's gamma)
     info: dict[str, Any] = field(default_factory=dict)
 
-    @property
-    def active_cores(self) -> int:
-        return max(1, min(self.cores, self.iterations))
-
     def program(self, m: Machine, core: int) -> Program:
-        active = self.active_cores
-        kb = KernelBuilder(m, core, active)
-        gm = {name: kb.gm(name, shape, dt) for name, (shape, dt) in self.gm.items()}
+        kb, gm = self._start(m, core)
         shared = {name: kb.alloc("UB", name, shp, dt) for name, shp, dt in self.shared}
         slots = [{name: kb.alloc("UB", f"{name}_{s}", shp, dt) for name, shp, dt in self.tile_bufs}
                  for s in range(self.slots)]
-        lo, hi = split_even(self.iterations, active, core)
+        lo, hi = split_even(self.iterations, self.active_cores, core)
         if hi > lo:
             for st in self.pre:
                 _issue(kb, st, lo, lambda name: gm.get(name) or shared[name], shared)

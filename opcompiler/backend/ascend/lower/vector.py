@@ -76,8 +76,22 @@ class _Op:
     chan: int = 0  # shaped nests: channels per row when an operand is a broadcast row (vec_channel)
 
 
+class _TiledKernel:
+    """A kernel of `iterations` tile iterations over GM tensors `gm`, shared by up to `cores`
+    cores (`VectorKernel`, `reduce.RowKernel`)."""
+
+    @property
+    def active_cores(self) -> int:
+        return max(1, min(self.cores, self.iterations))
+
+    def _start(self, m: Machine, core: int) -> tuple[KernelBuilder, dict]:
+        """Core `core`'s builder and its GM tensors (name -> buffer, in parameter order)."""
+        kb = KernelBuilder(m, core, self.active_cores)
+        return kb, {name: kb.gm(name, shape, dt) for name, (shape, dt) in self.gm.items()}
+
+
 @dataclass(eq=False)
-class VectorKernel:
+class VectorKernel(_TiledKernel):
     """What one scheduled module lowers to: GM tensors, the tile loop, the per-iteration ops
     on logical buffers, their physical UB buffers, and per-nest element counts."""
 
@@ -97,19 +111,13 @@ class VectorKernel:
     resident: list[tuple[str, tuple[int, ...], str]] = field(default_factory=list)  # UB buffers outside the tile loop
     pre: list[_Op] = field(default_factory=list)  # ops before the tile loop (once per core, on resident buffers)
 
-    @property
-    def active_cores(self) -> int:
-        return max(1, min(self.cores, self.iterations))
-
     def program(self, m: Machine, core: int) -> Program:
-        active = self.active_cores
-        kb = KernelBuilder(m, core, active)
-        gm = {name: kb.gm(name, shape, dt) for name, (shape, dt) in self.gm.items()}
+        kb, gm = self._start(m, core)
         res = {name: kb.alloc("UB", name, shp, dt) for name, shp, dt in self.resident}
         shapes = self.phys_shapes or [(n,) for _, n, _ in self.phys]
         slots = [[kb.alloc("UB", f"{name}_{s}", shp, dt) for (name, n, dt), shp in zip(self.phys, shapes)]
                  for s in range(self.slots)]
-        lo, hi = split_even(self.iterations, active, core)
+        lo, hi = split_even(self.iterations, self.active_cores, core)
         if self.pre:  # the prologue: resident buffers loaded once per core
             self._emit(kb, self.pre, lo, lambda a: gm[a.buf] if a.buf in gm else res[a.buf])
         for j, it in enumerate(range(lo, hi)):
@@ -343,6 +351,19 @@ class _Lowering:
             return True
         return False
 
+    def _add_ub(self, b) -> tuple[str, tuple[int, ...]]:
+        """Record UB buffer `b` (its scope checked) under a name no other buffer has; returns the
+        name and its shape."""
+        if b.scope() != UB_SCOPE:
+            raise OpcFailure(f"emit_insn: buffer {b.name} is in scope {b.scope()!r}, not {UB_SCOPE}")
+        taken = {v[0] for v in self.ub.values()} | set(self.gm)
+        name, k = b.name, 1
+        while name in taken:  # two stages may share a tensor name (vmuls twice in a chain)
+            name, k = f"{b.name}#{k}", k + 1
+        shape = tuple(int(x) for x in b.shape)
+        self.ub[hash(b)] = (name, int(np.prod(shape)), str(b.dtype))
+        return name, shape
+
     # -- structure ---------------------------------------------------------------------------
 
     def run(self) -> VectorKernel:
@@ -367,14 +388,7 @@ class _Lowering:
         self.tile_var = tile.loop_var
         for s in _seq(tile.body):
             if isinstance(s, T.AllocBuffer):
-                b = s.buffer
-                if b.scope() != UB_SCOPE:
-                    raise OpcFailure(f"emit_insn: buffer {b.name} is in scope {b.scope()!r}, not {UB_SCOPE}")
-                taken = {v[0] for v in self.ub.values()} | set(self.gm)
-                name, k = b.name, 1
-                while name in taken:  # two stages may share a tensor name (vmuls twice in a chain)
-                    name, k = f"{b.name}#{k}", k + 1
-                self.ub[hash(b)] = (name, int(np.prod([int(x) for x in b.shape])), str(b.dtype))
+                self._add_ub(s.buffer)
             elif isinstance(s, T.DeclBuffer) and self._alias(s.buffer):
                 continue
             elif isinstance(s, T.AttrStmt) and s.attr_key == PRAGMA:
@@ -815,14 +829,7 @@ class _ShapedLowering(_Lowering):
         for st in _seq(stmt):
             if isinstance(st, T.AllocBuffer):
                 b = st.buffer
-                if b.scope() != UB_SCOPE:
-                    raise OpcFailure(f"emit_insn: buffer {b.name} is in scope {b.scope()!r}, not {UB_SCOPE}")
-                taken = {v[0] for v in self.ub.values()} | set(self.gm)
-                name, k = b.name, 1
-                while name in taken:
-                    name, k = f"{b.name}#{k}", k + 1
-                shape = tuple(int(x) for x in b.shape)
-                self.ub[hash(b)] = (name, int(np.prod(shape)), str(b.dtype))
+                name, shape = self._add_ub(b)
                 self.ub_shape[hash(b)] = shape
                 self.shapes[name] = shape
             elif isinstance(st, T.AttrStmt) and st.attr_key == PRAGMA:

@@ -43,65 +43,47 @@ from typing import Any, Mapping
 from opcompiler.errors import OpcFailure
 from opcompiler.sim.tir_expr import TIR
 
-from .. import execute as ex, timing as tm
-from ..intrin import CORES, DMA, OP, SCOPE_AM, SCOPE_REG, STAGE, VEC
+from ..intrin import CORES, DMA, SCOPE_AM, SCOPE_REG, STAGE, VEC
 from ..machine import DspMachine
 from ..program import VI, Allocator, Mem, Nest, Op, VKernel, contiguous, dma_op, stage_order
+from .tiled import alloc_bufs, tile_share, vpu_op, walk_tiled
 
 BLOCKS = ("fm_sum", "fm_sumsq", "fm_out")  # the VPU nest's blocks, in order (the catalogue's compute)
 
 
 def _walk(func) -> dict[str, Any]:
-    """The module's facts: the tile loop's extent, the nests under it as (`opc.dsp.op`, extent),
-    the loops of the vec nest below its sample loop, the blocks in it in order, the buffers
-    (name -> (scope, shape))."""
-    found: dict[str, Any] = {"tiles": None, "nests": [], "bufs": {}, "blocks": [], "vec_loops": []}
+    """The module's facts (`tiled.walk_tiled`'s, its tile loop checked) and its vec nest's: the
+    loops below its sample loop, the blocks in it in order (its buffers join `bufs`)."""
+    vec: dict[str, Any] = {"blocks": [], "vec_loops": []}
 
-    def bufs(st) -> None:
-        for b in st.block.alloc_buffers:
-            found["bufs"][b.name] = (str(b.scope()), tuple(int(x) for x in b.shape))
-
-    def in_vec(st, depth: int) -> None:  # the vec nest's body: its loops (outside the blocks), blocks
+    def in_vec(st, depth: int, bufs: dict) -> None:  # the vec nest's body: its loops (outside the blocks), blocks
         if isinstance(st, TIR.For):
             if depth == 0:
-                found["vec_loops"].append(int(st.extent))
-            in_vec(st.body, depth)
+                vec["vec_loops"].append(int(st.extent))
+            in_vec(st.body, depth, bufs)
         elif isinstance(st, TIR.SBlockRealize):
             name = st.block.name_hint
             if name:
-                found["blocks"].append(name)
+                vec["blocks"].append(name)
                 return
-            bufs(st)
-            in_vec(st.block.body, depth)
+            alloc_bufs(st, bufs)
+            in_vec(st.block.body, depth, bufs)
         elif isinstance(st, TIR.SeqStmt):
             for x in st.seq:
-                in_vec(x, depth + 1)
+                in_vec(x, depth + 1, bufs)
         elif hasattr(st, "body"):
-            in_vec(st.body, depth)
+            in_vec(st.body, depth, bufs)
 
-    def visit(st, in_tile: bool) -> None:
-        if isinstance(st, TIR.For):
-            if not in_tile:
-                if STAGE not in st.annotations or CORES not in st.annotations:
-                    raise OpcFailure("lower.fm: an fm module's outer loop is the tile loop (opc.dsp.stage, "
-                                     "opc.dsp.cores)")
-                found["tiles"] = int(st.extent)
-                return visit(st.body, True)
-            op = st.annotations.get(OP)
-            found["nests"].append((None if op is None else str(op), int(st.extent)))
-            if op is not None and str(op) == VEC:
-                in_vec(st.body, 0)
-        elif isinstance(st, TIR.SBlockRealize):
-            bufs(st)
-            visit(st.block.body, in_tile)
-        elif isinstance(st, TIR.SeqStmt):
-            for x in st.seq:
-                visit(x, in_tile)
-        elif hasattr(st, "body"):
-            visit(st.body, in_tile)
+    def tile(st) -> None:
+        if STAGE not in st.annotations or CORES not in st.annotations:
+            raise OpcFailure("lower.fm: an fm module's outer loop is the tile loop (opc.dsp.stage, "
+                             "opc.dsp.cores)")
 
-    visit(func.body, False)
-    return found
+    def nest(op: str | None, body, found: dict) -> None:
+        if op == VEC:
+            in_vec(body, 0, found["bufs"])
+
+    return {**walk_tiled(func, tile, nest), **vec}
 
 
 class FmLowerer:
@@ -117,13 +99,13 @@ class FmLowerer:
             raise OpcFailure(f"lower.fm: e {eshape} gives an output of {(self.b, self.k)}, not {oshape}")
         self.m, self.fn, self.dbuf = m, functional, bool(p["dbuf"])
         w = _walk(func)
-        kinds = [k for k, _ in w["nests"]]
+        kinds = [k for k, _, _ in w["nests"]]
         if kinds != [DMA, VEC, DMA] or w["tiles"] is None:
             raise OpcFailure(f"lower.fm: an fm module has a tile loop over a {DMA!r} copy-in, a {VEC!r} nest and a "
                              f"{DMA!r} write-back; found nests {kinds}")
         rows = w["nests"][0][1]
-        if any(e != rows for _, e in w["nests"]) or w["tiles"] != -(-self.b // rows):
-            raise OpcFailure(f"lower.fm: {w['tiles']} tiles of {[e for _, e in w['nests']]} samples do not "
+        if any(e != rows for _, e, _ in w["nests"]) or w["tiles"] != -(-self.b // rows):
+            raise OpcFailure(f"lower.fm: {w['tiles']} tiles of {[e for _, e, _ in w['nests']]} samples do not "
                              f"cover {self.b}")
         L = m.lanes
         nvec = 1
@@ -142,7 +124,7 @@ class FmLowerer:
         self.cores = max(1, min(int(p["cores"]), self.tiles))
 
     def share(self, c: int) -> range:
-        return range(c * self.tiles // self.cores, (c + 1) * self.tiles // self.cores) if c < self.cores else range(0)
+        return tile_share(c, self.tiles, self.cores)
 
     def count(self, t: int) -> int:
         return min(self.rows, self.b - t * self.rows)
@@ -172,10 +154,7 @@ class FmLowerer:
         return VKernel(tuple(nests), f"fm ({cnt} samples, {f} fields, k={k})")
 
     def _vpu(self, kern: VKernel, s: int, label: str) -> Op:
-        cost = tm.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern, L=self.m.lanes: ex.execute_pass(mem, k, L)) if self.fn else None
-        return Op("vpu", "vpu", cycles=cost.cycles, reads=(f"am:e_{s}",), writes=(f"am:out_{s}",), cost=cost,
-                  nruns=len(kern.nests), fn=fn, label=label)
+        return vpu_op(self.m, kern, (f"am:e_{s}",), (f"am:out_{s}",), self.fn, label)
 
     def core_ops(self, c: int) -> list[Op]:
         m, f, k = self.m, self.f, self.k

@@ -42,46 +42,11 @@ from typing import Any, Mapping
 import numpy as np
 
 from opcompiler.errors import OpcFailure
-from opcompiler.sim.tir_expr import TIR
 
-from .. import execute as ex, timing as tm
-from ..intrin import DMA, OP, SCOPE_AM, VEC
+from ..intrin import DMA, SCOPE_AM, VEC
 from ..machine import DspMachine
 from ..program import VI, Allocator, Mem, Nest, Op, View, VKernel, contiguous, dma_op, runs, stage_order
-
-
-def _walk(func) -> dict[str, Any]:
-    """The module's facts past its parameters: the tile loop's extent, the nests under it in order
-    as (`opc.dsp.op` or None, extent, the trip count of the loops inside), and the on-chip
-    buffers (name -> (scope, shape))."""
-    found: dict[str, Any] = {"tiles": None, "nests": [], "bufs": {}}
-
-    def inside(st) -> int:  # the trip count of the loops nested in st
-        if isinstance(st, TIR.For):
-            return int(st.extent) * inside(st.body)
-        if isinstance(st, TIR.SBlockRealize):
-            return inside(st.block.body)
-        return inside(st.body) if hasattr(st, "body") and not isinstance(st, TIR.SeqStmt) else 1
-
-    def visit(st, in_tile: bool) -> None:
-        if isinstance(st, TIR.For):
-            if not in_tile:
-                found["tiles"] = int(st.extent)
-                return visit(st.body, True)
-            op = st.annotations.get(OP)
-            found["nests"].append((None if op is None else str(op), int(st.extent), inside(st.body)))
-        elif isinstance(st, TIR.SBlockRealize):
-            for b in st.block.alloc_buffers:
-                found["bufs"][b.name] = (str(b.scope()), tuple(int(x) for x in b.shape))
-            visit(st.block.body, in_tile)
-        elif isinstance(st, TIR.SeqStmt):
-            for x in st.seq:
-                visit(x, in_tile)
-        elif hasattr(st, "body"):
-            visit(st.body, in_tile)
-
-    visit(func.body, False)
-    return found
+from .tiled import tile_share, vpu_op, walk_tiled
 
 
 class GatherLowerer:
@@ -106,7 +71,7 @@ class GatherLowerer:
     def _bag(self, func, out_rows: int) -> int:
         """Rows summed per output row: 1 for a plain lookup; else read off the module's bag-sum
         nest (see the module docstring), each fact checked against the others."""
-        w = _walk(func)
+        w = walk_tiled(func)
         kinds = [k for k, _, _ in w["nests"]]
         if VEC not in kinds and out_rows == self.n:
             return 1
@@ -128,7 +93,7 @@ class GatherLowerer:
         return b
 
     def share(self, c: int) -> range:
-        return range(c * self.tiles // self.cores, (c + 1) * self.tiles // self.cores) if c < self.cores else range(0)
+        return tile_share(c, self.tiles, self.cores)
 
     def group_key(self, c: int) -> tuple:
         """Every core timed on its own (its key names it): a core's ops are few (a DMA per index),
@@ -174,10 +139,7 @@ class GatherLowerer:
         return VKernel(tuple(nests), f"bag sums ({nb} bags of {b} rows)")
 
     def _bag_op(self, kern: VKernel, s: int, label: str) -> Op:
-        cost = tm.kernel_cost(self.m, kern)
-        fn = (lambda mem, k=kern, L=self.m.lanes: ex.execute_pass(mem, k, L)) if self.fn else None
-        return Op("vpu", "vpu", cycles=cost.cycles, reads=(f"am:rows_{s}",), writes=(f"am:sums_{s}",), cost=cost,
-                  nruns=len(kern.nests), fn=fn, label=label)
+        return vpu_op(self.m, kern, (f"am:rows_{s}",), (f"am:sums_{s}",), self.fn, label)
 
     def core_ops(self, c: int) -> list[Op]:
         m = self.m
