@@ -220,11 +220,12 @@ def test_bag_must_divide_n():
 @pytest.mark.parametrize("fields", [0, 4])
 def test_ascend_one_more_bag_costs_its_rows_adds_and_copy_out(fields):
     """One core, one tile, no ping-pong, bags of 4 rows of 1 KiB: the rows' DMAs run back to back on
-    MTE2, the adds (3 per bag, each 512 fp16 = 4 repeats: startup 16 + 4) wait for the tile's rows on
-    the V pipe, then one copy out of the sums. A fourth bag adds 4 row DMAs (ceil(200 + 1024 / 110)
-    = 210 each), 3 adds (20 each), one more 1 KiB sum out (1024 / 64 = 16), and 32 more index bytes
-    in the index DMA (ceil(200 + 128 / 110) - ceil(200 + 96 / 110) = 1): 917 cycles. The bag writes
-    one row where the lookup wrote four."""
+    MTE2, the adds wait for the tile's rows on the V pipe, then one copy out of the sums. Each add
+    covers every bag of the tile (a repeat per bag) for one 128-lane chunk of the row: 3 adds x 4
+    chunks. A fourth bag adds 4 row DMAs (ceil(200 + 1024 / 110) = 210 each), one repeat to each
+    of those 12 adds (1 cycle each), one more 1 KiB sum out (1024 / 64 = 16), and 32 more index
+    bytes in the index DMA (ceil(200 + 128 / 110) - ceil(200 + 96 / 110) = 1): 869 cycles. The bag
+    writes one row where the lookup wrote four."""
     from math import ceil
 
     from opcompiler.backend.ascend.machine import _machine
@@ -237,10 +238,10 @@ def test_ascend_one_more_bag_costs_its_rows_adds_and_copy_out(fields):
     for n in (12, 16):
         wl = workload("gather", f"rows=100000,cols=512,n={n},idx=int64,fields={fields},bag=4", dtype="float16")
         cyc[n] = be.measure(be.build(wl, cfg)).cycles
-    vec = m.vec_startup + 4 * m.vec_cycles_per_repeat
-    want = (4 * ceil(rd.latency_cycles + 1024 / rd.bytes_per_cycle) + 3 * vec + ceil(1024 / wr.bytes_per_cycle)
+    want = (4 * ceil(rd.latency_cycles + 1024 / rd.bytes_per_cycle) + 3 * 4 * m.vec_cycles_per_repeat
+            + ceil(1024 / wr.bytes_per_cycle)
             + ceil(rd.latency_cycles + 128 / rd.bytes_per_cycle) - ceil(rd.latency_cycles + 96 / rd.bytes_per_cycle))
-    assert want == 917
+    assert want == 869
     assert cyc[16] - cyc[12] == want
 
 

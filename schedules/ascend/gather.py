@@ -121,6 +121,8 @@ class AscendGather(AscendTemplate):
         cores = target.cores
         share = min(m.path("GM", "L1").bytes_per_cycle, m.offchip_gbps / m.clock_ghz / cores)
         load = m.path("GM", "L1").latency_cycles + table_l1_bytes(wl) / share
+        if wl["cols"] * np.dtype(wl.dtype).itemsize % 32:  # rows padded in L1: a burst each
+            load += wl["rows"] * m.path("GM", "L1").burst_cycles
         saved = ceil_div(wl["n"], cores) * (m.path("GM", "UB").latency_cycles - m.path("L1", "UB").latency_cycles)
         return load < saved
 
