@@ -107,7 +107,7 @@ def fit(args) -> int:
     for d in data:
         wl = workload(d["op"], d["params"], dtype=d["dtype"])
         feats.append(prior.feature_dict(tmpl, wl, target, d["config"]))
-        ys.append(math.log2(d["cycles"]))
+        ys.append(math.log2(d["cycles"]) - (math.log2(get_op(d["op"]).flops(wl)) if args.per_flop else 0.0))
         groups.append(json.dumps([d["op"], d["params"]], sort_keys=True))
     columns = sorted({k for f in feats for k in f})
     x = prior.rows(columns, feats)
@@ -119,6 +119,7 @@ def fit(args) -> int:
               f"{_cv(params, args.rounds, x, np.asarray(ys), np.asarray(groups))}")
     booster = xgb.train(params, xgb.DMatrix(x, label=np.asarray(ys), missing=np.nan), num_boost_round=args.rounds)
     model = {"format": prior.FORMAT, "target": target.name, "template": tmpl.name, "template_version": tmpl.version,
+             "label": prior.LABEL_PER_FLOP if args.per_flop else prior.LABEL_CYCLES,
              "columns": columns, "trained_on": {"rows": len(data), "workloads": len(set(groups))},
              "model": booster.save_raw("json").decode()}
     path = prior.model_path(target, tmpl.name)
@@ -166,6 +167,9 @@ def main() -> int:
     f.add_argument("--family", choices=sorted(OPS), default="conv2d")
     f.add_argument("--rounds", type=int, default=300)
     f.add_argument("--cv", action="store_true", help="print the 5-fold leave-workload-out regret first")
+    f.add_argument("--per-flop", action="store_true",
+                   help="learn log2(cycles / FLOPs) instead of log2(cycles): time per unit of work, which carries "
+                        "to shapes larger than the training set's (conv2d's shipped model)")
     args = ap.parse_args()
     return collect(args) if args.cmd == "collect" else fit(args)
 

@@ -41,7 +41,7 @@ def model_path(target: Target, template_name: str) -> Path:
 
 
 @lru_cache(maxsize=None)
-def _load(path: str) -> tuple[Any, list[str]] | None:
+def _load(path: str) -> tuple[Any, list[str], str] | None:
     p = Path(path)
     if not p.is_file():
         return None
@@ -53,11 +53,17 @@ def _load(path: str) -> tuple[Any, list[str]] | None:
     booster = xgb.Booster()
     booster.load_model(bytearray(obj["model"].encode()))
     booster.set_param({"nthread": 1})
-    return booster, list(obj["columns"])
+    return booster, list(obj["columns"]), str(obj.get("label", LABEL_CYCLES))
 
 
-def load_model(target: Target, template_name: str) -> tuple[Any, list[str]] | None:
-    """(booster, feature columns) of the shipped model, or None when there is none."""
+# what a model predicts: log2(cycles), or log2(cycles / the op's FLOPs) -- time per unit of work,
+# which a tree model carries to shapes larger than any it was trained on (its absolute cycles
+# would stop at the largest trained ones and no longer rank the candidates)
+LABEL_CYCLES, LABEL_PER_FLOP = "log2_cycles", "log2_cycles_per_flop"
+
+
+def load_model(target: Target, template_name: str) -> tuple[Any, list[str], str] | None:
+    """(booster, feature columns, label) of the shipped model, or None when there is none."""
     return _load(str(model_path(target, template_name)))
 
 
@@ -129,6 +135,8 @@ _RANKED: dict[tuple, list[tuple[float, dict]]] = {}
 def ranked(template: Any, wl: Workload, target: Target) -> list[tuple[float, dict]] | None:
     """The valid candidates, fastest predicted first, as (predicted cycles, config); None when
     the template has no shipped model. Cached per (template, workload, target)."""
+    from .ops import get_op
+
     model = load_model(target, template.name)
     if model is None:
         return None
@@ -136,7 +144,8 @@ def ranked(template: Any, wl: Workload, target: Target) -> list[tuple[float, dic
     hit = _RANKED.get(key)
     if hit is not None:
         return hit
-    booster, columns = model
+    booster, columns, label = model
+    shift = math.log2(max(get_op(wl.op).flops(wl), 1)) if label == LABEL_PER_FLOP else 0.0
     out: list[tuple[float, dict]] = []
     for single in (False, True):
         valid = [c for c in candidates(template, wl, target, single) if template.check(wl, target, c) is None]
@@ -144,7 +153,7 @@ def ranked(template: Any, wl: Workload, target: Target) -> list[tuple[float, dic
             values = {k.name: k.values for k in template.space(wl, target)}
             pred = booster.inplace_predict(rows(columns, [feature_dict(template, wl, target, c, values)
                                                           for c in valid]), missing=np.nan)
-            out = sorted(((float(2.0 ** p), c) for p, c in zip(pred, valid)), key=lambda t: t[0])
+            out = sorted(((float(2.0 ** (p + shift)), c) for p, c in zip(pred, valid)), key=lambda t: t[0])
             break
     _RANKED[key] = out
     return out
