@@ -1,7 +1,7 @@
 """HardSwish, x * relu6(x + 3) / 6, added as one step of the element-wise vocabulary
 (`opcompiler/ops/steps.py`) and one catalogue entry (`opcompiler/ops/catalogue/elementwise.py`):
 it runs on cpu, ascend-sim and dsp-sim through their existing element-wise templates, as its own
-op and inside an ew_chain, and an ONNX HardSwish node lowers to it (docs/adding_an_operator.md).
+op and inside an ew_chain, and an ONNX HardSwish node translates to it (docs/adding_an_operator.md).
 
 Checked against numpy in float64 on inputs in [-6, 6] (every branch: x < -3, -3..3, x > 3):
 max abs error <= 1e-5 in float32, <= 1e-2 in float16 (|y| <= 6, float16's spacing at 4..8 is
@@ -86,14 +86,14 @@ def test_an_onnx_hardswish_node_is_one_kernel(tmp_path):
     from onnx import TensorProto, helper
 
     from opcompiler.graph import load
-    from opcompiler.graph.lower import lower
+    from opcompiler.graph.translate import translate
 
     g = helper.make_graph([helper.make_node("HardSwish", ["x"], ["y"])], "hs",
                           [helper.make_tensor_value_info("x", TensorProto.FLOAT, [1, 4, 3, 3])],
                           [helper.make_tensor_value_info("y", TensorProto.FLOAT, [1, 4, 3, 3])])
     path = tmp_path / "hs.onnx"
     onnx.save(helper.make_model(g, opset_imports=[helper.make_opsetid("", 14)]), str(path))
-    prims, _, _ = lower(load(path, batch=None))
+    prims, _, _ = translate(load(path, batch=None))
     # the catalogue's hardswish op (a one-step chain: it still joins element-wise chains, and after a
     # conv with bias it completes the conv2d_bias_hardswish pattern)
     assert [(p.kind, p.step) for p in prims] == [("hardswish", "hardswish")]

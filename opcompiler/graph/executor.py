@@ -524,7 +524,7 @@ def _id_ranges(g, n: str) -> list[int]:
 
 def _mask_inputs(plan: Plan) -> set[str]:
     """The int / bool graph inputs the plan takes as floats (masks only mask ops read: `mask_values`)."""
-    from .lower import mask_values
+    from .translate import mask_values
     return {n for n, _ in plan.graph.inputs} & mask_values(plan.graph)
 
 

@@ -22,7 +22,7 @@ MIN_OPSET = 6  # older models are upgraded with onnx.version_converter
 UPGRADE_TO = 11  # models below NATIVE_OPSET are converted to this opset at import
 NATIVE_OPSET = 9
 # integer / bool inputs: token ids (a `gather` kernel), masks (stored as floats when only mask ops read
-# them: `lower.mask_values`; else their readers run on the host)
+# them: `translate.mask_values`; else their readers run on the host)
 SUPPORTED_DTYPES = ("float32", "int32", "int64", "bool")
 # In inference these forward their input: removed at import (their optional outputs unused).
 PASS_THROUGH = ("Dropout", "Identity")
@@ -161,7 +161,7 @@ def _upgrade(model: onnx.ModelProto, path: str) -> onnx.ModelProto:
 
 def _skip_pass_through(nodes: list[Node], graph_outputs: list[str]) -> list[Node]:
     """Drop Dropout / Identity (inference: the output is the input), rewiring their consumers.
-    One that produces a graph output, or whose Dropout mask is read, stays (lowered as a view)."""
+    One that produces a graph output, or whose Dropout mask is read, stays (translated to a view)."""
     used = {x for n in nodes for x in n.inputs} | set(graph_outputs)
     alias: dict[str, str] = {}
     kept = []

@@ -13,7 +13,7 @@ from functools import cache
 from typing import Any, Callable, Mapping, Sequence
 
 from ..ops import list_ops, workload
-from .lower import Prim
+from .translate import Prim
 
 GENERIC_CHAIN = "ew_chain"
 
@@ -169,7 +169,7 @@ def _sequence_first(members: list[Prim], params: dict, ins: tuple[str, ...], pro
 
 def _match_attention(p: Prim, consumer: Mapping[str, Prim], producer: Mapping[str, Prim] | None = None,
                      taken: set | None = None) -> tuple[list[Prim], dict, tuple[str, ...]] | None:
-    """Attention as the importer lowers it: batch_matmul(Q, K^T read as K, trans_b) -> [x scale]
+    """Attention as `translate` emits it: batch_matmul(Q, K^T read as K, trans_b) -> [x scale]
     -> [+ mask] -> softmax over the keys -> batch_matmul(P, V), each value read by the next alone.
     (members, attention params, inputs (q, k, v[, mask])) or None. The batch is one axis here
     (b = batch * heads, h = 1), so a mask is the scores' full (b, sq, skv) constant or value."""

@@ -12,7 +12,7 @@ from ..ops import get_op, workload
 from ..target import Target, load_target
 from ..workload import Workload
 from .importer import Graph
-from .lower import lower
+from .translate import translate
 from .partition import Group, partition, settle, split, toposort
 
 
@@ -49,7 +49,7 @@ MODES = ("fused", "unfused", "cost")
 
 def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True, fallback: str | None = None,
               dtype: str | None = None, mode: str | None = None, config: str = "best") -> Plan:
-    """Lower and partition `graph` for `target` (unsupported nodes raise OpcError unless `fallback`).
+    """Translate and partition `graph` for `target` (unsupported nodes raise OpcError unless `fallback`).
 
     `mode` "fused" fuses every pattern, "unfused" nothing, "cost" keeps a fused group only where
     the fused kernel is measured no slower than its parts (with `config`'s records: see `choose`)."""
@@ -57,7 +57,7 @@ def make_plan(graph: Graph, target: str | Target = "cpu", *, fused: bool = True,
     mode = mode or ("fused" if fused else "unfused")
     if mode not in MODES:
         raise OpcError("unknown plan", arg="--plan", value=mode, expected=" | ".join(MODES))
-    prims, consts, shapes = lower(graph, fallback)
+    prims, consts, shapes = translate(graph, fallback)
     if mode == "unfused":  # a recurrent layer as an op-by-op framework runs it, step by step
         from .unroll import expand
         prims = expand(prims, consts, shapes)

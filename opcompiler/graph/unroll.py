@@ -14,7 +14,7 @@ from typing import Mapping
 import numpy as np
 
 from ..ops.opbyop import GATES, decompose
-from .lower import Prim, ew_params
+from .translate import Prim, ew_params
 
 INPUTS = {"lstm": ("X", "W", "R", "B", "h0", "c0"), "gru": ("X", "W", "R", "B", "h0")}
 
@@ -36,7 +36,7 @@ def expand(prims: list[Prim], consts: dict[str, np.ndarray], shapes: dict[str, t
 
 
 def _unbag(p: Prim, shapes: dict[str, tuple]) -> list[Prim]:
-    """An embedding lookup with its bag sum folded in (`lower._fold_bag`), as the graph reads
+    """An embedding lookup with its bag sum folded in (`translate.recsys.fold_bag`), as the graph reads
     unfused: the lookup's rows written to GM, then the sum over the bag axis as any middle-axis
     ReduceSum runs (the rows (bags, bag, d) transposed to (bags, d, bag), one row reduction)."""
     b = int(p.params["bag"])
@@ -55,7 +55,7 @@ def _unbag(p: Prim, shapes: dict[str, tuple]) -> list[Prim]:
 
 
 def _unfm(p: Prim, shapes: dict[str, tuple]) -> list[Prim]:
-    """DeepFM's pairwise term (`graph.fm`) as the model's nodes run one by one: the field sum
+    """DeepFM's pairwise term (`graph.translate.fm`) as the model's nodes run one by one: the field sum
     (transpose to (b, k, f), a row reduction), squared; the squares, their field sum; the difference."""
     b, f, k = (int(p.params[x]) for x in ("b", "f", "k"))
     e, pre = p.inputs[0], f"{p.output}:"

@@ -36,7 +36,7 @@ _F = ("float32", "float16")
 _C = ("float32", "float16", "int8")
 
 # BEGIN GENERATED
-CATALOGUE_SHA256 = 'e9e2db4c92bfe6d66aa89824f9b38f2f19e03699b8fbefe9172946c4b71c136a'
+CATALOGUE_SHA256 = 'b7a24b714b84f49debb6eb32175cc24f893249530b32bf5619c1e21771e3c342'
 OPS: dict[str, OpInfo] = {
     'add': OpInfo('elemwise', 'element-wise add (vadd)',
         _EW, '', _F),

@@ -1,6 +1,6 @@
 """Each operator in one place (issue 24, item 3): the chain-step vocabulary is one table that the
 catalogue and the simulators' element-wise templates read, schedules import no private catalogue
-name, and graph/lower.py has one table of ONNX ops."""
+name, and graph/translate/ has one table of ONNX ops."""
 from __future__ import annotations
 
 import re
@@ -51,11 +51,11 @@ def test_schedules_import_no_private_catalogue_name():
     assert not bad, bad
 
 
-def test_graph_lower_has_one_table():
-    from opcompiler.graph import lower
-    assert lower.SUPPORTED == (*lower._LOWER, "Constant", "ConstantOfShape")
+def test_graph_translate_has_one_table():
+    from opcompiler.graph import translate
+    assert translate.SUPPORTED == (*translate.TABLE, "Constant", "ConstantOfShape")
     # a prim joins an element-wise chain as the step its catalogue op is
     kinds = ("relu", "add", "bias_add", "batch_norm", "conv2d", "pool2d", "softmax", "view", "host")
-    steps = {k: lower.Prim(kind=k, params={}, inputs=(), outputs=("y",), node="n", onnx_op="X").step for k in kinds}
+    steps = {k: translate.Prim(kind=k, params={}, inputs=(), outputs=("y",), node="n", onnx_op="X").step for k in kinds}
     assert steps == {"relu": "relu", "add": "add", "bias_add": "bias", "batch_norm": "bn", "conv2d": None,
                      "pool2d": None, "softmax": None, "view": None, "host": None}

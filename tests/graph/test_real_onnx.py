@@ -12,7 +12,7 @@ from onnx import TensorProto, helper, numpy_helper
 from opcompiler.errors import OpcError
 from opcompiler.graph import load
 from opcompiler.graph.compare import compare
-from opcompiler.graph.lower import lower
+from opcompiler.graph.translate import translate
 
 rng = np.random.default_rng(7)
 
@@ -93,7 +93,7 @@ def test_dropout_mask_read_is_a_clear_error(tmp_path):
              helper.make_node("Add", ["d", "mf"], ["y"])]
     p = _save(tmp_path, "mask", nodes, [("x", [1, 4, 2, 2])], [("y", [1, 4, 2, 2])])
     with pytest.raises(OpcError, match="Dropout mask output is read"):
-        lower(load(p))
+        translate(load(p))
 
 
 def test_squeeze_unsqueeze_softmax_nd(tmp_path):
@@ -152,7 +152,7 @@ def test_pool_asymmetric_pads_and_ceil_mode(tmp_path, pool):
     node = helper.make_node(op, ["x"], ["y"], **pool)
     out = 10 if pool["strides"] == [1, 1] else 5  # 10x10 input; ceil_mode makes 5 where floor gives 4
     g = _check(_save(tmp_path, "pool", [node], [("x", [1, 5, 10, 10])], [("y", [1, 5, out, out])]))
-    prims = lower(g)[0]
+    prims = translate(g)[0]
     assert prims[-1].kind == "pool2d" and prims[-1].params["pad"] in (0, 1)
 
 
@@ -162,7 +162,7 @@ def test_conv_same_upper_stride2_pads_explicitly(tmp_path):
     p = _save(tmp_path, "conv_same", nodes, [("x", [1, 4, 8, 8])], [("y", [1, 6, 4, 4])], [_t("W", 6, 4, 3, 3),
                                                                                          _t("B", 6)])
     g = _check(p)
-    kinds = [q.kind for q in lower(g)[0]]
+    kinds = [q.kind for q in translate(g)[0]]
     assert kinds == ["pad", "conv2d", "bias_add"]
 
 
@@ -186,7 +186,7 @@ def test_channel_shuffle_and_transpose(tmp_path):
     p = _save(tmp_path, "shuffle", nodes, [("x", [1, 6, 5, 5])], [("y", [1, 5, 5, 6])],
               [shape("s5", [1, 2, 3, 5, 5]), shape("s4", [1, 6, 5, 5])])
     g = _check(p, targets=("cpu", "ascend-sim", "dsp-sim"))
-    assert [q.kind for q in lower(g)[0]].count("transpose") == 2
+    assert [q.kind for q in translate(g)[0]].count("transpose") == 2
 
 
 @pytest.mark.parametrize("size", [5, 3])  # onnxruntime (the reference) takes odd sizes only
@@ -196,7 +196,7 @@ def test_lrn(tmp_path, size):
              helper.make_node("Relu", ["c"], ["r"]),
              helper.make_node("LRN", ["r"], ["y"], size=size, alpha=1e-2, beta=0.75, bias=2.0)]
     g = _check(_save(tmp_path, f"lrn{size}", nodes, [("x", [1, 3, 6, 6])], [("y", [1, 7, 6, 6])], [_t("W", 7, 3, 3, 3)]))
-    assert "conv2d" in [q.kind for q in lower(g)[0]][1:]
+    assert "conv2d" in [q.kind for q in translate(g)[0]][1:]
 
 
 @pytest.mark.parametrize("batch", [1, 2])

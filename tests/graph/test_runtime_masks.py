@@ -19,7 +19,7 @@ from onnx import TensorProto, helper
 from opcompiler.errors import OpcError
 from opcompiler.graph import compare, load
 from opcompiler.graph.executor import make_inputs
-from opcompiler.graph.lower import lower, mask_values
+from opcompiler.graph.translate import mask_values, translate
 from opcompiler.graph.plan import make_plan
 
 torch = pytest.importorskip("torch")
@@ -215,7 +215,7 @@ def test_what_is_still_refused_is_one_line(tmp_path):
     g = load(p)
     assert "ids" not in mask_values(g)
     with pytest.raises(OpcError, match=r"node 'is_pad' \(Equal\): Equal of the integer tensor 'ids'") as e:
-        lower(g)
+        translate(g)
     assert "\n" not in str(e.value)
-    prims, _, _ = lower(g, fallback="cpu")
+    prims, _, _ = translate(g, fallback="cpu")
     assert [p.onnx_op for p in prims if p.kind == "host"] == ["Equal", "Unsqueeze", "Where"]

@@ -8,7 +8,7 @@ reduction chain over the field axis:
 and the squares run in float32 whatever the dtype (the difference of two close sums: float16
 partial sums would lose it); the result is cast to the op dtype once. Written out in a model,
 `e.sum(1).pow(2) - e.pow(2).sum(1)` is five kernels and two transposes, every intermediate in
-global memory; the importer folds that chain into this op (`opcompiler.graph.fm`)."""
+global memory; the importer folds that chain into this op (`opcompiler.graph.translate.fm`)."""
 from __future__ import annotations
 
 import numpy as np

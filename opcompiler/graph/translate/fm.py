@@ -18,7 +18,7 @@ from typing import Any, Callable, Mapping, Sequence
 def find(nodes: Sequence[Any], outputs: Sequence[str], consts: Mapping[str, Any],
          shape: Callable[[str], tuple]) -> tuple[dict[str, tuple[str, bool]], set[str]]:
     """{Sub node name: (e, keepdims)} for every folded chain, and the names of the chain's other
-    nodes (the lowering skips them)."""
+    nodes (the translation skips them)."""
     by_out = {o: n for n in nodes for o in n.outputs}
     readers: dict[str, list] = {}
     for n in nodes:
