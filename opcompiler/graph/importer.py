@@ -98,6 +98,7 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
                        arg="--batch", value=batch, expected=f"no --batch, or --batch {inputs[0][1][0]}")
     consts = dict(inits)
     nodes, folded = _fold(_skip_pass_through(_nodes(model), [o.name for o in g.output]), consts, opset)
+    _refuse_control_flow(model, nodes, str(path))
     fixed = _with_shapes(model, dict(inputs))
     shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False, dtypes=dtypes)
     while known := {n.name for n in nodes if n.op_type == "Shape" and n.inputs[0] in shapes}:
@@ -232,6 +233,31 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
             v = [x.decode() for x in v]
         out[a.name] = v
     return out
+
+
+CONTROL_FLOW = ("Loop", "If", "Scan")
+
+
+def _refuse_control_flow(model: onnx.ModelProto, nodes: list[Node], path: str) -> None:
+    """Control flow left after folding (a Loop, If or Scan whose trip count or condition is not a
+    constant) is not imported: one line naming the node, and for the Loop that torch writes for
+    nn.EmbeddingBag (a body gathering rows of a constant table and reducing them), what to write
+    instead."""
+    for n in nodes:
+        if n.op_type not in CONTROL_FLOW:
+            continue
+        proto = next((p for p in model.graph.node if (p.name or "") == n.name or list(p.output) == list(n.outputs)),
+                     None)
+        body = [a.g for a in (proto.attribute if proto is not None else []) if a.type == onnx.AttributeProto.GRAPH]
+        ops = {x.op_type for g in body for x in g.node}
+        if n.op_type == "Loop" and "Gather" in ops and ops & {"ReduceSum", "ReduceMean", "ReduceMax"}:
+            raise OpcError(f"node {n.name!r} (Loop) is nn.EmbeddingBag's export (a loop over the bags), which is not "
+                           "imported", arg="MODEL", value=path,
+                           expected="the bags written as nn.Embedding then .sum(1) / .mean(1) over a (batch, bag) id "
+                                    "tensor: that folds into one gather kernel with `bag`")
+        raise OpcError(f"node {n.name!r} ({n.op_type}): control flow whose trip count or condition is computed at "
+                       "run time is not imported", arg="MODEL", value=path,
+                       expected="a graph without Loop / If / Scan (export with static shapes, or unroll the loop)")
 
 
 def _nodes(model: onnx.ModelProto) -> list[Node]:

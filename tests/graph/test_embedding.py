@@ -114,3 +114,23 @@ def test_a_summed_bag_fuses_with_its_lookup(bag_model, target):
     assert unfused.correct, unfused.max_abs_err
     ops = [k.op for k in unfused.on_target()]
     assert ops[:3] == ["gather", "transpose", "reduce_sum"]
+
+
+def test_nn_embeddingbag_export_is_refused_in_one_line_with_what_to_write(tmp_path):
+    """torch exports nn.EmbeddingBag as an ONNX Loop over the bags: not imported; the message names the
+    node and says what folds into one kernel instead (emb(ids).sum(1))."""
+    class Bag(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.eb = torch.nn.EmbeddingBag(100, 8, mode="sum")
+
+        def forward(self, ids):
+            return self.eb(ids)
+
+    path = tmp_path / "eb.onnx"
+    torch.onnx.export(Bag().eval(), (torch.randint(0, 100, (4, 6)),), str(path), opset_version=17, dynamo=False,
+                      input_names=["ids"])
+    with pytest.raises(OpcError) as e:
+        load(path)
+    msg = str(e.value)
+    assert "\n" not in msg and "(Loop)" in msg and "EmbeddingBag" in msg and ".sum(1)" in msg
