@@ -98,6 +98,7 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
                        arg="--batch", value=batch, expected=f"no --batch, or --batch {inputs[0][1][0]}")
     consts = dict(inits)
     nodes, folded = _fold(_skip_pass_through(_nodes(model), [o.name for o in g.output]), consts, opset)
+    nodes = _embedding_bags(model, nodes, consts, inputs, dtypes)
     _refuse_control_flow(model, nodes, str(path))
     fixed = _with_shapes(model, dict(inputs))
     shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False, dtypes=dtypes)
@@ -236,6 +237,145 @@ def _attrs(node: onnx.NodeProto) -> dict[str, Any]:
 
 
 CONTROL_FLOW = ("Loop", "If", "Scan")
+_BAG_REDUCE = {"ReduceSum", "ReduceMean", "ReduceMax"}
+
+
+def _embedding_bags(model: onnx.ModelProto, nodes: list[Node], consts: dict[str, np.ndarray],
+                    inputs: list[tuple[str, tuple[int, ...]]], dtypes: Mapping[str, str]) -> list[Node]:
+    """torch's export of nn.EmbeddingBag over a (batch, bag) id tensor: a Loop over the bags whose body
+    slices the flat ids from starts[i] to ends[i], gathers those rows of a constant table and reduces
+    them (sum, mean, max) over axis 0. When the starts and ends follow from the inputs' static shapes
+    alone (not from a runtime offsets tensor) and every bag has the same length, the Loop is the
+    lookup of the ids viewed as (bags, bag) followed by the reduction over axis 1: it is rewritten so
+    (Reshape, Gather, Reduce), and a sum or mean then folds into one gather kernel with `bag`. Anything
+    else is left as it is (and refused as control flow)."""
+    protos = {tuple(p.output): p for p in model.graph.node}
+    by_out = {o: n for n in nodes for o in n.outputs}
+    out: list[Node] = []
+    changed = False
+    for n in nodes:
+        rewritten = _bag_loop(n, protos.get(tuple(n.outputs)), by_out, consts, inputs, dtypes)
+        out.extend(rewritten if rewritten is not None else [n])
+        changed |= rewritten is not None
+    keep = {o.name for o in model.graph.output}
+    while changed:  # the loop's own bookkeeping (flat ids, starts, ends) is now read by nothing
+        read = {x for n in out for x in n.inputs} | keep
+        live = [n for n in out if any(o in read for o in n.outputs)]
+        changed = len(live) < len(out)
+        out = live
+    return out
+
+
+def _bag_loop(n: Node, proto, by_out, consts, inputs, dtypes) -> list[Node] | None:
+    if n.op_type != "Loop" or proto is None or len(n.inputs) != 2 or len(n.outputs) != 1:
+        return None
+    body = next((a.g for a in proto.attribute if a.name == "body"), None)
+    if body is None or len(body.input) != 2 or len(body.output) != 2:
+        return None
+    it = body.input[0].name
+    bn = {o: x for x in body.node for o in x.output}
+
+    def const(v: str) -> list | None:  # a constant of the body or of the outer graph
+        x = bn.get(v)
+        if x is not None:
+            return list(numpy_helper.to_array(x.attribute[0].t).reshape(-1)) if x.op_type == "Constant" else None
+        return list(np.asarray(consts[v]).reshape(-1)) if v in consts else None
+
+    red = bn.get(body.output[1].name)
+    if red is None or red.op_type not in _BAG_REDUCE:
+        return None
+    battrs = {a.name: helper.get_attribute_value(a) for a in red.attribute}
+    axes = list(battrs.get("axes", []))
+    if len(red.input) > 1:
+        axes = const(red.input[1])
+    if axes != [0] or int(battrs.get("keepdims", 1)) != 0:
+        return None
+    gat = bn.get(red.input[0])
+    if gat is None or gat.op_type != "Gather" or gat.input[0] not in consts or \
+            int({a.name: helper.get_attribute_value(a) for a in gat.attribute}.get("axis", 0)) != 0:
+        return None
+    sl = bn.get(gat.input[1])
+    if sl is None or sl.op_type != "Slice" or len(sl.input) < 4:
+        return None
+
+    def bound(v: str) -> str | None:  # Unsqueeze(Gather(outer, iteration)) -> outer
+        u = bn.get(v)
+        g = bn.get(u.input[0]) if u is not None and u.op_type == "Unsqueeze" else None
+        return g.input[0] if g is not None and g.op_type == "Gather" and g.input[1] == it else None
+
+    flat, starts, ends = sl.input[0], bound(sl.input[1]), bound(sl.input[2])
+    if starts is None or ends is None or const(sl.input[3]) != [0] or (len(sl.input) > 4 and const(sl.input[4]) != [1]):
+        return None
+    vals = _shape_values((starts, ends), by_out, consts, inputs, dtypes)
+    if vals is None:
+        return None
+    s, e = (np.asarray(v).reshape(-1).astype(np.int64) for v in vals)
+    nb = len(e)
+    if len(s) < nb or nb == 0:
+        return None
+    s = s[:nb]
+    b = int(e[0] - s[0])
+    if b < 1 or not (np.array_equal(s, np.arange(nb) * b) and np.array_equal(e, s + b)):
+        return None
+    pre, y = f"{n.name}:bag", n.outputs[0]
+    src = flat  # the flat ids are a reshape of the (bags, bag) id input: gather with that directly
+    while src in by_out and by_out[src].op_type in ("Reshape", "Flatten"):
+        src = by_out[src].inputs[0]
+    made: list[Node] = []
+    if dict(inputs).get(src) != (nb, b):
+        consts[pre + ":shape"] = np.array([nb, b], np.int64)
+        made.append(Node(name=pre + ":ids", op_type="Reshape", inputs=(flat, pre + ":shape"), outputs=(pre + ":ids",),
+                         attrs={}))
+        src = pre + ":ids"
+    made.append(Node(name=pre + ":rows", op_type="Gather", inputs=(gat.input[0], src), outputs=(pre + ":rows",),
+                     attrs={"axis": 0}))
+    kind = red.op_type
+    if kind == "ReduceSum":
+        consts[pre + ":axes"] = np.array([1], np.int64)
+        made.append(Node(name=pre, op_type=kind, inputs=(pre + ":rows", pre + ":axes"), outputs=(y,),
+                         attrs={"keepdims": 0}))
+    else:
+        made.append(Node(name=pre, op_type=kind, inputs=(pre + ":rows",), outputs=(y,), attrs={"axes": [1], "keepdims": 0}))
+    return made
+
+
+def _shape_values(values, by_out, consts, inputs, dtypes):
+    """The values of `values` when they depend on the graph inputs through Shape nodes only (so their
+    static shapes decide them): evaluated with onnx's reference evaluator on zero inputs; else None."""
+    from onnx.reference import ReferenceEvaluator
+
+    need: list[Node] = []
+    seen: set[str] = set()
+    names = {nm for nm, _ in inputs}
+
+    def visit(v: str, through_shape: bool) -> bool:
+        if v in consts or v == "":
+            return True
+        if v in names:
+            return through_shape
+        n = by_out.get(v)
+        if n is None or n.op_type in CONTROL_FLOW:
+            return False
+        if n.name not in seen:
+            seen.add(n.name)
+            if not all(visit(x, through_shape or n.op_type == "Shape") for x in n.inputs):
+                return False
+            need.append(n)
+        return True
+
+    if not all(visit(v, False) for v in values):
+        return None
+    used = {x for n in need for x in n.inputs}
+    g = helper.make_graph([_to_proto(n) for n in need], "shape_values",
+                          [helper.make_tensor_value_info(nm, helper.np_dtype_to_tensor_dtype(np.dtype(dtypes.get(nm, "float32"))), s)
+                           for nm, s in inputs if nm in used],
+                          [helper.make_tensor_value_info(v, onnx.TensorProto.UNDEFINED, None) for v in values],
+                          initializer=[numpy_helper.from_array(np.asarray(consts[k]), k) for k in used if k in consts])
+    try:
+        feeds = {nm: np.zeros(s, dtypes.get(nm, "float32")) for nm, s in inputs if nm in used}
+        return ReferenceEvaluator(helper.make_model(g, opset_imports=[helper.make_opsetid("", 17)])).run(list(values), feeds)
+    except Exception:  # noqa: BLE001 (an evaluation the reference cannot do: leave the Loop as it is)
+        return None
 
 
 def _refuse_control_flow(model: onnx.ModelProto, nodes: list[Node], path: str) -> None:
@@ -251,10 +391,11 @@ def _refuse_control_flow(model: onnx.ModelProto, nodes: list[Node], path: str) -
         body = [a.g for a in (proto.attribute if proto is not None else []) if a.type == onnx.AttributeProto.GRAPH]
         ops = {x.op_type for g in body for x in g.node}
         if n.op_type == "Loop" and "Gather" in ops and ops & {"ReduceSum", "ReduceMean", "ReduceMax"}:
-            raise OpcError(f"node {n.name!r} (Loop) is nn.EmbeddingBag's export (a loop over the bags), which is not "
-                           "imported", arg="MODEL", value=path,
-                           expected="the bags written as nn.Embedding then .sum(1) / .mean(1) over a (batch, bag) id "
-                                    "tensor: that folds into one gather kernel with `bag`")
+            raise OpcError(f"node {n.name!r} (Loop) is nn.EmbeddingBag's loop over bags whose bounds are computed at "
+                           "run time (an offsets input, bags of different lengths), which is not imported",
+                           arg="MODEL", value=path,
+                           expected="bags of one length: a (batch, bag) id tensor with no offsets (nn.EmbeddingBag or "
+                                    "nn.Embedding then .sum(1) / .mean(1)), which folds into one gather kernel")
         raise OpcError(f"node {n.name!r} ({n.op_type}): control flow whose trip count or condition is computed at "
                        "run time is not imported", arg="MODEL", value=path,
                        expected="a graph without Loop / If / Scan (export with static shapes, or unroll the loop)")

@@ -116,21 +116,42 @@ def test_a_summed_bag_fuses_with_its_lookup(bag_model, target):
     assert ops[:3] == ["gather", "transpose", "reduce_sum"]
 
 
-def test_nn_embeddingbag_export_is_refused_in_one_line_with_what_to_write(tmp_path):
-    """torch exports nn.EmbeddingBag as an ONNX Loop over the bags: not imported; the message names the
-    node and says what folds into one kernel instead (emb(ids).sum(1))."""
-    class Bag(torch.nn.Module):
-        def __init__(self):
-            super().__init__()
-            self.eb = torch.nn.EmbeddingBag(100, 8, mode="sum")
+class _EmbBag(torch.nn.Module):
+    def __init__(self, mode: str):
+        super().__init__()
+        torch.manual_seed(0)
+        self.eb = torch.nn.EmbeddingBag(300, 16, mode=mode)
+        self.fc = torch.nn.Linear(16, 2)
 
-        def forward(self, ids):
-            return self.eb(ids)
+    def forward(self, ids, offsets=None):
+        return self.fc(self.eb(ids, offsets))
 
-    path = tmp_path / "eb.onnx"
-    torch.onnx.export(Bag().eval(), (torch.randint(0, 100, (4, 6)),), str(path), opset_version=17, dynamo=False,
-                      input_names=["ids"])
+
+@pytest.mark.parametrize("mode", ["sum", "mean", "max"])
+@pytest.mark.parametrize("target", ["cpu", "ascend-sim", "dsp-sim"])
+def test_nn_embeddingbag_imports_and_sums_fuse_into_the_lookup(tmp_path, mode, target):
+    """torch exports nn.EmbeddingBag over a (batch, bag) id tensor as an ONNX Loop over the bags; with
+    bags of one length the importer rewrites it as the lookup of the (batch, bag) ids and a reduction
+    over axis 1, so sum and mean fold into one gather kernel with `bag`; max runs as a lookup and a
+    row reduction. Checked against onnxruntime running the exported Loop."""
+    path = tmp_path / f"eb_{mode}.onnx"
+    torch.onnx.export(_EmbBag(mode).eval(), (torch.randint(0, 300, (8, 5)),), str(path), opset_version=17,
+                      dynamo=False, input_names=["ids"])
+    g = load(path)
+    assert "Loop" not in [n.op_type for n in g.nodes]
+    run = run_plan(make_plan(g, target))
+    assert run.correct, run.max_abs_err
+    gathers = [k for k in make_plan(g, target).groups if k.op == "gather"]
+    assert len(gathers) == 1 and dict(gathers[0].params).get("bag", 1) == (1 if mode == "max" else 5)
+
+
+def test_nn_embeddingbag_with_runtime_offsets_is_refused_in_one_line(tmp_path):
+    """Bags whose bounds come from an offsets input (different lengths) stay a Loop: refused in one
+    line naming the node and saying what imports."""
+    path = tmp_path / "eb_off.onnx"
+    torch.onnx.export(_EmbBag("sum").eval(), (torch.randint(0, 300, (20,)), torch.tensor([0, 3, 9, 15])), str(path),
+                      opset_version=17, dynamo=False, input_names=["ids", "offsets"])
     with pytest.raises(OpcError) as e:
         load(path)
     msg = str(e.value)
-    assert "\n" not in msg and "(Loop)" in msg and "EmbeddingBag" in msg and ".sum(1)" in msg
+    assert "\n" not in msg and "(Loop)" in msg and "EmbeddingBag" in msg and "offsets" in msg
