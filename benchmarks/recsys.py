@@ -21,11 +21,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
-import subprocess
 import sys
 import tempfile
 from pathlib import Path
+
+from default_quality import compare_json  # benchmarks/ is the script's folder: on sys.path
 
 FIELDS, VOCAB, DIM = 26, 1000, 16
 
@@ -72,13 +72,11 @@ def export(kind: str, out: Path, batch: int) -> Path:
     return path
 
 
-def compare(model: Path, target: str, logs: Path) -> dict:
-    env = dict(os.environ, OPC_LOG_DIR=str(logs))
-    out = subprocess.run([sys.executable, "-m", "opcompiler", "compare", str(model), "--target", target,
-                          "--timing-only", "--json"], capture_output=True, text=True, env=env, check=False)
-    if out.returncode != 0:
-        raise SystemExit(f"compare {model.name} on {target} failed: {out.stderr.strip().splitlines()[-1:]}")
-    return json.loads(out.stdout)
+def compare(model: Path, target: str) -> dict:
+    c, err, _ = compare_json(model, target, ["--timing-only"], timeout=3600)
+    if c is None:
+        raise SystemExit(f"compare {model.name} on {target} failed: {err}")
+    return c
 
 
 SPARSE = ("gather", "fm_interaction")
@@ -99,9 +97,7 @@ def main(argv: list[str] | None = None) -> int:
         for kind in args.models.split(","):
             model = export(kind, tmp, args.batch)
             for target in args.targets.split(","):
-                logs = tmp / f"logs-{kind}-{target}"
-                logs.mkdir()
-                c = compare(model, target, logs)
+                c = compare(model, target)
                 f, u = c["fused"]["totals"], c["unfused"]["totals"]
                 sparse = [a for a in c["attribution"]["fused"] if a["op"] in SPARSE]
                 sf = sum(a["cycles"] for a in sparse)

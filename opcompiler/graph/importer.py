@@ -98,8 +98,9 @@ def load(path: str | Path, batch: int | None = None) -> Graph:
                        arg="--batch", value=batch, expected=f"no --batch, or --batch {inputs[0][1][0]}")
     consts = dict(inits)
     nodes, folded = _fold(_skip_pass_through(_nodes(model), [o.name for o in g.output]), consts, opset)
-    nodes = _embedding_bags(model, nodes, consts, inputs, dtypes)
-    _refuse_control_flow(model, nodes, str(path))
+    protos = {tuple(p.output): p for p in model.graph.node}  # a Loop's body: its proto's graph attribute
+    nodes = _embedding_bags(protos, [o.name for o in g.output], nodes, consts, inputs, dtypes)
+    _refuse_control_flow(protos, nodes, str(path))
     fixed = _with_shapes(model, dict(inputs))
     shapes = _infer_shapes(fixed, consts, nodes, inputs, str(path), strict=False, dtypes=dtypes)
     while known := {n.name for n in nodes if n.op_type == "Shape" and n.inputs[0] in shapes}:
@@ -240,8 +241,9 @@ CONTROL_FLOW = ("Loop", "If", "Scan")
 _BAG_REDUCE = {"ReduceSum", "ReduceMean", "ReduceMax"}
 
 
-def _embedding_bags(model: onnx.ModelProto, nodes: list[Node], consts: dict[str, np.ndarray],
-                    inputs: list[tuple[str, tuple[int, ...]]], dtypes: Mapping[str, str]) -> list[Node]:
+def _embedding_bags(protos: Mapping[tuple, onnx.NodeProto], graph_outputs: list[str], nodes: list[Node],
+                    consts: dict[str, np.ndarray], inputs: list[tuple[str, tuple[int, ...]]],
+                    dtypes: Mapping[str, str]) -> list[Node]:
     """torch's export of nn.EmbeddingBag over a (batch, bag) id tensor: a Loop over the bags whose body
     slices the flat ids from starts[i] to ends[i], gathers those rows of a constant table and reduces
     them (sum, mean, max) over axis 0. When the starts and ends follow from the inputs' static shapes
@@ -249,7 +251,6 @@ def _embedding_bags(model: onnx.ModelProto, nodes: list[Node], consts: dict[str,
     lookup of the ids viewed as (bags, bag) followed by the reduction over axis 1: it is rewritten so
     (Reshape, Gather, Reduce), and a sum or mean then folds into one gather kernel with `bag`. Anything
     else is left as it is (and refused as control flow)."""
-    protos = {tuple(p.output): p for p in model.graph.node}
     by_out = {o: n for n in nodes for o in n.outputs}
     out: list[Node] = []
     changed = False
@@ -257,7 +258,7 @@ def _embedding_bags(model: onnx.ModelProto, nodes: list[Node], consts: dict[str,
         rewritten = _bag_loop(n, protos.get(tuple(n.outputs)), by_out, consts, inputs, dtypes)
         out.extend(rewritten if rewritten is not None else [n])
         changed |= rewritten is not None
-    keep = {o.name for o in model.graph.output}
+    keep = set(graph_outputs)
     while changed:  # the loop's own bookkeeping (flat ids, starts, ends) is now read by nothing
         read = {x for n in out for x in n.inputs} | keep
         live = [n for n in out if any(o in read for o in n.outputs)]
@@ -378,7 +379,7 @@ def _shape_values(values, by_out, consts, inputs, dtypes):
         return None
 
 
-def _refuse_control_flow(model: onnx.ModelProto, nodes: list[Node], path: str) -> None:
+def _refuse_control_flow(protos: Mapping[tuple, onnx.NodeProto], nodes: list[Node], path: str) -> None:
     """Control flow left after folding (a Loop, If or Scan whose trip count or condition is not a
     constant) is not imported: one line naming the node, and for the Loop that torch writes for
     nn.EmbeddingBag (a body gathering rows of a constant table and reducing them), what to write
@@ -386,8 +387,7 @@ def _refuse_control_flow(model: onnx.ModelProto, nodes: list[Node], path: str) -
     for n in nodes:
         if n.op_type not in CONTROL_FLOW:
             continue
-        proto = next((p for p in model.graph.node if (p.name or "") == n.name or list(p.output) == list(n.outputs)),
-                     None)
+        proto = protos.get(tuple(n.outputs))
         body = [a.g for a in (proto.attribute if proto is not None else []) if a.type == onnx.AttributeProto.GRAPH]
         ops = {x.op_type for g in body for x in g.node}
         if n.op_type == "Loop" and "Gather" in ops and ops & {"ReduceSum", "ReduceMean", "ReduceMax"}:

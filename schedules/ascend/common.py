@@ -190,9 +190,11 @@ def tile_knobs(target: Target, tile: Knob, buffering: str = "ping-pong UB tiles"
     return [tile, Knob("double_buffer", (1, 0), buffering), Knob("block_dim", tuple(reversed(core_values(target))), split)]
 
 
-def spread_first(tiles: Sequence[int], count: int, cores: int) -> list[int]:
-    """Tile sizes, fewest items per core first (every core busy), then the larger tile."""
-    return sorted(tiles, key=lambda t: (ceil_div(ceil_div(count, t), cores) * t, -t))
+def spread_first(tiles: Sequence[int], count: int, cores: int, min_tiles: int = 1) -> list[int]:
+    """Tile sizes, fewest items per core first (every core busy), then those leaving each core at
+    least `min_tiles` tiles (so one tile's work runs under the next one's loads), then the larger tile."""
+    return sorted(tiles, key=lambda t: (ceil_div(ceil_div(count, t), cores) * t,
+                                        ceil_div(ceil_div(count, t), cores) < min_tiles, -t))
 
 
 def epilogue_group(m: Any, nt1: int, mt_rows: int, acc_isz: int, out_isz: int, slots: int,

@@ -102,11 +102,8 @@ class AscendGather(AscendTemplate):
 
     def preferred(self, wl: Workload, target: Target) -> list[dict]:
         """Fewest rows per core first (the tiles spread over every core), then larger tiles."""
-        order = spread_first(self.space(wl, target)[0].values, wl["n"], target.cores)
-        if bag(wl) > 1:  # bags: the sums (V) of one tile run under the next tile's row DMAs (MTE2), so
-            # among the tiles that spread as well, those leaving each core 4 tiles or more come first
-            tiles_per_core = lambda t: ceil_div(ceil_div(wl["n"], t), target.cores)  # noqa: E731
-            order.sort(key=lambda t: (ceil_div(wl["n"], t * target.cores) * t, tiles_per_core(t) < 4))
+        # bags: the sums (V) of one tile run under the next tile's row DMAs (MTE2): 4 tiles a core or more
+        order = spread_first(self.space(wl, target)[0].values, wl["n"], target.cores, 4 if bag(wl) > 1 else 1)
         resident = self.space(wl, target)[-1].values
         if len(resident) > 1 and not self._resident_pays(wl, target):
             resident = (0, 1)

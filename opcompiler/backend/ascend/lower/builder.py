@@ -322,6 +322,37 @@ def ceil_div(a: int, b: int) -> int:
     return -(-a // b)
 
 
+MAX_REP_STRIDE = 255  # blocks: the repeat stride field of a vector instruction
+
+
+def group_sums(kb: KernelBuilder, dst: Buf, src: Buf, groups: int, per: int, width: int, pad: int) -> None:
+    """dst[g, :width] = the in-order sum of src rows g*per .. g*per + per - 1 (rows `pad` elements
+    apart): row 0 + row 1, then + row r. An add covers every group at once (one repeat per group,
+    the source's repeat stride `per` rows) per chunk of the vector's lanes when `per` rows are within
+    the instruction's repeat stride; else one add per group and row. One row per group is a copy.
+    (A gather's bag sums, fm_interaction's field sums.)"""
+    epb = 32 // src.itemsize
+    lanes = kb.m.lanes(src.itemsize)
+    if per == 1:
+        kb.vec("copy", VOp(dst), (VOp(src),), groups * pad)
+        return
+    if per * pad // epb <= MAX_REP_STRIDE:
+        for c in range(0, width, lanes):
+            d = VOp(dst, c, 1, pad // epb)
+
+            def row(r: int) -> VOp:
+                return VOp(src, r * pad + c, 1, per * pad // epb)
+
+            kb.vec_raw("add", d, (row(0), row(1)), groups, min(lanes, width - c))
+            for r in range(2, per):
+                kb.vec_raw("add", d, (d, row(r)), groups, min(lanes, width - c))
+        return
+    for q in range(groups):
+        acc = VOp(dst, q * pad)
+        kb.vec("add", acc, (VOp(src, q * per * pad), VOp(src, (q * per + 1) * pad)), width)
+        for r in range(2, per):
+            kb.vec("add", acc, (acc, VOp(src, (q * per + r) * pad)), width)
+
 def walk_tiled(mod) -> dict[str, Any]:
     """The facts a hand-tiled vector kernel (gather, fm) is built from, read off its scheduled
     module: the GM tensors (name, shape, dtype: the function's parameters), the tile loop (the loop
@@ -358,4 +389,4 @@ def walk_tiled(mod) -> dict[str, Any]:
     return found
 
 
-__all__ = ["KernelBuilder", "split_even", "ceil_div", "walk_tiled"]
+__all__ = ["KernelBuilder", "MAX_REP_STRIDE", "split_even", "ceil_div", "group_sums", "walk_tiled"]

@@ -26,13 +26,12 @@ from typing import Any, Mapping
 
 from opcompiler.errors import OpcFailure
 
-from .builder import KernelBuilder, ceil_div, split_even, walk_tiled
-from ..program import Buf, Program, VOp
+from .builder import KernelBuilder, ceil_div, group_sums, split_even, walk_tiled
+from ..program import Program, VOp
 from ..intrin import DMA_COPY, VECTOR_AUTO
 from ..machine import Machine
 
 FIELD_SUM = "fm_field_sum"  # the pragma of a field-sum nest
-MAX_REP_STRIDE = 255  # blocks: the repeat stride field of a vector instruction
 
 
 def _walk(mod) -> dict[str, Any]:
@@ -60,33 +59,6 @@ class FmKernel:
         self.kp = int(kpad)
         self.active_cores = max(1, min(w["cores"], self.tiles))
 
-    def _field_sum(self, kb: KernelBuilder, dst: Buf, src: Buf, cnt: int) -> None:
-        """dst[i, :] = sum over r of src[i, r, :] for the tile's `cnt` samples."""
-        f, kp = self.f, self.kp
-        lanes = kb.m.lanes(4)
-        blk = 8  # fp32 elements per 32 B block
-        srows = [VOp(src, r * kp) for r in range(f)]
-        if f == 1:
-            kb.vec("copy", VOp(dst), (VOp(src),), cnt * kp)
-            return
-        if f * kp // blk > MAX_REP_STRIDE:  # one sample's fields too far apart for a repeat stride
-            for i in range(cnt):
-                base = i * f * kp
-                kb.vec("add", VOp(dst, i * kp), (VOp(src, base), VOp(src, base + kp)), kp)
-                for r in range(2, f):
-                    kb.vec("add", VOp(dst, i * kp), (VOp(dst, i * kp), VOp(src, base + r * kp)), kp)
-            return
-        for c in range(0, kp, lanes):  # a repeat per sample: its k values (up to 64 lanes)
-            mask = min(lanes, kp - c)
-            d = VOp(dst, c, 1, kp // blk)
-
-            def row(r: int) -> VOp:
-                return VOp(src, srows[r].offset + c, 1, f * kp // blk)
-
-            kb.vec_raw("add", d, (row(0), row(1)), cnt, mask)
-            for r in range(2, f):
-                kb.vec_raw("add", d, (d, row(r)), cnt, mask)
-
     def program(self, m: Machine, core: int) -> Program:
         kb = KernelBuilder(m, core, self.active_cores)
         f, k, kp, rt = self.f, self.k, self.kp, self.rt
@@ -108,9 +80,9 @@ class FmKernel:
             kb.data_move(x, (slice(0, cnt), slice(None), slice(0, k)), E, (slice(i0, i0 + cnt),))
             if cast:
                 kb.vec("conv", VOp(e32[s]), (VOp(e16[s]),), cnt * f * kp)
-            self._field_sum(kb, sm[s], e32[s], cnt)
+            group_sums(kb, sm[s], e32[s], cnt, f, kp, kp)
             kb.vec("mul", VOp(e32[s]), (VOp(e32[s]), VOp(e32[s])), cnt * f * kp)
-            self._field_sum(kb, sq[s], e32[s], cnt)
+            group_sums(kb, sq[s], e32[s], cnt, f, kp, kp)
             kb.vec("mul", VOp(sm[s]), (VOp(sm[s]), VOp(sm[s])), cnt * kp)
             kb.vec("sub", VOp(sm[s]), (VOp(sm[s]), VOp(sq[s])), cnt * kp)
             if cast:

@@ -32,12 +32,11 @@ import numpy as np
 
 from opcompiler.errors import OpcFailure
 
-from .builder import KernelBuilder, ceil_div, split_even, walk_tiled
-from ..program import Buf, IndirectMove, Memory, Program, Scalar, VOp
+from .builder import KernelBuilder, ceil_div, group_sums, split_even, walk_tiled
+from ..program import Buf, IndirectMove, Memory, Program, Scalar
 from ..machine import Machine
 
 GATHER = "dma_gather"  # the pragma of the indirect-DMA nest
-MAX_REP_STRIDE = 255  # blocks: the repeat stride field of a vector instruction
 BAG_SUM = "vec_bag_sum"  # the pragma of the bag sum's nest (the tile's rows added per bag in UB)
 
 
@@ -133,38 +132,13 @@ class GatherKernel:
                     if ob is not None:
                         _add_offset(kb, ob, (i0 + r) % self.fields)
                 if b > 1:
-                    _bag_sums(kb, sb[s], rb[s], cnt // b, b, wd, cpad)
+                    group_sums(kb, sb[s], rb[s], cnt // b, b, wd, cpad)  # each bag's rows, in order
                     kb.data_move(out, (slice(i0 // b, (i0 + cnt) // b), slice(c0, c0 + wd)), sb[s],
                                  (slice(0, cnt // b), slice(0, wd)))
                 else:
                     kb.data_move(out, (slice(i0, i0 + cnt), slice(c0, c0 + wd)), rb[s], (slice(0, cnt), slice(0, wd)))
         gm_in = (self.tname, self.iname) + ((self.offname,) if self.offname else ())
         return kb.finish(gm_inputs=gm_in, lowering="emit_gather (indirect row DMAs" + (", bag sums)" if b > 1 else ")"))
-
-
-def _bag_sums(kb: KernelBuilder, sums: Buf, rows: Buf, bags: int, b: int, wd: int, cpad: int) -> None:
-    """Each bag's rows added in order into its sum: rows[q*b] + rows[q*b+1], then + rows[q*b+r].
-    An add covers every bag of the tile at once (one repeat per bag, the source's repeat stride
-    b rows, per 32 B-aligned chunk of the row's lanes) when b rows are within the instruction's
-    255-block stride; else one add per bag and row."""
-    epb = 32 // rows.itemsize
-    lanes = kb.m.lanes(rows.itemsize)
-    if b * cpad // epb <= MAX_REP_STRIDE:
-        for c in range(0, wd, lanes):
-            d = VOp(sums, c, 1, cpad // epb)
-
-            def row(r: int) -> VOp:
-                return VOp(rows, r * cpad + c, 1, b * cpad // epb)
-
-            kb.vec_raw("add", d, (row(0), row(1)), bags, min(lanes, wd - c))
-            for r in range(2, b):
-                kb.vec_raw("add", d, (d, row(r)), bags, min(lanes, wd - c))
-        return
-    for q in range(bags):
-        acc = VOp(sums, q * cpad)
-        kb.vec("add", acc, (VOp(rows, q * b * cpad), VOp(rows, (q * b + 1) * cpad)), wd)
-        for r in range(2, b):
-            kb.vec("add", acc, (acc, VOp(rows, (q * b + r) * cpad)), wd)
 
 
 def _add_offset(kb: KernelBuilder, ob: Buf, pos: int) -> None:
